@@ -1,0 +1,54 @@
+// Package window holds the rate-limiting algorithms, the rules that select
+// them, and the Limiter that runs a rule's algorithm against a shared Store.
+//
+// # The algorithms
+//
+// All five algorithms of the seeds are here as pure code: time is a
+// parameter, nothing reads a clock, starts a goroutine or does I/O, and the
+// state types are small values the caller owns (and serializes access to).
+//
+//   - SlidingWindow, the one the edge uses: two fixed-window counters and
+//     estimate = prev × (W − elapsed)/W + curr. Window starts are wall-clock
+//     multiples of W, so every edge agrees on them without talking.
+//   - FixedWindow, TokenBucket, LeakyBucket (meter and queue), SlidingLog.
+//     The sliding log is exact and O(limit) memory per key; the aggregator
+//     uses it as the ground truth that the estimate is judged against.
+//
+// The sliding-window estimate assumes the previous window's requests were
+// spread evenly over it. Its error is therefore bounded by the previous
+// window's count: a key whose previous window was all at its end is
+// under-estimated, one whose previous window was all at its start is
+// over-estimated, by at most prev × (W − elapsed)/W.
+//
+// # The Limiter
+//
+// Limiter is the package's one stateful part. It keeps a local view of every
+// active key (previous window count, last known global count, increments not
+// yet acknowledged) in sharded maps, and in async mode (the default) decides
+// from that view alone: the request path touches no network. A background
+// flusher sends each key's coalesced increments once every flush interval as
+// one increment per key, and the store's reply (the global count) refreshes
+// the view. The previous window's count stops changing once every edge's last
+// flush for it has landed, so it is read once per key per window, after a
+// grace of one flush interval plus the store timeout.
+//
+// Over-admission in async mode is bounded by what the edges admit before
+// they see each other's counts: about (the key's global rate) × (flush
+// interval + store round trip), and at least one request per edge, since an
+// edge learns the global count from the reply to its own increment. Sync mode, for rules where exactness comes first, does one
+// store increment on the request path and decides on the reply.
+//
+// The limiter's clock is a dependency (Clock) and Flush takes the time as a
+// parameter, so tests drive it, flusher included, in simulated time.
+//
+// # Lock order
+//
+// A Limiter holds at most one shard mutex at a time and never calls the
+// Store while holding one.
+//
+// # What it does not do
+//
+// It does not match requests to rules or extract keys from them (the edge
+// does), does not remember blocked keys (package blockcache does), and does
+// not know how the Store reaches its servers (package shardproxy does).
+package window

@@ -1,0 +1,419 @@
+package window
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Clock tells the Limiter what time it is. time.Now satisfies it through
+// SystemClock; tests pass their own.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// SystemClock is the wall clock.
+var SystemClock Clock = systemClock{}
+
+// Config configures a Limiter. The zero value of each field means the
+// default written beside it.
+type Config struct {
+	// FlushInterval is how often coalesced increments are sent to the store.
+	// It bounds async over-admission: a key's other edges learn of this
+	// edge's admissions within FlushInterval plus one store round trip.
+	FlushInterval time.Duration // default 5ms
+	// StoreTimeout bounds every store call: a flush, a read, and the one
+	// increment of a sync decision.
+	StoreTimeout time.Duration // default 100ms
+	// MaxKeys bounds the keys whose local view is kept (all rules together).
+	// Past it, the least recently used views are evicted; a key idle for two
+	// of its windows is evicted anyway.
+	MaxKeys int // default 1<<20
+	// Shards is the number of independently locked parts of the key table,
+	// rounded up to a power of two.
+	Shards int // default 64
+	// Clock is the limiter's time source for its flusher.
+	Clock Clock // default SystemClock
+	// Registerer receives the limiter's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() {
+	if c.FlushInterval == 0 {
+		c.FlushInterval = 5 * time.Millisecond
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = 100 * time.Millisecond
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = 1 << 20
+	}
+	if c.Shards == 0 {
+		c.Shards = 64
+	}
+	if c.Clock == nil {
+		c.Clock = SystemClock
+	}
+}
+
+// Validate reports every invalid field of c, with its name and value.
+func (c Config) Validate() error {
+	var errs []error
+	if c.FlushInterval < 0 || c.FlushInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("window: FlushInterval %v: must be between 0 (default) and 1m", c.FlushInterval))
+	}
+	if c.StoreTimeout < 0 || c.StoreTimeout > time.Minute {
+		errs = append(errs, fmt.Errorf("window: StoreTimeout %v: must be between 0 (default) and 1m", c.StoreTimeout))
+	}
+	if c.MaxKeys < 0 || c.MaxKeys > 1<<30 {
+		errs = append(errs, fmt.Errorf("window: MaxKeys %d: must be between 0 (default) and 2^30", c.MaxKeys))
+	}
+	if c.Shards < 0 || c.Shards > 1<<12 {
+		errs = append(errs, fmt.Errorf("window: Shards %d: must be between 0 (default) and 4096", c.Shards))
+	}
+	return errors.Join(errs...)
+}
+
+// Fallback says why a decision was made by a rule's failure policy instead of
+// by its counts.
+type Fallback uint8
+
+const (
+	FallbackNone   Fallback = iota
+	FallbackOpen            // the store failed; the rule fails open: admitted
+	FallbackClosed          // the store failed; the rule fails closed: refused
+)
+
+// Decision is the Limiter's answer for one request.
+type Decision struct {
+	Verdict
+	Limit    uint64
+	Fallback Fallback
+}
+
+// Limiter runs rules over a Store. It keeps a local view of each active key
+// and, for async rules, flushes coalesced increments in the background. All
+// methods are safe for concurrent use. A Limiter must be closed with Close,
+// which stops the flusher after a last flush.
+type Limiter struct {
+	cfg    Config
+	store  Store
+	shards []shard
+	mask   uint64
+	grace  int64 // ns after a window starts before its previous window is read
+
+	// health is the store's own opinion, when it has one (shardproxy does).
+	health interface{ Healthy() bool }
+
+	ops   sync.Pool // *[]Op for flushes and sync decisions
+	m     *metrics
+	done  chan struct{}
+	wg    sync.WaitGroup
+	close sync.Once
+}
+
+// New returns a Limiter over store. Call Start to run its flusher (Flush can
+// also be driven by hand, as tests do), and Close when done.
+func New(cfg Config, store Store) (*Limiter, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if store == nil {
+		return nil, errors.New("window: New: store is nil")
+	}
+	cfg.setDefaults()
+	n := 1
+	for n < cfg.Shards {
+		n <<= 1
+	}
+	l := &Limiter{
+		cfg:    cfg,
+		store:  store,
+		shards: make([]shard, n),
+		mask:   uint64(n - 1),
+		grace:  int64(cfg.FlushInterval + cfg.StoreTimeout),
+		done:   make(chan struct{}),
+	}
+	l.health, _ = store.(interface{ Healthy() bool })
+	perShard := (cfg.MaxKeys + n - 1) / n
+	for i := range l.shards {
+		l.shards[i].init(perShard)
+	}
+	l.ops.New = func() any { s := make([]Op, 0, 64); return &s }
+	var err error
+	if l.m, err = newMetrics(cfg.Registerer, l); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Start runs the background flusher until Close. It flushes every
+// FlushInterval, at the limiter clock's time.
+func (l *Limiter) Start() {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		t := time.NewTicker(l.cfg.FlushInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.done:
+				return
+			case <-t.C:
+				l.Flush(context.Background(), l.cfg.Clock.Now())
+			}
+		}
+	}()
+}
+
+// Close stops the flusher and flushes what is pending one last time, within
+// ctx. It returns the error of that last flush, if any ops failed.
+func (l *Limiter) Close(ctx context.Context) error {
+	var err error
+	l.close.Do(func() {
+		close(l.done)
+		l.wg.Wait()
+		if n := l.Flush(ctx, l.cfg.Clock.Now()); n.Failed > 0 {
+			err = fmt.Errorf("window: close: %d of %d flush ops failed", n.Failed, n.Ops)
+		}
+	})
+	return err
+}
+
+// Config returns the limiter's configuration, defaults filled in.
+func (l *Limiter) Config() Config { return l.cfg }
+
+func (l *Limiter) shardOf(key uint64) *shard { return &l.shards[key&l.mask] }
+
+// Decide decides one request of cost units for the key whose hash (Rule.Hash)
+// is key, under rule r with the given limit (Rules.LimitFor), at now.
+//
+// Shared algorithms in async mode decide from the local view and never touch
+// the network; sync mode does one store round trip (two for a refused
+// throttle, which takes its increment back). Other algorithms decide from
+// per-edge state. A throttle counts the request only if admitted; a block
+// counts it either way and, when refused, sets ReleaseAt to now + r.Timeout.
+// A shadow rule is decided and counted like any other: not refusing is the
+// caller's part.
+func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit, cost uint64) Decision {
+	t := now.UnixNano()
+	if !r.Algorithm.Shared() {
+		return l.decideLocal(t, r, key, limit, cost)
+	}
+	if r.Mode == Sync {
+		return l.decideSync(ctx, t, r, key, limit, cost)
+	}
+	if r.Fail == FailClosed && l.health != nil && !l.health.Healthy() {
+		l.m.fallbackClosed.Inc()
+		return l.closed(t, r, limit)
+	}
+	s := l.shardOf(key)
+	s.mu.Lock()
+	i := s.get(l, key, t, r)
+	e := &s.slab[i]
+	prev, curr := e.view()
+	var v Verdict
+	sw := SlidingWindow{Limit: limit, Window: r.Window}
+	if r.Algorithm == FixedWindowCounter {
+		v = sw.decideFixed(t, curr, cost)
+	} else {
+		v = sw.Decide(t, prev, curr, cost)
+	}
+	failed := e.flags&flagFailed != 0
+	if v.Allowed || r.Action == Block {
+		s.count(i, cost)
+	}
+	s.mu.Unlock()
+	d := Decision{Verdict: v, Limit: limit}
+	if failed {
+		// Decided on a view the store could not refresh.
+		if r.Fail == FailClosed {
+			l.m.fallbackClosed.Inc()
+			return l.closed(t, r, limit)
+		}
+		l.m.fallbackOpen.Inc()
+		d.Fallback = FallbackOpen
+	}
+	if !v.Allowed && r.Action == Block {
+		d.ReleaseAt = t + int64(r.Timeout)
+	}
+	return d
+}
+
+func (l *Limiter) closed(t int64, r *Rule, limit uint64) Decision {
+	w := int64(r.Window)
+	// Retry after one flush and store timeout: the soonest the store's
+	// health can be known again.
+	return Decision{Verdict: Verdict{ReleaseAt: t + l.grace, ResetAt: windowStart(t, w) + w}, Limit: limit, Fallback: FallbackClosed}
+}
+
+// Record counts cost units for key under r at now without deciding: the
+// requests of a blocked key that the edge answered from its block cache. In
+// async mode the units join the coalesced flush, so a blocked client never
+// reaches the store on the request path, yet its real rate stays visible.
+func (l *Limiter) Record(now time.Time, r *Rule, key, cost uint64) {
+	if !r.Algorithm.Shared() {
+		l.recordLocal(now.UnixNano(), r, key, cost)
+		return
+	}
+	t := now.UnixNano()
+	s := l.shardOf(key)
+	s.mu.Lock()
+	s.count(s.get(l, key, t, r), cost)
+	s.mu.Unlock()
+}
+
+// decideSync increments the shared counter on the request path and decides
+// on the reply.
+func (l *Limiter) decideSync(ctx context.Context, t int64, r *Rule, key, limit, cost uint64) Decision {
+	w := int64(r.Window)
+	start := windowStart(t, w)
+	s := l.shardOf(key)
+	s.mu.Lock()
+	e := &s.slab[s.get(l, key, t, r)]
+	needPrev := e.flags&flagPrevKnown == 0
+	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
+	s.mu.Unlock()
+
+	opsp := l.ops.Get().(*[]Op)
+	ops := (*opsp)[:0]
+	ops = append(ops, Op{Key: key, Start: start / 1e6, Delta: int64(cost), TTL: 2 * r.Window})
+	if needPrev {
+		ops = append(ops, Op{Key: key, Start: (start - w) / 1e6})
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	l.store.Do(ctx, ops)
+	cancel()
+	l.m.storeOps.Add(float64(len(ops)))
+	inc := ops[0]
+	prev := prevLocal
+	prevOK := false
+	if needPrev && ops[1].Err == nil {
+		prev, prevOK = max(prevLocal, ops[1].Value), true
+	}
+	defer func() { *opsp = ops[:0]; l.ops.Put(opsp) }()
+	if inc.Err != nil {
+		l.m.storeErrors.Inc()
+		s.mu.Lock()
+		if e := s.lookup(key); e != nil {
+			e.flags |= flagFailed
+		}
+		s.mu.Unlock()
+		if r.Fail == FailClosed {
+			l.m.fallbackClosed.Inc()
+			return l.closed(t, r, limit)
+		}
+		l.m.fallbackOpen.Inc()
+		return Decision{Verdict: Verdict{Allowed: true, ResetAt: start + w}, Limit: limit, Fallback: FallbackOpen}
+	}
+	// The reply counts this request: decide on the count before it.
+	before := inc.Value - min(inc.Value, cost)
+	sw := SlidingWindow{Limit: limit, Window: r.Window}
+	var v Verdict
+	if r.Algorithm == FixedWindowCounter {
+		v = sw.decideFixed(t, before, cost)
+	} else {
+		v = sw.Decide(t, prev, before, cost)
+	}
+	s.mu.Lock()
+	if e := s.lookup(key); e != nil && e.start == start {
+		e.curr = sat32(max(uint64(e.curr), inc.Value))
+		e.flags &^= flagFailed
+		if prevOK {
+			e.prev = sat32(max(uint64(e.prev), prev))
+			e.flags |= flagPrevKnown
+		}
+	}
+	s.mu.Unlock()
+	if !v.Allowed && r.Action == Throttle {
+		// A throttle counts admitted requests only: take ours back.
+		ops = append(ops[:0], Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
+		l.store.Do(ctx, ops)
+		cancel()
+		l.m.storeOps.Inc()
+		if ops[0].Err != nil {
+			l.m.storeErrors.Inc()
+		}
+	}
+	d := Decision{Verdict: v, Limit: limit}
+	if !v.Allowed && r.Action == Block {
+		d.ReleaseAt = t + int64(r.Timeout)
+	}
+	return d
+}
+
+// FlushStats counts what one Flush sent.
+type FlushStats struct {
+	Keys   int // keys whose increments were sent
+	Ops    int // store operations: increments, and reads (one per key)
+	Failed int // operations that failed
+}
+
+// Flush sends every key's coalesced increments as one increment per key and
+// window, reads the previous window of keys whose grace has passed, and
+// folds the replies into the local view. The flusher calls it every
+// FlushInterval; tests call it directly with simulated time. It may run
+// concurrently with decisions but not with itself.
+func (l *Limiter) Flush(ctx context.Context, now time.Time) FlushStats {
+	t := now.UnixNano()
+	opsp := l.ops.Get().(*[]Op)
+	ops := (*opsp)[:0]
+	var st FlushStats
+	for i := range l.shards {
+		ops = l.shards[i].collect(l, t, ops, &st)
+	}
+	if len(ops) == 0 {
+		*opsp = ops
+		l.ops.Put(opsp)
+		return st
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	begin := time.Now()
+	l.store.Do(ctx, ops)
+	l.m.flushSeconds.Observe(time.Since(begin).Seconds())
+	cancel()
+	// Ops are grouped by shard in collect's order.
+	for i := 0; i < len(ops); {
+		s := l.shardOf(ops[i].Key)
+		j := i
+		for j < len(ops) && l.shardOf(ops[j].Key) == s {
+			j++
+		}
+		st.Failed += s.apply(l, t, ops[i:j])
+		i = j
+	}
+	st.Ops = len(ops)
+	l.m.flushOps.Observe(float64(len(ops)))
+	l.m.storeOps.Add(float64(len(ops)))
+	l.m.storeErrors.Add(float64(st.Failed))
+	clear(ops) // drop error values
+	*opsp = ops[:0]
+	l.ops.Put(opsp)
+	return st
+}
+
+// Keys returns the number of keys with a local view.
+func (l *Limiter) Keys() int {
+	n := 0
+	for i := range l.shards {
+		n += int(l.shards[i].n.Load())
+	}
+	return n
+}
+
+// sat32 saturates x to uint32.
+func sat32(x uint64) uint32 {
+	if x > 1<<32-1 {
+		return 1<<32 - 1
+	}
+	return uint32(x)
+}

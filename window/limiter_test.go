@@ -1,0 +1,476 @@
+package window
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// simClock is a clock the test moves by hand.
+type simClock struct{ t atomic.Int64 }
+
+func newSimClock(t time.Time) *simClock { c := &simClock{}; c.t.Store(t.UnixNano()); return c }
+func (c *simClock) Now() time.Time      { return time.Unix(0, c.t.Load()) }
+func (c *simClock) Add(d time.Duration) { c.t.Add(int64(d)) }
+
+// countingStore counts the ops that reach a Store and can be made to fail,
+// as a dead memcached shard would.
+type countingStore struct {
+	Store
+	incrs, reads, decrs atomic.Int64
+	fail                atomic.Bool
+}
+
+var errDown = errors.New("store down")
+
+func (s *countingStore) Do(ctx context.Context, ops []Op) {
+	for i := range ops {
+		switch {
+		case ops[i].Delta > 0:
+			s.incrs.Add(1)
+		case ops[i].Delta < 0:
+			s.decrs.Add(1)
+		default:
+			s.reads.Add(1)
+		}
+	}
+	if s.fail.Load() {
+		for i := range ops {
+			ops[i].Value, ops[i].Err = 0, errDown
+		}
+		return
+	}
+	s.Store.Do(ctx, ops)
+}
+
+// t0 is a whole hour, so every window of a minute or less starts at it.
+var t0 = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+
+func mustRules(t testing.TB, yaml string) *Rules {
+	t.Helper()
+	rs, err := ParseRules([]byte(yaml))
+	if err != nil {
+		t.Fatalf("ParseRules: %v", err)
+	}
+	return rs
+}
+
+func newTestLimiter(t testing.TB, clock Clock, store Store, cfg Config) *Limiter {
+	t.Helper()
+	cfg.Clock = clock
+	l, err := New(cfg, store)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { l.Close(context.Background()) })
+	return l
+}
+
+const perMinute = `
+rules:
+  - name: per-minute
+    limit: 100
+    window: 1m
+`
+
+func TestLimiterBurstAdmitsExactlyTheLimit(t *testing.T) {
+	clock := newSimClock(t0.Add(12 * time.Second))
+	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	r := mustRules(t, perMinute).Rules[0]
+	key := r.Hash([]byte("203.0.113.7"))
+	allowed := 0
+	var last Decision
+	for i := 0; i < 150; i++ {
+		d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		if d.Allowed {
+			allowed++
+		} else {
+			last = d
+		}
+	}
+	if allowed != 100 {
+		t.Fatalf("admitted %d of a burst of 150, want 100", allowed)
+	}
+	// 100 admitted in this window: released when they weigh 99 in the next,
+	// 1% into it.
+	if want := t0.Add(time.Minute + 600*time.Millisecond).UnixNano(); last.ReleaseAt != want {
+		t.Errorf("ReleaseAt = %v, want %v", time.Unix(0, last.ReleaseAt).UTC(), time.Unix(0, want).UTC())
+	}
+	if last.Remaining != 0 || last.Limit != 100 {
+		t.Errorf("refused decision: remaining %d limit %d, want 0 100", last.Remaining, last.Limit)
+	}
+}
+
+func TestLimiterEdgesShareOneLimit(t *testing.T) {
+	clock := newSimClock(t0)
+	store := &countingStore{Store: NewMemStore(clock)}
+	r := mustRules(t, perMinute).Rules[0]
+	edges := []*Limiter{
+		newTestLimiter(t, clock, store, Config{}),
+		newTestLimiter(t, clock, store, Config{}),
+	}
+	key := r.Hash([]byte("client"))
+	// 1 request every 10 ms, alternating edges, flushing every 5 ms. An edge
+	// learns the global count from the reply to its own increment, so the
+	// edge that did not cross the limit admits one more before it knows:
+	// over-admission is at most one request per other edge here.
+	allowed := 0
+	for i := 0; i < 3000; i++ { // 30 s
+		if edges[i%2].Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+			allowed++
+		}
+		for k := 0; k < 2; k++ {
+			clock.Add(5 * time.Millisecond)
+			for _, e := range edges {
+				e.Flush(context.Background(), clock.Now())
+			}
+		}
+	}
+	if allowed < 100 || allowed > 101 {
+		t.Errorf("two edges admitted %d in 30 s of one window, want the limit once globally: 100, or 101", allowed)
+	}
+	// The store holds what was admitted.
+	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
+	store.Store.Do(context.Background(), ops)
+	if ops[0].Value != uint64(allowed) {
+		t.Errorf("store counter = %d, want the %d admitted", ops[0].Value, allowed)
+	}
+}
+
+func TestLimiterOverAdmissionBoundedByFlushInterval(t *testing.T) {
+	// Requests every 1 ms alternating edges, flushes every 5 ms: before an
+	// edge learns of the other's admissions it may admit what arrives
+	// within one flush interval: about rate × interval = 5 requests.
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	r := mustRules(t, perMinute).Rules[0]
+	edges := []*Limiter{newTestLimiter(t, clock, store, Config{}), newTestLimiter(t, clock, store, Config{})}
+	key := r.Hash([]byte("client"))
+	allowed := 0
+	for i := 0; i < 1000; i++ {
+		if edges[i%2].Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+			allowed++
+		}
+		clock.Add(time.Millisecond)
+		if i%5 == 4 {
+			for _, e := range edges {
+				e.Flush(context.Background(), clock.Now())
+			}
+		}
+	}
+	if allowed < 100 || allowed > 105 {
+		t.Errorf("admitted %d, want between 100 and 100 + rate×flush interval = 105", allowed)
+	}
+}
+
+func TestLimiterReadsPreviousWindowOnceAfterGrace(t *testing.T) {
+	clock := newSimClock(t0.Add(50 * time.Second))
+	store := &countingStore{Store: NewMemStore(clock)}
+	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, StoreTimeout: 100 * time.Millisecond})
+	r := mustRules(t, perMinute).Rules[0]
+	key := r.Hash([]byte("k"))
+	// A new key is read (previous and current window) once, then only
+	// incremented.
+	for i := 0; i < 20; i++ {
+		l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		clock.Add(5 * time.Millisecond)
+		l.Flush(context.Background(), clock.Now())
+	}
+	if got := store.reads.Load(); got != 2 {
+		t.Errorf("reads for a new key = %d, want 2 (previous and current window, one multi-get)", got)
+	}
+	if got := store.incrs.Load(); got != 20 {
+		t.Errorf("increments = %d, want 20 (one per flush with traffic)", got)
+	}
+	// Into the next window: the previous window is read once, only after
+	// the grace of one flush interval plus the store timeout.
+	clock.t.Store(t0.Add(time.Minute).UnixNano())
+	store.reads.Store(0)
+	for i := 0; i < 40; i++ { // 200 ms
+		l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		clock.Add(5 * time.Millisecond)
+		l.Flush(context.Background(), clock.Now())
+		if elapsed := clock.Now().Sub(t0.Add(time.Minute)); elapsed < 105*time.Millisecond && store.reads.Load() != 0 {
+			t.Fatalf("previous window read %v into the window, before the 105ms grace", elapsed)
+		}
+	}
+	if got := store.reads.Load(); got != 1 {
+		t.Errorf("reads of the previous window = %d, want 1", got)
+	}
+}
+
+func TestLimiterNewEdgeStartsFromSharedCounters(t *testing.T) {
+	clock := newSimClock(t0.Add(30 * time.Second))
+	store := NewMemStore(clock)
+	r := mustRules(t, perMinute).Rules[0]
+	key := r.Hash([]byte("k"))
+	a := newTestLimiter(t, clock, store, Config{})
+	for i := 0; i < 90; i++ {
+		a.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+	}
+	a.Flush(context.Background(), clock.Now())
+	b := newTestLimiter(t, clock, store, Config{})
+	b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1) // unknown yet: admitted
+	b.Flush(context.Background(), clock.Now())                      // reads the shared count
+	allowed := 0
+	for i := 0; i < 50; i++ {
+		if b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+			allowed++
+		}
+	}
+	if allowed != 9 {
+		t.Errorf("new edge admitted %d more after 91 elsewhere, want 9", allowed)
+	}
+}
+
+func TestLimiterBlockCountsEveryRequest(t *testing.T) {
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	l := newTestLimiter(t, clock, store, Config{})
+	r := mustRules(t, `
+rules:
+  - name: mitigate
+    limit: 10
+    window: 10s
+    action: block
+    timeout: 1m
+`).Rules[0]
+	key := r.Hash([]byte("abuser"))
+	var d Decision
+	for i := 0; i < 11; i++ {
+		d = l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+	}
+	if d.Allowed {
+		t.Fatal("11th request of 10 per 10s admitted")
+	}
+	if want := clock.Now().Add(time.Minute).UnixNano(); d.ReleaseAt != want {
+		t.Errorf("block ReleaseAt = %d, want now + timeout = %d", d.ReleaseAt, want)
+	}
+	// The edge answers the next 89 from its block cache and records them.
+	for i := 0; i < 89; i++ {
+		l.Record(clock.Now(), r, key, 1)
+	}
+	l.Flush(context.Background(), clock.Now())
+	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
+	store.Do(context.Background(), ops)
+	if ops[0].Value != 100 {
+		t.Errorf("store counter = %d, want all 100 attempts", ops[0].Value)
+	}
+}
+
+func TestLimiterSyncModeIsExactAcrossEdges(t *testing.T) {
+	clock := newSimClock(t0)
+	store := &countingStore{Store: NewMemStore(clock)}
+	r := mustRules(t, `
+rules:
+  - name: login
+    limit: 5
+    window: 1m
+    mode: sync
+    fail: closed
+`).Rules[0]
+	a := newTestLimiter(t, clock, store, Config{})
+	b := newTestLimiter(t, clock, store, Config{})
+	key := r.Hash([]byte("user@example.com"))
+	allowed := 0
+	for i := 0; i < 20; i++ { // no flushes at all
+		e := a
+		if i%2 == 1 {
+			e = b
+		}
+		if e.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+			allowed++
+		}
+	}
+	if allowed != 5 {
+		t.Errorf("sync mode admitted %d across two edges, want exactly 5", allowed)
+	}
+	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
+	store.Store.Do(context.Background(), ops)
+	if ops[0].Value != 5 {
+		t.Errorf("store counter = %d, want 5 (refused increments taken back)", ops[0].Value)
+	}
+}
+
+func TestLimiterFailurePolicies(t *testing.T) {
+	clock := newSimClock(t0)
+	rs := mustRules(t, `
+rules:
+  - name: open-async
+    limit: 5
+    window: 1m
+  - name: closed-async
+    limit: 5
+    window: 1m
+    fail: closed
+  - name: open-sync
+    limit: 5
+    window: 1m
+    mode: sync
+  - name: closed-sync
+    limit: 5
+    window: 1m
+    mode: sync
+    fail: closed
+`)
+	store := &countingStore{Store: NewMemStore(clock)}
+	l := newTestLimiter(t, clock, store, Config{})
+	store.fail.Store(true)
+	want := map[string]Fallback{"open-async": FallbackOpen, "closed-async": FallbackClosed, "open-sync": FallbackOpen, "closed-sync": FallbackClosed}
+	for _, r := range rs.Rules {
+		key := r.Hash([]byte("k"))
+		l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		l.Flush(context.Background(), clock.Now()) // async learns the store is down
+		d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		if d.Fallback != want[r.Name] || d.Allowed != (want[r.Name] == FallbackOpen) {
+			t.Errorf("%s with the store down: fallback %d allowed %v, want %d %v", r.Name, d.Fallback, d.Allowed, want[r.Name], want[r.Name] == FallbackOpen)
+		}
+	}
+	// Pending increments survive the outage and land when it ends.
+	store.fail.Store(false)
+	l.Flush(context.Background(), clock.Now())
+	r := rs.Rules[0]
+	ops := []Op{{Key: r.Hash([]byte("k")), Start: t0.UnixMilli()}}
+	store.Store.Do(context.Background(), ops)
+	if ops[0].Value != 2 {
+		t.Errorf("open-async counter after recovery = %d, want the 2 requests admitted during the outage", ops[0].Value)
+	}
+	d := l.Decide(context.Background(), clock.Now(), rs.Rules[1], rs.Rules[1].Hash([]byte("k")), 5, 1)
+	l.Flush(context.Background(), clock.Now())
+	d = l.Decide(context.Background(), clock.Now(), rs.Rules[1], rs.Rules[1].Hash([]byte("k")), 5, 1)
+	if d.Fallback != FallbackNone || !d.Allowed {
+		t.Errorf("closed-async after recovery: fallback %d allowed %v, want none, true", d.Fallback, d.Allowed)
+	}
+}
+
+func TestLimiterMemoryIsBounded(t *testing.T) {
+	clock := newSimClock(t0)
+	l := newTestLimiter(t, clock, NewMemStore(clock), Config{MaxKeys: 1024, Shards: 4})
+	r := mustRules(t, perMinute).Rules[0]
+	var key [8]byte
+	for i := 0; i < 100_000; i++ {
+		key[0], key[1], key[2] = byte(i), byte(i>>8), byte(i>>16)
+		l.Decide(context.Background(), clock.Now(), r, r.Hash(key[:]), r.Limit, 1)
+		if i%1000 == 0 {
+			clock.Add(5 * time.Millisecond)
+			l.Flush(context.Background(), clock.Now())
+		}
+	}
+	if n := l.Keys(); n > 1024 {
+		t.Errorf("a flood of 100,000 keys left %d views, want at most MaxKeys = 1024", n)
+	}
+	for _, s := range l.shards {
+		if len(s.slab) > s.max || cap(s.slab) > s.max {
+			t.Errorf("shard slab len %d cap %d over its bound %d", len(s.slab), cap(s.slab), s.max)
+		}
+	}
+	// Idle keys go after two windows.
+	for i := 0; i < 200; i++ {
+		clock.Add(time.Second)
+		l.Flush(context.Background(), clock.Now())
+	}
+	if n := l.Keys(); n != 0 {
+		t.Errorf("%d views left after 200 s idle, want 0", n)
+	}
+}
+
+func TestLimiterConcurrentUse(t *testing.T) {
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	l := newTestLimiter(t, clock, store, Config{FlushInterval: time.Millisecond})
+	l.Start()
+	r := mustRules(t, perMinute).Rules[0]
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				k := r.Hash([]byte{byte(i % 50)})
+				if l.Decide(context.Background(), clock.Now(), r, k, r.Limit, 1).Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := l.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := allowed.Load(); got != 50*100 {
+		t.Errorf("admitted %d over 50 keys, want 5000", got)
+	}
+	var sum uint64
+	for i := 0; i < 50; i++ {
+		ops := []Op{{Key: r.Hash([]byte{byte(i)}), Start: t0.UnixMilli()}}
+		store.Do(context.Background(), ops)
+		sum += ops[0].Value
+	}
+	if sum != 5000 {
+		t.Errorf("store counters after Close sum to %d, want 5000", sum)
+	}
+}
+
+func TestLimiterDecideDoesNotAllocate(t *testing.T) {
+	clock := newSimClock(t0)
+	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	rs := mustRules(t, `
+rules:
+  - name: big
+    limit: 1000000000
+    window: 1m
+  - name: block
+    limit: 1
+    window: 1m
+    action: block
+`)
+	key := rs.Rules[0].Hash([]byte("k"))
+	l.Decide(context.Background(), clock.Now(), rs.Rules[0], key, rs.Rules[0].Limit, 1)
+	now := clock.Now()
+	if n := testing.AllocsPerRun(1000, func() {
+		l.Decide(context.Background(), now, rs.Rules[0], key, rs.Rules[0].Limit, 1)
+	}); n != 0 {
+		t.Errorf("async Decide: %v allocs/op, want 0", n)
+	}
+	bk := rs.Rules[1].Hash([]byte("k"))
+	if n := testing.AllocsPerRun(1000, func() { l.Record(now, rs.Rules[1], bk, 1) }); n != 0 {
+		t.Errorf("Record: %v allocs/op, want 0", n)
+	}
+}
+
+func BenchmarkDecideAsync(b *testing.B) {
+	clock := newSimClock(t0)
+	l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+	r := mustRules(b, "rules: [{name: b, limit: 1000000000, window: 1m}]").Rules[0]
+	key := r.Hash([]byte("203.0.113.7"))
+	now := clock.Now()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		l.Decide(ctx, now, r, key, r.Limit, 1)
+	}
+}
+
+func BenchmarkDecideAsyncParallel(b *testing.B) {
+	clock := newSimClock(t0)
+	l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+	r := mustRules(b, "rules: [{name: b, limit: 1000000000, window: 1m}]").Rules[0]
+	keys := make([]uint64, 1024)
+	for i := range keys {
+		keys[i] = r.Hash([]byte{byte(i), byte(i >> 8)})
+	}
+	now := clock.Now()
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			l.Decide(ctx, now, r, keys[i&1023], r.Limit, 1)
+			i++
+		}
+	})
+}

@@ -1,0 +1,57 @@
+package window
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	storeOps       prometheus.Counter
+	storeErrors    prometheus.Counter
+	storeReads     prometheus.Counter
+	fallbackOpen   prometheus.Counter
+	fallbackClosed prometheus.Counter
+	pendingDropped prometheus.Counter
+	evictions      prometheus.Counter
+	flushOps       prometheus.Histogram
+	flushSeconds   prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
+	const ns, sub = "poplimit", "window"
+	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "fallbacks_total", Help: "Decisions made by a rule's failure policy because the store failed, by policy."}, []string{"policy"})
+	m := &metrics{
+		storeOps: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "store_ops_total", Help: "Store operations sent by the limiter (flushes, reads, sync decisions)."}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "store_errors_total", Help: "Store operations that failed."}),
+		storeReads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "window_reads_total", Help: "Reads of a key's previous window (one per key per window when all is well)."}),
+		fallbackOpen:   fallbacks.WithLabelValues("open"),
+		fallbackClosed: fallbacks.WithLabelValues("closed"),
+		pendingDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "pending_dropped_total", Help: "Counted units never delivered to the store (evicted or too old to matter)."}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "evictions_total", Help: "Local key views evicted because the key table was full."}),
+		flushOps: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "flush_ops", Help: "Store operations per non-empty flush.", Buckets: prometheus.ExponentialBuckets(1, 4, 9)}),
+		flushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "flush_duration_seconds", Help: "Time one flush waited for the store.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14)}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	keys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+		Name: "keys", Help: "Keys with a local view in the limiter."}, func() float64 { return float64(l.Keys()) })
+	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, keys} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// durationOf converts nanoseconds to a Duration.
+func durationOf(ns int64) time.Duration { return time.Duration(ns) }

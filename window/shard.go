@@ -1,0 +1,314 @@
+package window
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// entry is the local view of one key under one rule: 64 bytes.
+//
+// prev and curr are the global counts the store last reported for the
+// previous and the current window; the …Infl fields are increments sent and
+// not yet acknowledged, the …Pend fields increments not yet sent. The
+// estimate uses their sums, so this edge's own admissions weigh at once and
+// other edges' within a flush.
+type entry struct {
+	key   uint64
+	start int64 // current window's start, Unix ns
+	win   int64 // the rule's window, ns
+	last  int64 // last request, Unix ns
+
+	prev, prevInfl, prevPend uint32
+	curr, infl, pend         uint32
+
+	flags uint8
+}
+
+const (
+	flagQueued    uint8 = 1 << iota // in its shard's flush queue
+	flagRef                         // used since the eviction hand last passed
+	flagPrevKnown                   // prev has been read from the store this window
+	flagNeedCurr                    // curr has never been read: the key is new here
+	flagFailed                      // the last store operation for the key failed
+)
+
+func (e *entry) view() (prev, curr uint64) {
+	return uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend),
+		uint64(e.curr) + uint64(e.infl) + uint64(e.pend)
+}
+
+// shard is one independently locked part of the key table. Its entries sit
+// in a slab (no pointer per key for the garbage collector to chase), found
+// through a map from key hash to slab index.
+type shard struct {
+	// mu protects the fields below.
+	mu    sync.Mutex
+	idx   map[uint64]uint32
+	slab  []entry
+	free  []uint32
+	queue []uint32 // entries with increments to send or reads to make
+	spare []uint32 // the previous queue, reused
+	hand  int      // eviction hand (CLOCK)
+	sweep int      // idle-sweep cursor
+	max   int      // entries at most
+
+	n atomic.Int64 // live entries, read without mu
+	_ [64]byte     // keep neighbouring shards' locks off this cache line
+}
+
+func (s *shard) init(max int) {
+	s.idx = make(map[uint64]uint32)
+	s.max = max
+}
+
+// lookup returns key's entry, or nil. s.mu must be held.
+func (s *shard) lookup(key uint64) *entry {
+	if i, ok := s.idx[key]; ok {
+		return &s.slab[i]
+	}
+	return nil
+}
+
+// get returns the slab index of key's entry, rolled to the window
+// containing t, creating it if needed. s.mu must be held.
+func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) uint32 {
+	if i, ok := s.idx[key]; ok {
+		e := &s.slab[i]
+		if t >= e.start+e.win {
+			s.roll(l, i, t)
+		}
+		if t > e.last {
+			e.last = t
+		}
+		e.flags |= flagRef
+		return i
+	}
+	i := s.alloc(l)
+	e := &s.slab[i]
+	w := int64(r.Window)
+	*e = entry{key: key, start: windowStart(t, w), win: w, last: t,
+		flags: flagRef | flagNeedCurr | e.flags&flagQueued}
+	s.idx[key] = i
+	s.n.Add(1)
+	s.enqueue(i)
+	return i
+}
+
+// roll moves entry i to the window containing t. s.mu must be held.
+func (s *shard) roll(l *Limiter, i uint32, t int64) {
+	e := &s.slab[i]
+	start := windowStart(t, e.win)
+	if start == e.start+e.win {
+		// The current window becomes the previous one; anything still
+		// unsent for the window before it is lost.
+		if e.prevPend > 0 {
+			l.m.pendingDropped.Add(float64(e.prevPend))
+		}
+		e.prev, e.prevInfl, e.prevPend = e.curr, e.infl, e.pend
+	} else {
+		// Idle for a whole window or more.
+		if lost := uint64(e.prevPend) + uint64(e.pend); lost > 0 {
+			l.m.pendingDropped.Add(float64(lost))
+		}
+		e.prev, e.prevInfl, e.prevPend = 0, 0, 0
+		e.flags |= flagNeedCurr
+	}
+	e.curr, e.infl, e.pend = 0, 0, 0
+	e.start = start
+	e.flags &^= flagPrevKnown
+	s.enqueue(i)
+}
+
+// count adds cost units to entry i's unsent increments. s.mu must be held.
+func (s *shard) count(i uint32, cost uint64) {
+	e := &s.slab[i]
+	e.pend = sat32(uint64(e.pend) + cost)
+	s.enqueue(i)
+}
+
+func (s *shard) enqueue(i uint32) {
+	e := &s.slab[i]
+	if e.flags&flagQueued != 0 {
+		return
+	}
+	e.flags |= flagQueued
+	s.queue = append(s.queue, i)
+}
+
+// evictScan bounds how many entries one allocation looks at for a victim.
+const evictScan = 64
+
+// alloc returns a free slab index, evicting the least recently used entry
+// (CLOCK) when the shard is full. A victim with unsent increments is taken
+// only when no idle one is found within evictScan entries; its increments are
+// counted as dropped. The returned slot keeps its flagQueued bit, so a slot
+// still listed in the queue stays listed once. s.mu must be held.
+func (s *shard) alloc(l *Limiter) uint32 {
+	if n := len(s.free); n > 0 {
+		i := s.free[n-1]
+		s.free = s.free[:n-1]
+		return i
+	}
+	if len(s.slab) < s.max {
+		if len(s.slab) == cap(s.slab) {
+			grown := make([]entry, len(s.slab), min(s.max, 2*len(s.slab)+16))
+			copy(grown, s.slab)
+			s.slab = grown
+		}
+		s.slab = append(s.slab, entry{})
+		return uint32(len(s.slab) - 1)
+	}
+	victim := -1
+	for k := 0; k < evictScan; k++ {
+		s.hand = (s.hand + 1) % len(s.slab)
+		e := &s.slab[s.hand]
+		if e.flags&flagRef != 0 {
+			e.flags &^= flagRef
+			continue
+		}
+		victim = s.hand
+		if e.flags&flagQueued == 0 {
+			break
+		}
+	}
+	if victim < 0 {
+		victim = s.hand
+	}
+	e := &s.slab[victim]
+	if lost := uint64(e.prevPend) + uint64(e.pend); lost > 0 {
+		l.m.pendingDropped.Add(float64(lost))
+	}
+	delete(s.idx, e.key)
+	s.n.Add(-1)
+	l.m.evictions.Inc()
+	return uint32(victim)
+}
+
+// sweepPerFlush bounds the entries one flush checks for idleness per shard.
+const sweepPerFlush = 256
+
+// collect appends to ops the increments and reads due for this shard's
+// queued entries, marks the increments in flight, and frees a bounded number
+// of idle entries. It locks s.mu.
+func (s *shard) collect(l *Limiter, t int64, ops []Op, st *FlushStats) []Op {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queue
+	s.queue = s.spare[:0]
+	for _, i := range q {
+		e := &s.slab[i]
+		if e.flags&flagQueued == 0 {
+			continue
+		}
+		e.flags &^= flagQueued
+		if j, ok := s.idx[e.key]; !ok || j != i {
+			continue // a freed slot
+		}
+		sent := false
+		ttl := 2 * e.win
+		if e.prevPend > 0 {
+			ops = append(ops, Op{Key: e.key, Start: (e.start - e.win) / 1e6, Delta: int64(e.prevPend), TTL: durationOf(ttl)})
+			e.prevInfl = sat32(uint64(e.prevInfl) + uint64(e.prevPend))
+			e.prevPend = 0
+			sent = true
+		}
+		if e.pend > 0 {
+			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6, Delta: int64(e.pend), TTL: durationOf(ttl)})
+			e.infl = sat32(uint64(e.infl) + uint64(e.pend))
+			e.pend = 0
+			sent = true
+		}
+		if sent {
+			st.Keys++
+		}
+		if e.flags&flagPrevKnown == 0 {
+			if t < e.start+l.grace {
+				s.enqueue(i) // other edges' last flushes may still land
+				continue
+			}
+			ops = append(ops, Op{Key: e.key, Start: (e.start - e.win) / 1e6})
+			if e.flags&flagNeedCurr != 0 {
+				ops = append(ops, Op{Key: e.key, Start: e.start / 1e6})
+			}
+			l.m.storeReads.Inc()
+		}
+	}
+	s.spare = q[:0]
+	// Free entries idle for two of their windows with nothing in flight.
+	for k := 0; k < sweepPerFlush && len(s.slab) > 0; k++ {
+		s.sweep = (s.sweep + 1) % len(s.slab)
+		e := &s.slab[s.sweep]
+		if t-e.last <= 2*e.win || e.flags&flagQueued != 0 || e.infl != 0 || e.prevInfl != 0 {
+			continue
+		}
+		if i, ok := s.idx[e.key]; !ok || i != uint32(s.sweep) {
+			continue
+		}
+		delete(s.idx, e.key)
+		s.n.Add(-1)
+		e.key, e.last = 0, 0
+		s.free = append(s.free, uint32(s.sweep))
+	}
+	return ops
+}
+
+// apply folds the replies to this shard's ops into the local view and
+// returns how many failed. It locks s.mu.
+func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range ops {
+		op := &ops[k]
+		if op.Err != nil {
+			failed++
+		}
+		i, ok := s.idx[op.Key]
+		if !ok {
+			if op.Err != nil && op.Delta > 0 {
+				l.m.pendingDropped.Add(float64(op.Delta))
+			}
+			continue
+		}
+		e := &s.slab[i]
+		isCurr := op.Start == e.start/1e6
+		isPrev := op.Start == (e.start-e.win)/1e6
+		if op.Err != nil {
+			e.flags |= flagFailed
+		} else {
+			e.flags &^= flagFailed
+		}
+		switch {
+		case op.Delta > 0 && isCurr:
+			d := uint32(op.Delta)
+			e.infl -= min(e.infl, d)
+			if op.Err != nil {
+				e.pend = sat32(uint64(e.pend) + uint64(d))
+				s.enqueue(i)
+			} else {
+				e.curr = max(e.curr, sat32(op.Value))
+			}
+		case op.Delta > 0 && isPrev:
+			d := uint32(op.Delta)
+			e.prevInfl -= min(e.prevInfl, d)
+			if op.Err != nil {
+				e.prevPend = sat32(uint64(e.prevPend) + uint64(d))
+				s.enqueue(i)
+			} else {
+				e.prev = max(e.prev, sat32(op.Value))
+			}
+		case op.Delta > 0:
+			if op.Err != nil {
+				l.m.pendingDropped.Add(float64(op.Delta))
+			}
+		case op.Err != nil && (isCurr || isPrev):
+			s.enqueue(i) // read again next flush
+		case isPrev:
+			e.prev = max(e.prev, sat32(op.Value))
+			e.flags |= flagPrevKnown
+		case isCurr:
+			e.curr = max(e.curr, sat32(op.Value))
+			e.flags &^= flagNeedCurr
+		}
+	}
+	return failed
+}

@@ -1,0 +1,142 @@
+package window
+
+import (
+	"math"
+	"math/bits"
+	"time"
+)
+
+// SlidingWindow is the sliding-window counter: at most Limit units per
+// trailing Window, estimated from the counts of the previous and the current
+// fixed window as
+//
+//	estimate = prev × (Window − elapsed)/Window + curr
+//
+// where elapsed is the time since the current window started. Windows start
+// at multiples of Window since the Unix epoch. The zero value is not useful:
+// Window must be positive. A SlidingWindow is an immutable value, safe for
+// concurrent use.
+type SlidingWindow struct {
+	Limit  uint64
+	Window time.Duration
+}
+
+// Verdict is the outcome of one decision by a window algorithm.
+type Verdict struct {
+	Allowed   bool
+	Estimate  float64 // units in the trailing window before this request
+	Remaining uint64  // units still admissible after this decision
+	// ReleaseAt is, for a refused request, the first instant (Unix ns) at
+	// which a request of the same cost would be admitted if the key sends
+	// nothing more; 0 when it never would (cost above the limit).
+	ReleaseAt int64
+	// ResetAt is the instant (Unix ns) at which the key's current count
+	// stops weighing fully: the end of the current window.
+	ResetAt int64
+}
+
+// Start returns the start (Unix ns) of the window that contains now (Unix ns).
+func (s SlidingWindow) Start(now int64) int64 { return windowStart(now, int64(s.Window)) }
+
+func windowStart(now, w int64) int64 {
+	r := now % w
+	if r < 0 {
+		r += w
+	}
+	return now - r
+}
+
+// Estimate returns the estimated number of units in the trailing window at
+// now, given the counts of the previous and the current window, where the
+// current window is the one containing now.
+func (s SlidingWindow) Estimate(now int64, prev, curr uint64) float64 {
+	w := int64(s.Window)
+	elapsed := now - windowStart(now, w)
+	return float64(prev)*float64(w-elapsed)/float64(w) + float64(curr)
+}
+
+// Decide decides whether cost more units may pass at now, given the counts
+// of the previous and the current window. It admits iff
+// estimate + cost ≤ Limit, compared exactly in integers (the float Estimate
+// is for reporting). It does not change anything: the caller counts.
+func (s SlidingWindow) Decide(now int64, prev, curr, cost uint64) Verdict {
+	w := int64(s.Window)
+	start := windowStart(now, w)
+	left := uint64(w - (now - start)) // the previous window's weight × W
+	v := Verdict{Estimate: float64(prev)*float64(left)/float64(w) + float64(curr), ResetAt: start + w}
+	// prev×left + (curr+cost)×W ≤ Limit×W
+	if le128(add128(mul128(prev, left), mul128(curr+cost, uint64(w))), mul128(s.Limit, uint64(w))) {
+		v.Allowed = true
+		if r := float64(s.Limit) - v.Estimate - float64(cost); r > 0 {
+			v.Remaining = uint64(r)
+		}
+		return v
+	}
+	v.ReleaseAt = s.Release(now, prev, curr, cost)
+	return v
+}
+
+// Release returns the first instant (Unix ns, not before now) at which a
+// request of cost units would be admitted if the key sends nothing more,
+// given the counts of the previous and the current window at now; 0 when it
+// never would because cost exceeds the limit. Within the current window the
+// estimate falls as the previous window's weight decays; in the next window
+// the current count becomes the previous one and decays in turn. The result
+// is exact to the nanosecond: Decide admits at it and refuses 1 ns before.
+func (s SlidingWindow) Release(now int64, prev, curr, cost uint64) int64 {
+	if cost > s.Limit {
+		return 0
+	}
+	w := int64(s.Window)
+	start := windowStart(now, w)
+	room := s.Limit - cost // the estimate must fall to room
+	if curr <= room {
+		if prev == 0 {
+			return now
+		}
+		// prev×(W−e) ≤ (room−curr)×W  ⇔  e ≥ W − ⌊(room−curr)×W / prev⌋
+		return max(now, start+w-int64(min(div128(mul128(room-curr, uint64(w)), prev), uint64(w))))
+	}
+	// Next window: curr×(W−e) ≤ room×W  ⇔  e ≥ W − ⌊room×W / curr⌋
+	return start + 2*w - int64(div128(mul128(room, uint64(w)), curr))
+}
+
+// u128 is an unsigned 128-bit integer, for exact window arithmetic: counts
+// up to 2^32 times windows up to 2^55 ns do not fit in 64 bits.
+type u128 struct{ hi, lo uint64 }
+
+func mul128(a, b uint64) u128 { hi, lo := bits.Mul64(a, b); return u128{hi, lo} }
+
+func add128(a, b u128) u128 {
+	lo, c := bits.Add64(a.lo, b.lo, 0)
+	return u128{a.hi + b.hi + c, lo}
+}
+
+func le128(a, b u128) bool { return a.hi < b.hi || a.hi == b.hi && a.lo <= b.lo }
+
+// div128 returns ⌊a/d⌋ saturated to 64 bits.
+func div128(a u128, d uint64) uint64 {
+	if a.hi >= d {
+		return math.MaxUint64
+	}
+	q, _ := bits.Div64(a.hi, a.lo, d)
+	return q
+}
+
+// decideFixed is Decide for the fixed-window algorithm run over the same
+// counters: the estimate is the current window's count alone, and a refused
+// key is released when the window ends.
+func (s SlidingWindow) decideFixed(now int64, curr, cost uint64) Verdict {
+	w := int64(s.Window)
+	start := windowStart(now, w)
+	v := Verdict{Estimate: float64(curr), ResetAt: start + w}
+	if curr+cost <= s.Limit {
+		v.Allowed = true
+		v.Remaining = s.Limit - curr - cost
+		return v
+	}
+	if cost <= s.Limit {
+		v.ReleaseAt = start + w
+	}
+	return v
+}

@@ -1,0 +1,36 @@
+package window
+
+import (
+	"context"
+	"time"
+)
+
+// Op is one operation on a fixed-window counter in a Store.
+//
+// A counter is named by the pair (Key, Start): Key is the 64-bit hash of the
+// rule and the client key (never the client key itself), Start the window's
+// start in Unix milliseconds. All windows of one Key must live on one shard,
+// so a store hashes Key alone when it places a counter.
+type Op struct {
+	Key   uint64        // hash of rule and client key
+	Start int64         // window start, Unix milliseconds
+	Delta int64         // > 0 increments, < 0 decrements (clamped at 0), 0 reads
+	TTL   time.Duration // lifetime of a counter that this op creates
+
+	Value uint64 // set by the store: the counter after the op (0 when missing on a read)
+	Err   error  // set by the store: nil, or why this op failed
+}
+
+// Store is the shared counter store behind a Limiter: memcached shards in a
+// PoP (package shardproxy), or MemStore in a single process.
+//
+// Do performs every op in ops and sets each op's Value or Err. An increment
+// of a missing counter creates it with the op's TTL; a read of a missing
+// counter is 0 with no error. Ops fail independently (a dead shard fails only
+// its own keys). Do returns when every op has finished or ctx is done;
+// implementations must bound each op by their own timeout as well, so a hung
+// server never holds a caller longer than that. Do must be safe for
+// concurrent use and must not keep ops after it returns.
+type Store interface {
+	Do(ctx context.Context, ops []Op)
+}
