@@ -362,7 +362,8 @@ func TestLimiterMemoryIsBounded(t *testing.T) {
 	if n := l.Keys(); n > 1024 {
 		t.Errorf("a flood of 100,000 keys left %d views, want at most MaxKeys = 1024", n)
 	}
-	for _, s := range l.shards {
+	for i := range l.shards {
+		s := &l.shards[i]
 		if len(s.slab) > s.max || cap(s.slab) > s.max {
 			t.Errorf("shard slab len %d cap %d over its bound %d", len(s.slab), cap(s.slab), s.max)
 		}

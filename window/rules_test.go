@@ -1,0 +1,190 @@
+package window
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseRulesValid(t *testing.T) {
+	data, err := os.ReadFile("testdata/rules-valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := ParseRules(data)
+	if err != nil {
+		t.Fatalf("ParseRules: %v", err)
+	}
+	if !rs.MatchAll || len(rs.Rules) != 5 {
+		t.Fatalf("got MatchAll=%v and %d rules, want true and 5", rs.MatchAll, len(rs.Rules))
+	}
+	api := rs.Rules[0]
+	if api.Host != "api.example.com" || api.PathPrefix != "/v1/" || strings.Join(api.Methods, ",") != "GET,POST" {
+		t.Errorf("api match = %q %q %v", api.Host, api.PathPrefix, api.Methods)
+	}
+	if len(api.Key) != 2 || api.Key[0] != (KeyPart{KeyHeader, "X-API-Key"}) || api.Key[1] != (KeyPart{Source: KeyIP}) || api.MissingKey != MissingKeyDeny {
+		t.Errorf("api key = %+v missing %v", api.Key, api.MissingKey)
+	}
+	if api.Limit != 100 || api.Window != time.Minute || api.Algorithm != SlidingWindowCounter || api.Action != Throttle || api.Mode != Async || api.Fail != FailOpen || api.Cost != 1 {
+		t.Errorf("api defaults = %+v", api)
+	}
+	login := rs.Rules[1]
+	if login.Mode != Sync || login.Fail != FailClosed || login.Key[0] != (KeyPart{KeyCookie, "session"}) || login.Key[1] != (KeyPart{KeyQuery, "user"}) {
+		t.Errorf("login = %+v", login)
+	}
+	m := rs.Rules[2]
+	if m.Action != Block || m.Timeout != 10*time.Minute || m.CostHeader != "X-Cost" || m.MaxCost != 50 {
+		t.Errorf("mitigation = %+v", m)
+	}
+	if b := rs.Rules[3]; b.Algorithm != TokenBucketAlgorithm || b.Burst != 20 || !b.Shadow {
+		t.Errorf("bucket = %+v", b)
+	}
+	if d := rs.Rules[4]; d.Window != 24*time.Hour || d.Algorithm != FixedWindowCounter || d.Timeout != d.Window {
+		t.Errorf("daily = %+v", d)
+	}
+	if rs.Lookup("login") != login || rs.Lookup("nope") != nil {
+		t.Error("Lookup by name failed")
+	}
+	if api.Seed == login.Seed || api.Hash([]byte("k")) == login.Hash([]byte("k")) {
+		t.Error("two rules hash one key alike")
+	}
+}
+
+func TestParseRulesReportsEveryField(t *testing.T) {
+	data, err := os.ReadFile("testdata/rules-invalid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ParseRules(data)
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("got %v, want an error wrapping ErrInvalid", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		`match: must be "first" or "all" (got "some")`,
+		"rules[0].name: is required",
+		"rules[0].limit: must be between 1 and 4294967295 (got 0)",
+		`rules[1].name: only letters, digits and -_.:/ are allowed (got "bad window")`,
+		`rules[1].window: must be a duration of whole milliseconds between 1ms and 366d (got "-5s")`,
+		`rules[1].algorithm: must be one of sliding_window, fixed_window, token_bucket, leaky_bucket, sliding_log (got "magic")`,
+		`rules[1].action: must be one of throttle, block (got "ban")`,
+		`rules[1].mode: must be one of async, sync (got "eventually")`,
+		`rules[1].fail: must be one of open, closed (got "maybe")`,
+		`rules[2].key[0]: "ip" takes no name (got "ip:x")`,
+		`rules[2].key[1]: needs a name, as in "header:NAME" (got "header:")`,
+		`rules[2].key[2]: must be "ip", "header:NAME", "query:NAME" or "cookie:NAME" (got "bogus")`,
+		`rules[2].key[3]: name is not a valid token (got "header:Bad Header")`,
+		`rules[2].timeout: applies only to action: block (got "1m")`,
+		`rules[2].path_prefix: must start with "/" (got "v1")`,
+		`rules[2].methods[0]: is not an HTTP method (got "G3T")`,
+		`rules[4].mode: needs a shared algorithm (sliding_window or fixed_window), not token_bucket (got sync)`,
+		`rules[4].tiers.pro: must be between 1 and 4294967295 (got -1)`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q; got:\n%s", want, msg)
+		}
+	}
+}
+
+func TestParseRulesRejectsMalformedYAML(t *testing.T) {
+	for _, in := range []string{"", "rules: {", "rules: [{name: a, limit: 1, window: 1m, colour: red}]", "rules: 5", "\x00\xff"} {
+		if _, err := ParseRules([]byte(in)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseRules(%q) = %v, want ErrInvalid", in, err)
+		}
+	}
+}
+
+func TestDuplicateRuleNamesRejected(t *testing.T) {
+	_, err := ParseRules([]byte("rules: [{name: a, limit: 1, window: 1m}, {name: a, limit: 2, window: 1m}]"))
+	if err == nil || !strings.Contains(err.Error(), `rules[1].name: duplicates rules[0] (got "a")`) {
+		t.Errorf("got %v", err)
+	}
+}
+
+func TestRuleMatches(t *testing.T) {
+	r := mustRules(t, "rules: [{name: a, host: api.example.com, path_prefix: /v1/, methods: [GET], limit: 1, window: 1m}]").Rules[0]
+	tests := []struct {
+		host, method, path string
+		want               bool
+	}{
+		{"api.example.com", "GET", "/v1/users", true},
+		{"API.Example.COM", "GET", "/v1/", true},
+		{"api.example.com", "POST", "/v1/users", false},
+		{"api.example.com", "GET", "/v2/users", false},
+		{"www.example.com", "GET", "/v1/users", false},
+	}
+	for _, tt := range tests {
+		if got := r.Matches([]byte(tt.host), []byte(tt.method), []byte(tt.path)); got != tt.want {
+			t.Errorf("Matches(%q, %q, %q) = %v, want %v", tt.host, tt.method, tt.path, got, tt.want)
+		}
+	}
+}
+
+func TestLimitForTiers(t *testing.T) {
+	rs := mustRules(t, "rules: [{name: a, limit: 100, window: 1d, tiers: {free: 100, pro: 10000}}, {name: b, limit: 7, window: 1m}]")
+	ov, err := ParseOverrides([]byte("overrides:\n  key-pro: pro\n  key-odd: gold\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.Overrides = ov
+	a, b := rs.Rules[0], rs.Rules[1]
+	for _, tt := range []struct {
+		r    *Rule
+		key  string
+		want uint64
+	}{{a, "key-pro", 10000}, {a, "anyone", 100}, {a, "key-odd", 100}, {b, "key-pro", 7}} {
+		if got := rs.LimitFor(tt.r, []byte(tt.key)); got != tt.want {
+			t.Errorf("LimitFor(%s, %q) = %d, want %d", tt.r.Name, tt.key, got, tt.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { rs.LimitFor(a, []byte("key-pro")) }); n != 0 {
+		t.Errorf("LimitFor: %v allocs/op, want 0", n)
+	}
+	if _, err := ParseOverrides([]byte("overrides: {k: \"bad tier\"}")); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad tier name: got %v, want ErrInvalid", err)
+	}
+}
+
+func FuzzParseRules(f *testing.F) {
+	for _, name := range []string{"testdata/rules-valid.yaml", "testdata/rules-invalid.yaml"} {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte("rules: [{name: a, limit: 1, window: 1m}]"))
+	f.Add([]byte("rules: [{name: a, limit: 99999999999999999999, window: 9999999h}]"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rs, err := ParseRules(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			return
+		}
+		for _, r := range rs.Rules {
+			if r.Limit == 0 || r.Window <= 0 || r.Name == "" || len(r.Key) == 0 || r.Cost == 0 {
+				t.Fatalf("accepted an unusable rule %+v", r)
+			}
+		}
+	})
+}
+
+func ExampleParseRules() {
+	rs, err := ParseRules([]byte(`
+rules:
+  - name: per-client
+    limit: 100
+    window: 1m
+`))
+	if err != nil {
+		panic(err)
+	}
+	r := rs.Rules[0]
+	fmt.Println(r.Name, r.Limit, r.Window, r.Algorithm, r.Action, r.Mode, r.Fail)
+	// Output: per-client 100 1m0s sliding_window throttle async open
+}
