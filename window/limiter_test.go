@@ -475,3 +475,53 @@ func BenchmarkDecideAsyncParallel(b *testing.B) {
 		}
 	})
 }
+
+func TestLimiterPerEdgeAlgorithms(t *testing.T) {
+	clock := newSimClock(t0)
+	store := &countingStore{Store: NewMemStore(clock)}
+	l := newTestLimiter(t, clock, store, Config{})
+	rs := mustRules(t, `
+rules:
+  - name: bucket
+    algorithm: token_bucket
+    limit: 10
+    window: 1s
+    burst: 20
+  - name: leaky
+    algorithm: leaky_bucket
+    limit: 10
+    window: 1s
+    burst: 5
+  - name: log
+    algorithm: sliding_log
+    limit: 3
+    window: 1m
+`)
+	for _, tc := range []struct {
+		rule string
+		want int // admitted of a burst of 30 at one instant
+	}{{"bucket", 20}, {"leaky", 5}, {"log", 3}} {
+		r := rs.Lookup(tc.rule)
+		key := r.Hash([]byte("k"))
+		got := 0
+		var last Decision
+		for i := 0; i < 30; i++ {
+			d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+			if d.Allowed {
+				got++
+			} else {
+				last = d
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%s: admitted %d of a burst of 30, want %d", tc.rule, got, tc.want)
+		}
+		if last.ReleaseAt <= clock.Now().UnixNano() {
+			t.Errorf("%s: refusal released at %d, not after now", tc.rule, last.ReleaseAt)
+		}
+	}
+	l.Flush(context.Background(), clock.Now())
+	if n := store.incrs.Load() + store.reads.Load(); n != 0 {
+		t.Errorf("per-edge algorithms sent %d store operations, want 0", n)
+	}
+}

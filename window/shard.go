@@ -46,11 +46,12 @@ type shard struct {
 	idx   map[uint64]uint32
 	slab  []entry
 	free  []uint32
-	queue []uint32 // entries with increments to send or reads to make
-	spare []uint32 // the previous queue, reused
-	hand  int      // eviction hand (CLOCK)
-	sweep int      // idle-sweep cursor
-	max   int      // entries at most
+	queue []uint32               // entries with increments to send or reads to make
+	spare []uint32               // the previous queue, reused
+	hand  int                    // eviction hand (CLOCK)
+	sweep int                    // idle-sweep cursor
+	max   int                    // entries at most
+	local map[uint64]*localState // per-edge algorithms' keys (local.go)
 
 	n atomic.Int64 // live entries, read without mu
 	_ [64]byte     // keep neighbouring shards' locks off this cache line
@@ -234,6 +235,7 @@ func (s *shard) collect(l *Limiter, t int64, ops []Op, st *FlushStats) []Op {
 		}
 	}
 	s.spare = q[:0]
+	s.sweepLocal(t, sweepPerFlush)
 	// Free entries idle for two of their windows with nothing in flight.
 	for k := 0; k < sweepPerFlush && len(s.slab) > 0; k++ {
 		s.sweep = (s.sweep + 1) % len(s.slab)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh Debian machine with Go.
+#
+# It installs what the tests start for real (memcached, nutcracker) with apt
+# when run as root and they are missing; otherwise it names exactly what to
+# install and stops. Then it vets the code and runs every package's tests
+# with the race detector. Extra arguments go to `go test` (e.g. -run Edge).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v memcached >/dev/null 2>&1 || need+=(memcached)
+command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || need+=(nutcracker)
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing ${need[*]} with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "test.sh: missing ${need[*]}; install them with:" >&2
+    echo "  sudo apt-get install ${need[*]}" >&2
+    exit 2
+  fi
+fi
+# nutcracker installs as a service that may start on the default port; the
+# tests start their own on free ports and do not need it.
+command -v go >/dev/null 2>&1 || { echo "test.sh: Go is not on PATH (https://go.dev/doc/install)" >&2; exit 2; }
+
+echo "test.sh: go vet ./..."
+go vet ./...
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "test.sh: gofmt would change:" >&2
+  echo "$unformatted" >&2
+  exit 1
+fi
+echo "test.sh: go test -race ./..."
+go test -race -count=1 -timeout 12m "$@" ./...
