@@ -1,0 +1,108 @@
+package edge
+
+import (
+	"net"
+	"testing"
+
+	"github.com/poplimit/poplimit/blockcache"
+	"github.com/poplimit/poplimit/window"
+	"github.com/valyala/fasthttp"
+)
+
+// newBareServer builds an edge with the in-memory store and no listener,
+// for driving its handler directly.
+func newBareServer(tb testing.TB, rules string) (*Server, *blockcache.Cache) {
+	tb.Helper()
+	rs, err := window.ParseRules([]byte(rules))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	lim, err := window.New(window.Config{}, window.NewMemStore(nil))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	lim.Start()
+	tb.Cleanup(func() { lim.Close(tb.Context()) })
+	blocks, err := blockcache.New(blockcache.Config{MaxEntries: 1 << 12}, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(blocks.Close)
+	s, err := New(Config{}, rs, Deps{Limiter: lim, Blocks: blocks})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s, blocks
+}
+
+const allocRules = `
+rules:
+  - name: roomy
+    path_prefix: /allow
+    key: ["header:X-API-Key", ip]
+    limit: 1000000000
+    window: 1m
+  - name: tight
+    path_prefix: /blocked
+    limit: 1
+    window: 1m
+    action: block
+    timeout: 1h
+`
+
+func requestCtx(path string) *fasthttp.RequestCtx {
+	var req fasthttp.Request
+	req.SetRequestURI("http://api.example.com" + path)
+	req.Header.Set("X-API-Key", "key-123")
+	req.Header.Set("X-Forwarded-For", "203.0.113.9")
+	ctx := &fasthttp.RequestCtx{}
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(198, 51, 100, 7), Port: 4242}, nil)
+	return ctx
+}
+
+// TestHandlerDoesNotAllocate proves the allow path and the blocked path of
+// the request handler allocate nothing.
+func TestHandlerDoesNotAllocate(t *testing.T) {
+	s, blocks := newBareServer(t, allocRules)
+	h := s.Handler()
+	for _, tc := range []struct {
+		path   string
+		status int
+	}{{"/allow/x", 200}, {"/blocked/x", 429}} {
+		ctx := requestCtx(tc.path)
+		for i := 0; i < 3; i++ { // warm up: first decisions, block, buffers
+			ctx.Response.Reset()
+			h(ctx)
+			blocks.Wait() // ristretto applies Sets asynchronously
+		}
+		if ctx.Response.StatusCode() != tc.status {
+			t.Fatalf("%s: status %d, want %d", tc.path, ctx.Response.StatusCode(), tc.status)
+		}
+		n := testing.AllocsPerRun(1000, func() {
+			ctx.Response.Reset()
+			h(ctx)
+		})
+		if n != 0 {
+			t.Errorf("%s: %v allocs/op, want 0", tc.path, n)
+		}
+	}
+}
+
+func benchmarkHandler(b *testing.B, path string) {
+	s, blocks := newBareServer(b, allocRules)
+	h := s.Handler()
+	ctx := requestCtx(path)
+	for i := 0; i < 3; i++ {
+		ctx.Response.Reset()
+		h(ctx)
+		blocks.Wait()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx.Response.Reset()
+		h(ctx)
+	}
+}
+
+func BenchmarkHandlerAllow(b *testing.B)   { benchmarkHandler(b, "/allow/x") }
+func BenchmarkHandlerBlocked(b *testing.B) { benchmarkHandler(b, "/blocked/x") }

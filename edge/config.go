@@ -1,0 +1,190 @@
+package edge
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// Mode is how the edge sits in the request path.
+type Mode string
+
+const (
+	// Decision answers each request itself: 200 to allow, 429 to refuse. It
+	// is what Envoy's ext_authz HTTP filter calls, and it also serves the
+	// JSON endpoint POST /decide.
+	Decision Mode = "decision"
+	// Proxy forwards allowed requests to Upstream and adds the quota
+	// headers to the upstream's response.
+	Proxy Mode = "proxy"
+)
+
+// Config configures an edge server. The zero value of each field means the
+// default written beside it; Validate reports what is wrong.
+type Config struct {
+	Mode Mode // default Decision
+
+	// EdgeID names this edge in decision events (0 to 65535).
+	EdgeID int // default 0
+
+	// Upstream is the origin's host:port, for Proxy mode.
+	Upstream        string
+	UpstreamTimeout time.Duration // default 10s: a slower upstream answers 504
+	UpstreamConns   int           // default 512 connections at most
+
+	// CheckPrefix is stripped from the path of a check in Decision mode,
+	// matching the path_prefix of Envoy's ext_authz http_service.
+	CheckPrefix string // default "/check"
+
+	// TrustedProxies are the networks whose X-Forwarded-For (and
+	// ClientIPHeader) are believed. A request from anywhere else is keyed by
+	// its TCP peer address.
+	TrustedProxies []netip.Prefix
+	// ClientIPHeader, when set (e.g. "CF-Connecting-IP"), is believed from a
+	// trusted proxy before X-Forwarded-For.
+	ClientIPHeader string
+
+	// Server limits.
+	ReadTimeout   time.Duration // default 10s
+	WriteTimeout  time.Duration // default 10s
+	IdleTimeout   time.Duration // default 60s
+	MaxHeaderSize int           // default 8192 bytes: larger requests get 431
+	MaxBodySize   int           // default 4 MiB
+	Concurrency   int           // default 65536 requests in flight; beyond, 503
+
+	// RetryJitter is the most random seconds added to Retry-After, so that
+	// refused clients do not all come back at once.
+	RetryJitter time.Duration // default 2s
+
+	// RulesFile and OverridesFile are watched and reloaded on change and
+	// on SIGHUP. Empty RulesFile means DefaultRules.
+	RulesFile     string
+	OverridesFile string
+	ReloadPoll    time.Duration // default 2s
+}
+
+// DefaultRules is the built-in rule of an edge started without a rules
+// file: the seeds' example, 100 requests per minute per client IP.
+const DefaultRules = `
+rules:
+  - name: default-per-client
+    limit: 100
+    window: 1m
+`
+
+func (c *Config) setDefaults() {
+	if c.Mode == "" {
+		c.Mode = Decision
+	}
+	if c.UpstreamTimeout == 0 {
+		c.UpstreamTimeout = 10 * time.Second
+	}
+	if c.UpstreamConns == 0 {
+		c.UpstreamConns = 512
+	}
+	if c.CheckPrefix == "" {
+		c.CheckPrefix = "/check"
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = 10 * time.Second
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 60 * time.Second
+	}
+	if c.MaxHeaderSize == 0 {
+		c.MaxHeaderSize = 8192
+	}
+	if c.MaxBodySize == 0 {
+		c.MaxBodySize = 4 << 20
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 65536
+	}
+	if c.RetryJitter == 0 {
+		c.RetryJitter = 2 * time.Second
+	}
+	if c.ReloadPoll == 0 {
+		c.ReloadPoll = 2 * time.Second
+	}
+}
+
+// Validate reports every invalid field with its name and value.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field string, value any, reason string) {
+		errs = append(errs, fmt.Errorf("edge: %s %v: %s", field, value, reason))
+	}
+	switch c.Mode {
+	case "", Decision:
+	case Proxy:
+		if c.Upstream == "" {
+			bad("Upstream", `""`, "is required in proxy mode")
+		}
+	default:
+		bad("Mode", fmt.Sprintf("%q", c.Mode), `must be "decision" or "proxy"`)
+	}
+	if c.Upstream != "" {
+		if _, port, ok := strings.Cut(c.Upstream, ":"); !ok || port == "" || strings.Contains(c.Upstream, "/") {
+			bad("Upstream", fmt.Sprintf("%q", c.Upstream), "must be host:port")
+		}
+	}
+	if c.EdgeID < 0 || c.EdgeID > 65535 {
+		bad("EdgeID", c.EdgeID, "must be between 0 and 65535")
+	}
+	if c.CheckPrefix != "" && c.CheckPrefix[0] != '/' {
+		bad("CheckPrefix", fmt.Sprintf("%q", c.CheckPrefix), `must start with "/"`)
+	}
+	for name, d := range map[string]time.Duration{"UpstreamTimeout": c.UpstreamTimeout, "ReadTimeout": c.ReadTimeout,
+		"WriteTimeout": c.WriteTimeout, "IdleTimeout": c.IdleTimeout, "RetryJitter": c.RetryJitter, "ReloadPoll": c.ReloadPoll} {
+		if d < 0 || d > time.Hour {
+			bad(name, d, "must be between 0 (default) and 1h")
+		}
+	}
+	if c.MaxHeaderSize < 0 || c.MaxHeaderSize > 1<<20 {
+		bad("MaxHeaderSize", c.MaxHeaderSize, "must be between 0 (default) and 1 MiB")
+	}
+	if c.MaxBodySize < 0 {
+		bad("MaxBodySize", c.MaxBodySize, "must not be negative")
+	}
+	if c.Concurrency < 0 || c.UpstreamConns < 0 {
+		bad("Concurrency", c.Concurrency, "must not be negative")
+	}
+	if c.ClientIPHeader != "" && strings.ContainsAny(c.ClientIPHeader, " :\t\r\n") {
+		bad("ClientIPHeader", fmt.Sprintf("%q", c.ClientIPHeader), "is not a header name")
+	}
+	return errors.Join(errs...)
+}
+
+// ParsePrefixes parses a comma-separated list of CIDRs or bare addresses.
+func ParsePrefixes(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	var errs []error
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !strings.Contains(f, "/") {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("edge: trusted proxy %q: %w", f, err))
+				continue
+			}
+			a = a.Unmap()
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("edge: trusted proxy %q: %w", f, err))
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	return out, errors.Join(errs...)
+}

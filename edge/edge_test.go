@@ -1,0 +1,563 @@
+package edge
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/poplimit/poplimit/blockcache"
+	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/shardproxy"
+	"github.com/poplimit/poplimit/window"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/valyala/fasthttp"
+)
+
+// testEdge is one running edge on a loopback port.
+type testEdge struct {
+	srv  *Server
+	lim  *window.Limiter
+	addr string
+	reg  *prometheus.Registry
+	done chan error
+}
+
+type edgeOpts struct {
+	cfg      Config
+	rules    string
+	memcache []string // empty: in-memory store
+	store    window.Store
+	flush    time.Duration
+}
+
+func startEdge(t *testing.T, o edgeOpts) *testEdge {
+	t.Helper()
+	rs, err := window.ParseRules([]byte(o.rules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	store := o.store
+	var healthy func() bool
+	if len(o.memcache) > 0 {
+		var servers []shardproxy.Server
+		for _, a := range o.memcache {
+			servers = append(servers, shardproxy.Server{Addr: a})
+		}
+		mc, err := shardproxy.New(shardproxy.Config{Servers: servers, Timeout: 50 * time.Millisecond,
+			FailureLimit: 2, RetryTimeout: 200 * time.Millisecond}, reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mc.Close() })
+		ms := &MemcacheStore{Client: mc}
+		store, healthy = ms, ms.Healthy
+	}
+	if store == nil {
+		store = window.NewMemStore(nil)
+	}
+	flush := o.flush
+	if flush == 0 {
+		flush = 2 * time.Millisecond
+	}
+	lim, err := window.New(window.Config{FlushInterval: flush, StoreTimeout: 50 * time.Millisecond, Registerer: reg}, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim.Start()
+	blocks, err := blockcache.New(blockcache.Config{MaxEntries: 1 << 14}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(blocks.Close)
+	if o.cfg.RetryJitter == 0 {
+		o.cfg.RetryJitter = time.Nanosecond // no jitter unless asked
+	}
+	srv, err := New(o.cfg, rs, Deps{Limiter: lim, Blocks: blocks, StoreHealthy: healthy, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	te := &testEdge{srv: srv, lim: lim, addr: ln.Addr().String(), reg: reg, done: make(chan error, 1)}
+	go func() { te.done <- srv.Serve(ln) }()
+	t.Cleanup(func() { te.shutdown(t) })
+	return te
+}
+
+func (te *testEdge) shutdown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	te.srv.Shutdown(ctx)
+}
+
+var client = &http.Client{Timeout: 5 * time.Second}
+
+func get(t *testing.T, addr, path string, hdr ...string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+// sfItem parses one structured-field list item `"name";k=v;k=v` as the
+// RateLimit fields use it.
+func sfItem(t *testing.T, v string) (string, map[string]int64) {
+	t.Helper()
+	parts := strings.Split(v, ";")
+	name, err := strconv.Unquote(parts[0])
+	if err != nil {
+		t.Fatalf("%q: the policy name is not an sf-string: %v", v, err)
+	}
+	params := map[string]int64{}
+	for _, p := range parts[1:] {
+		k, val, ok := strings.Cut(p, "=")
+		n, err := strconv.ParseInt(val, 10, 64)
+		if !ok || err != nil {
+			t.Fatalf("%q: parameter %q is not key=integer", v, p)
+		}
+		params[k] = n
+	}
+	return name, params
+}
+
+const threePerMinute = `
+rules:
+  - name: api
+    limit: 3
+    window: 1m
+`
+
+func TestRefusalContract(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: threePerMinute})
+	for i := 0; i < 3; i++ {
+		resp := get(t, e.addr, "/check/v1/x")
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d, want 200", i, resp.StatusCode)
+		}
+		name, p := sfItem(t, resp.Header.Get("RateLimit"))
+		if name != "api" || p["r"] != int64(2-i) {
+			t.Errorf("request %d: RateLimit %q, want r=%d", i, resp.Header.Get("RateLimit"), 2-i)
+		}
+	}
+	before := time.Now()
+	req, _ := http.NewRequest("GET", "http://"+e.addr+"/check/v1/x", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 429 {
+		t.Fatalf("4th of 3 per minute: status %d, want 429", resp.StatusCode)
+	}
+	h := resp.Header
+	name, pol := sfItem(t, h.Get("RateLimit-Policy"))
+	if name != "api" || pol["q"] != 3 || pol["w"] != 60 {
+		t.Errorf("RateLimit-Policy %q, want \"api\";q=3;w=60", h.Get("RateLimit-Policy"))
+	}
+	_, rl := sfItem(t, h.Get("RateLimit"))
+	if rl["r"] != 0 || rl["t"] < 1 || rl["t"] > 120 {
+		t.Errorf("RateLimit %q, want r=0 and 1 ≤ t ≤ 120", h.Get("RateLimit"))
+	}
+	// 3 admitted in this window: released when they weigh 2 in the next:
+	// one third into it. Retry-After must not come before that.
+	win := before.Truncate(time.Minute)
+	release := win.Add(time.Minute + 20*time.Second)
+	ra, err := strconv.Atoi(h.Get("Retry-After"))
+	if err != nil || before.Add(time.Duration(ra)*time.Second).Before(release.Add(-time.Second)) {
+		t.Errorf("Retry-After %q: before the release time %v (now %v)", h.Get("Retry-After"), release, before)
+	}
+	if h.Get("X-RateLimit-Limit") != "3" || h.Get("X-RateLimit-Remaining") != "0" {
+		t.Errorf("X-RateLimit-Limit %q Remaining %q, want 3 and 0", h.Get("X-RateLimit-Limit"), h.Get("X-RateLimit-Remaining"))
+	}
+	if reset, _ := strconv.ParseInt(h.Get("X-RateLimit-Reset"), 10, 64); reset < before.Unix() || reset > release.Unix()+1 {
+		t.Errorf("X-RateLimit-Reset %q, want a Unix time up to the release %d", h.Get("X-RateLimit-Reset"), release.Unix())
+	}
+	if ct := h.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q, want application/problem+json", ct)
+	}
+	var prob struct {
+		Type, Title, Detail, Policy string
+		Status                      int
+		RetryAfter                  int `json:"retry_after"`
+	}
+	if err := json.Unmarshal(body, &prob); err != nil {
+		t.Fatalf("problem body %q: %v", body, err)
+	}
+	if prob.Status != 429 || prob.Title != "Too Many Requests" || prob.Policy != "api" || prob.Type == "" || prob.RetryAfter != ra {
+		t.Errorf("problem %+v", prob)
+	}
+	// The next request is answered from the block cache.
+	get(t, e.addr, "/check/v1/x")
+	if n := testutil.ToFloat64(e.srv.m.requests.WithLabelValues("api", "limited", "blockcache")); n != 1 {
+		t.Errorf("blockcache refusals = %v, want 1", n)
+	}
+}
+
+func TestRetryAfterJitterNeverEarly(t *testing.T) {
+	now := time.Now().UnixNano()
+	release := now + int64(1500*time.Millisecond)
+	seen := map[int64]bool{}
+	for i := 0; i < 1000; i++ {
+		ra := retryAfter(release, now, 3*time.Second)
+		if ra < 2 || ra > 5 {
+			t.Fatalf("Retry-After %d for a release 1.5 s away with 3 s jitter, want 2..5", ra)
+		}
+		seen[ra] = true
+	}
+	if len(seen) < 3 {
+		t.Errorf("jitter produced only %v", seen)
+	}
+}
+
+func TestClientIP(t *testing.T) {
+	trusted, _ := ParsePrefixes("10.0.0.0/8, 192.0.2.1")
+	s := &Server{cfg: Config{TrustedProxies: trusted, ClientIPHeader: "CF-Connecting-IP"}}
+	tests := []struct {
+		name, peer, xff, cf, want string
+	}{
+		{"untrusted peer ignores XFF", "198.51.100.9", "203.0.113.5", "", "198.51.100.9"},
+		{"trusted peer, XFF believed", "10.1.2.3", "203.0.113.5", "", "203.0.113.5"},
+		{"rightmost untrusted hop", "10.1.2.3", "1.1.1.1, 203.0.113.5, 10.9.9.9", "", "203.0.113.5"},
+		{"spoofed leftmost entry ignored", "192.0.2.1", "6.6.6.6, 203.0.113.7", "", "203.0.113.7"},
+		{"header first", "10.1.2.3", "203.0.113.5", "2001:db8::1", "2001:db8::1"},
+		{"malformed chain", "10.1.2.3", "203.0.113.5, not-an-ip", "", "10.1.2.3"},
+		{"ipv4-mapped peer", "::ffff:198.51.100.9", "", "", "198.51.100.9"},
+		{"ipv4-mapped in XFF", "10.1.2.3", "::ffff:203.0.113.5", "", "203.0.113.5"},
+		{"bracketed with port", "10.1.2.3", "[2001:db8::2]:443", "", "2001:db8::2"},
+		{"all hops trusted", "10.1.2.3", "10.2.2.2", "", "10.2.2.2"},
+	}
+	for _, tt := range tests {
+		var ctx fasthttp.RequestCtx
+		var req fasthttp.Request
+		if tt.xff != "" {
+			req.Header.Set("X-Forwarded-For", tt.xff)
+		}
+		if tt.cf != "" {
+			req.Header.Set("CF-Connecting-IP", tt.cf)
+		}
+		ctx.Init(&req, &net.TCPAddr{IP: net.ParseIP(tt.peer), Port: 1234}, nil)
+		if got := s.clientIP(&ctx).String(); got != tt.want {
+			t.Errorf("%s: clientIP = %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestKeysAndMissingKeys(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: `
+match: all
+rules:
+  - name: by-api-key
+    path_prefix: /api
+    key: ["header:X-API-Key"]
+    missing_key: deny
+    limit: 2
+    window: 1m
+  - name: by-user
+    path_prefix: /q
+    key: ["query:user", "cookie:sid"]
+    missing_key: skip
+    limit: 1
+    window: 1m
+  - name: fallback-ip
+    path_prefix: /f
+    key: ["header:X-Token"]
+    limit: 1
+    window: 1m
+`})
+	if s := get(t, e.addr, "/api/x").StatusCode; s != 400 {
+		t.Errorf("no API key under missing_key: deny: status %d, want 400", s)
+	}
+	for i, want := range []int{200, 200, 429} {
+		if s := get(t, e.addr, "/api/x", "X-API-Key", "k1").StatusCode; s != want {
+			t.Errorf("key k1 request %d: %d, want %d", i, s, want)
+		}
+	}
+	if s := get(t, e.addr, "/api/x", "X-API-Key", "k2").StatusCode; s != 200 {
+		t.Errorf("another key: %d, want 200", s)
+	}
+	// Both parts needed; with one missing the rule is skipped.
+	for i := 0; i < 3; i++ {
+		if s := get(t, e.addr, "/q?user=a").StatusCode; s != 200 {
+			t.Errorf("skipped rule refused: %d", s)
+		}
+	}
+	if s := get(t, e.addr, "/q?user=a", "Cookie", "sid=1").StatusCode; s != 200 {
+		t.Errorf("first composite: %d", s)
+	}
+	if s := get(t, e.addr, "/q?user=a", "Cookie", "sid=1").StatusCode; s != 429 {
+		t.Errorf("second composite: %d, want 429", s)
+	}
+	// Missing token falls back to the client IP, not to one shared bucket.
+	if s := get(t, e.addr, "/f").StatusCode; s != 200 {
+		t.Errorf("fallback first: %d", s)
+	}
+	if s := get(t, e.addr, "/f").StatusCode; s != 429 {
+		t.Errorf("fallback second from the same IP: %d, want 429", s)
+	}
+	if s := get(t, e.addr, "/f", "X-Token", "t").StatusCode; s != 200 {
+		t.Errorf("with a token after the IP fallback was used: %d, want 200", s)
+	}
+}
+
+func TestShadowRuleNeverRefuses(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: s, limit: 1, window: 1m, shadow: true}]"})
+	for i := 0; i < 5; i++ {
+		if s := get(t, e.addr, "/").StatusCode; s != 200 {
+			t.Fatalf("shadow rule answered %d", s)
+		}
+	}
+	if n := testutil.ToFloat64(e.srv.m.requests.WithLabelValues("s", "shadow_limited", "limiter")); n != 4 {
+		t.Errorf("shadow refusals counted %v, want 4", n)
+	}
+}
+
+func TestTwoEdgesShareMemcached(t *testing.T) {
+	_, addrs := testenv.Shards(t, 2)
+	rules := "rules: [{name: shared, limit: 20, window: 1m}]"
+	a := startEdge(t, edgeOpts{rules: rules, memcache: addrs})
+	b := startEdge(t, edgeOpts{rules: rules, memcache: addrs})
+	allowed := 0
+	for i := 0; i < 60; i++ {
+		e := a
+		if i%2 == 1 {
+			e = b
+		}
+		if get(t, e.addr, "/").StatusCode == 200 {
+			allowed++
+		}
+		time.Sleep(5 * time.Millisecond) // let flushes land, as client think time would
+	}
+	if allowed < 20 || allowed > 22 {
+		t.Errorf("two edges admitted %d for one client under 20 per minute, want 20 (at most one more per edge)", allowed)
+	}
+}
+
+func TestShutdownFlushesCounters(t *testing.T) {
+	_, addrs := testenv.Shards(t, 2)
+	rules := "rules: [{name: flushme, limit: 1000, window: 1m}]"
+	// A long flush interval: nothing is flushed unless shutdown does it.
+	e := startEdge(t, edgeOpts{rules: rules, memcache: addrs, flush: time.Minute})
+	for i := 0; i < 37; i++ {
+		get(t, e.addr, "/")
+	}
+	e.shutdown(t)
+	mc, err := shardproxy.New(shardproxy.Config{Servers: []shardproxy.Server{{Addr: addrs[0]}, {Addr: addrs[1]}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Close()
+	r := e.srv.Rules().Rules[0]
+	key := r.Hash([]byte("127.0.0.1"))
+	start := time.Now().Truncate(time.Minute).UnixMilli()
+	got, err := mc.Get(context.Background(), key, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != 37 {
+		t.Errorf("memcached counter after shutdown = %d, want the 37 admitted", got[0])
+	}
+}
+
+func TestStoreDownFailOpenAndClosed(t *testing.T) {
+	shards, addrs := testenv.Shards(t, 1)
+	e := startEdge(t, edgeOpts{memcache: addrs, rules: `
+rules:
+  - name: open
+    path_prefix: /open
+    limit: 100
+    window: 1m
+  - name: closed
+    path_prefix: /closed
+    limit: 100
+    window: 1m
+    fail: closed
+  - name: closed-sync
+    path_prefix: /login
+    limit: 100
+    window: 1m
+    mode: sync
+    fail: closed
+`})
+	for _, p := range []string{"/open", "/closed", "/login"} {
+		if s := get(t, e.addr, p).StatusCode; s != 200 {
+			t.Fatalf("%s with memcached up: %d", p, s)
+		}
+	}
+	shards[0].Kill()
+	time.Sleep(300 * time.Millisecond) // flushes fail, the shard is ejected
+	for _, tc := range []struct {
+		path string
+		want int
+	}{{"/open", 200}, {"/closed", 429}, {"/login", 429}} {
+		start := time.Now()
+		s := get(t, e.addr, tc.path).StatusCode
+		if s != tc.want {
+			t.Errorf("%s with memcached down: %d, want %d", tc.path, s, tc.want)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s took %v with the store down", tc.path, d)
+		}
+	}
+	if e.srv.Ready() {
+		t.Error("ready with the store down and fail-closed rules")
+	}
+}
+
+func TestReloadGoodAndBadFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(path, []byte("rules: [{name: one, limit: 1, window: 1m}]"), 0o644)
+	rs, err := LoadFiles(path, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: one, limit: 1, window: 1m}]", cfg: Config{RulesFile: path}})
+	_ = rs
+	get(t, e.addr, "/")
+	if s := get(t, e.addr, "/").StatusCode; s != 429 {
+		t.Fatalf("second of 1: %d", s)
+	}
+	// A good file raises the limit and drops cached blocks.
+	os.WriteFile(path, []byte("rules: [{name: one, limit: 5, window: 1m}]"), 0o644)
+	if err := e.srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if s := get(t, e.addr, "/").StatusCode; s != 200 {
+		t.Errorf("after raising the limit: %d, want 200", s)
+	}
+	// A bad file is rejected with every error, and the rules stay.
+	os.WriteFile(path, []byte("rules: [{name: one, limit: -1, window: 1m, mode: fast}]"), 0o644)
+	err = e.srv.Reload()
+	if err == nil || !strings.Contains(err.Error(), "rules[0].limit") || !strings.Contains(err.Error(), "rules[0].mode") {
+		t.Errorf("bad reload: %v, want both errors", err)
+	}
+	if got := e.srv.Rules().Rules[0].Limit; got != 5 {
+		t.Errorf("limit after a rejected reload = %d, want 5", got)
+	}
+	if n := testutil.ToFloat64(e.srv.m.reloads.WithLabelValues("rejected")); n != 1 {
+		t.Errorf("rejected reloads counted %v, want 1", n)
+	}
+}
+
+func TestProxyMode(t *testing.T) {
+	// A real upstream.
+	uln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/slow" {
+			time.Sleep(500 * time.Millisecond)
+		}
+		ctx.Response.Header.Set("X-Origin", "yes")
+		fmt.Fprintf(ctx, "origin saw %s", ctx.Path())
+	}}
+	go up.Serve(uln)
+	defer up.Shutdown()
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 2, window: 1m}]",
+		cfg: Config{Mode: Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
+	resp, err := client.Get("http://" + e.addr + "/hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "origin saw /hello" || resp.Header.Get("X-Origin") != "yes" || resp.Header.Get("RateLimit") == "" {
+		t.Errorf("proxied: %d %q origin=%q ratelimit=%q", resp.StatusCode, body, resp.Header.Get("X-Origin"), resp.Header.Get("RateLimit"))
+	}
+	if s := get(t, e.addr, "/slow").StatusCode; s != 504 {
+		t.Errorf("slow upstream: %d, want 504", s)
+	}
+	if s := get(t, e.addr, "/x").StatusCode; s != 429 {
+		t.Errorf("third of 2: %d, want 429", s)
+	}
+	up.Shutdown()
+	uln.Close()
+	e2 := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 2, window: 1m}]",
+		cfg: Config{Mode: Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
+	if s := get(t, e2.addr, "/x").StatusCode; s != 502 {
+		t.Errorf("upstream down: %d, want 502", s)
+	}
+}
+
+func TestDecideJSON(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: threePerMinute})
+	post := func(body string) (int, DecideResponse) {
+		resp, err := client.Post("http://"+e.addr+decidePath, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var d DecideResponse
+		json.NewDecoder(resp.Body).Decode(&d)
+		return resp.StatusCode, d
+	}
+	if s, d := post(`{"rule":"api","key":"k","cost":2}`); s != 200 || !d.Allowed || d.Remaining != 1 {
+		t.Errorf("cost 2 of 3: %d %+v", s, d)
+	}
+	if s, d := post(`{"rule":"api","key":"k","cost":2}`); s != 429 || d.Allowed || d.RetryMillis <= 0 {
+		t.Errorf("cost 2 more: %d %+v", s, d)
+	}
+	if s, _ := post(`{"rule":"nope","key":"k"}`); s != 404 {
+		t.Errorf("unknown rule: %d", s)
+	}
+	if s, _ := post(`{not json`); s != 400 {
+		t.Errorf("bad json: %d", s)
+	}
+}
+
+func TestMetricsLint(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: threePerMinute})
+	get(t, e.addr, "/")
+	problems, err := testutil.GatherAndLint(e.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric %s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestHostileHeaders sends a request head over the limit and checks it is
+// refused with 431 and the edge keeps serving.
+func TestHostileHeaders(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: Config{MaxHeaderSize: 4096}})
+	c, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", strings.Repeat("a", 10000))
+	status, _ := bufio.NewReader(c).ReadString('\n')
+	if !strings.Contains(status, "431") {
+		t.Errorf("oversized head answered %q, want 431", status)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); get(t, e.addr, "/") }()
+	wg.Wait()
+}

@@ -1,0 +1,119 @@
+package edge
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"unsafe"
+
+	"github.com/poplimit/poplimit/window"
+	"github.com/valyala/fasthttp"
+)
+
+// clientIP returns the client's address: the TCP peer, or, when the peer is
+// a trusted proxy, what it says: ClientIPHeader first, else the rightmost
+// X-Forwarded-For entry that is not itself a trusted proxy. IPv4-mapped IPv6
+// addresses are unmapped, so one client is one key whichever form it
+// arrives in. It does not allocate.
+func (s *Server) clientIP(ctx *fasthttp.RequestCtx) netip.Addr {
+	peer := peerAddr(ctx)
+	if !s.trusted(peer) {
+		return peer
+	}
+	if s.cfg.ClientIPHeader != "" {
+		if v := ctx.Request.Header.Peek(s.cfg.ClientIPHeader); len(v) > 0 {
+			if a, ok := parseIP(bytes.TrimSpace(v)); ok {
+				return a
+			}
+		}
+	}
+	xff := ctx.Request.Header.Peek(fasthttp.HeaderXForwardedFor)
+	for len(xff) > 0 {
+		i := bytes.LastIndexByte(xff, ',')
+		hop := bytes.TrimSpace(xff[i+1:])
+		xff = xff[:max(i, 0)]
+		a, ok := parseIP(hop)
+		if !ok {
+			return peer // a malformed chain: believe only what we saw
+		}
+		if !s.trusted(a) {
+			return a
+		}
+		peer = a
+	}
+	return peer
+}
+
+func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
+	if a, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			return ip.Unmap()
+		}
+	}
+	return netip.IPv4Unspecified()
+}
+
+func (s *Server) trusted(a netip.Addr) bool {
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseIP parses an address from bytes without allocating. It accepts an
+// IPv6 address in brackets, and an address with a port.
+func parseIP(b []byte) (netip.Addr, bool) {
+	if len(b) == 0 || len(b) > 64 {
+		return netip.Addr{}, false
+	}
+	s := unsafe.String(&b[0], len(b)) // ParseAddr does not keep s
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap().WithZone(""), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap().WithZone(""), true
+	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
+			return a.Unmap().WithZone(""), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// keySep separates the parts of a composite key.
+const keySep = 0x1f
+
+// fallbackKeyTag starts a key built from the client IP because the rule's
+// own key was missing, so it never equals a key built from a header.
+const fallbackKeyTag = "\x00ip\x00"
+
+// appendKey appends the key of request ctx under rule r to dst. ok is false
+// when a part of the recipe is missing. It does not allocate once dst has
+// room.
+func (s *Server) appendKey(dst []byte, ctx *fasthttp.RequestCtx, r *window.Rule, ip netip.Addr) (_ []byte, ok bool) {
+	for i, p := range r.Key {
+		if i > 0 {
+			dst = append(dst, keySep)
+		}
+		var v []byte
+		switch p.Source {
+		case window.KeyIP:
+			dst = ip.AppendTo(dst)
+			continue
+		case window.KeyHeader:
+			v = ctx.Request.Header.Peek(p.Name)
+		case window.KeyQuery:
+			v = ctx.QueryArgs().Peek(p.Name)
+		case window.KeyCookie:
+			v = ctx.Request.Header.Cookie(p.Name)
+		}
+		if len(v) == 0 {
+			return dst, false
+		}
+		dst = append(dst, v...)
+	}
+	return dst, true
+}

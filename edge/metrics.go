@@ -1,0 +1,117 @@
+package edge
+
+import (
+	"net/http"
+
+	"github.com/poplimit/poplimit/window"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+type metrics struct {
+	requests        *prometheus.CounterVec // rule, decision, source
+	panics          prometheus.Counter
+	missingKey      prometheus.Counter
+	badCost         prometheus.Counter
+	blockDropped    prometheus.Counter
+	eventsDropped   prometheus.Counter
+	upstreamTimeout prometheus.Counter
+	upstreamError   prometheus.Counter
+	reloads         *prometheus.CounterVec
+	reloadOK        prometheus.Gauge
+}
+
+// ruleCounters are one rule's request counters, resolved once per reload
+// so the request path never looks up a label.
+type ruleCounters struct {
+	allowed, allowedFallback               prometheus.Counter
+	limited, limitedCache, limitedFallback prometheus.Counter
+	shadowLimited                          prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
+	const ns, sub = "poplimit", "edge"
+	upstream := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "upstream_errors_total", Help: "Proxied requests the upstream failed, by kind (timeout: 504, error: 502)."}, []string{"kind"})
+	bad := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "bad_requests_total", Help: "Requests refused with 400 before any decision, by reason."}, []string{"reason"})
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "requests_total",
+			Help: "Rule decisions, by rule, decision (allowed, limited, shadow_limited) and source (limiter, blockcache, fallback)."},
+			[]string{"rule", "decision", "source"}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "panics_total", Help: "Requests whose handling panicked and were answered 500."}),
+		missingKey: bad.WithLabelValues("missing_key"),
+		badCost:    bad.WithLabelValues("bad_cost"),
+		blockDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "block_cache_dropped_total", Help: "Refused keys the block cache did not take; their next request goes to the limiter."}),
+		eventsDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "events_dropped_total", Help: "Decision events the pipeline could not queue."}),
+		upstreamTimeout: upstream.WithLabelValues("timeout"),
+		upstreamError:   upstream.WithLabelValues("error"),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "rule_reloads_total", Help: "Rule reloads, by result (applied, rejected)."}, []string{"result"}),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "rules_last_reload_ok", Help: "1 if the last rule reload was applied, 0 if it was rejected."}),
+	}
+	m.reloadOK.Set(1)
+	m.reloads.WithLabelValues("applied")
+	m.reloads.WithLabelValues("rejected")
+	if reg == nil {
+		return m, nil
+	}
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+		Name: "upstream_in_flight", Help: "Requests being proxied to the upstream."}, func() float64 { return float64(s.inflight.Load()) })
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+		Name: "ready", Help: "1 when the edge is ready for traffic."}, func() float64 {
+		if s.Ready() {
+			return 1
+		}
+		return 0
+	})
+	for _, c := range []prometheus.Collector{m.requests, m.panics, bad, m.blockDropped, m.eventsDropped, upstream, m.reloads, m.reloadOK, inflight, ready} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) forRule(name string) ruleCounters {
+	v := m.requests
+	return ruleCounters{
+		allowed:         v.WithLabelValues(name, "allowed", "limiter"),
+		allowedFallback: v.WithLabelValues(name, "allowed", "fallback"),
+		limited:         v.WithLabelValues(name, "limited", "limiter"),
+		limitedCache:    v.WithLabelValues(name, "limited", "blockcache"),
+		limitedFallback: v.WithLabelValues(name, "limited", "fallback"),
+		shadowLimited:   v.WithLabelValues(name, "shadow_limited", "limiter"),
+	}
+}
+
+// dropRemoved forgets the series of rules that a reload removed, so the
+// rule label stays bounded by the rules in force.
+func (m *metrics) dropRemoved(old, cur *window.Rules) {
+	for _, r := range old.Rules {
+		if cur.Lookup(r.Name) == nil {
+			m.requests.DeletePartialMatch(prometheus.Labels{"rule": r.Name})
+		}
+	}
+}
+
+// AdminHandler serves /metrics from gatherer, /healthz (the process is up)
+// and /readyz (Ready) for the admin listener.
+func (s *Server) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.Ready() {
+			http.Error(w, "not ready: the store is unreachable and a rule fails closed", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
+	return mux
+}

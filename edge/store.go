@@ -1,0 +1,38 @@
+package edge
+
+import (
+	"context"
+	"sync"
+
+	"github.com/poplimit/poplimit/shardproxy"
+	"github.com/poplimit/poplimit/window"
+)
+
+// MemcacheStore adapts a shardproxy.Client to window.Store: the edge is
+// where the two packages meet, so neither imports the other.
+type MemcacheStore struct {
+	Client *shardproxy.Client
+	ops    sync.Pool // *[]shardproxy.Op
+}
+
+// Do performs ops on the memcached shards.
+func (m *MemcacheStore) Do(ctx context.Context, ops []window.Op) {
+	p, _ := m.ops.Get().(*[]shardproxy.Op)
+	if p == nil {
+		p = new([]shardproxy.Op)
+	}
+	sp := (*p)[:0]
+	for _, op := range ops {
+		sp = append(sp, shardproxy.Op(op))
+	}
+	m.Client.Do(ctx, sp)
+	for i := range ops {
+		ops[i] = window.Op(sp[i])
+	}
+	clear(sp)
+	*p = sp[:0]
+	m.ops.Put(p)
+}
+
+// Healthy reports whether any shard is in the ring.
+func (m *MemcacheStore) Healthy() bool { return m.Client.Healthy() }

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Measures the edge's cost side by side in one run (BENCHMARKS.md): the same
+# wrk load (Zipf keys over 10,000 API keys) against a bare fasthttp server
+# that answers 200, and against one edge in decision mode with three
+# memcached shards behind it, on four paths:
+#   /async    async rule, limits no key reaches (every request allowed)
+#   /sync     the same rule in sync mode (one memcached round trip each)
+#   /blocked  a rule that most requests exceed (answered from the block cache)
+# with decision events flowing to the aggregator's embedded Kafka broker when
+# the aggregator is built (-events off to skip). Targets alternate, R rounds.
+#
+# usage: scripts/bench-edge.sh [-rounds R] [-duration S] [-conns C] [-events on|off]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=3 DUR=5 CONNS=64 EVENTS=on
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -rounds) ROUNDS=$2; shift 2 ;; -duration) DUR=$2; shift 2 ;;
+    -conns) CONNS=$2; shift 2 ;; -events) EVENTS=$2; shift 2 ;;
+    *) echo "unknown flag $1" >&2; exit 2 ;;
+  esac
+done
+for b in wrk memcached; do
+  command -v $b >/dev/null || { echo "bench-edge: needs $b: apt-get install $b" >&2; exit 2; }
+done
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT INT TERM
+
+go build -o "$tmp/edge" ./cmd/edge
+go build -o "$tmp/bare" ./loadtest/bare
+have_agg=0
+if [ "$EVENTS" = on ] && [ -d cmd/aggregator ] && go build -o "$tmp/aggregator" ./cmd/aggregator 2>/dev/null; then have_agg=1; fi
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+
+shards=()
+for i in 1 2 3; do
+  p=$(port); memcached -l 127.0.0.1 -p "$p" -U 0 -m 256 -t 1 -u root & pids+=($!); wait_port "$p"; shards+=("127.0.0.1:$p")
+done
+brokers=""
+if [ $have_agg = 1 ]; then
+  bp=$(port); ap=$(port)
+  "$tmp/aggregator" -broker-listen "127.0.0.1:$bp" -listen "127.0.0.1:$ap" 2>"$tmp/agg.log" & pids+=($!)
+  wait_port "$bp"; brokers="127.0.0.1:$bp"
+fi
+cat > "$tmp/rules.yaml" <<RULES
+rules:
+  - name: async
+    path_prefix: /async
+    key: ["header:X-API-Key"]
+    limit: 1000000
+    window: 1m
+  - name: sync
+    path_prefix: /sync
+    key: ["header:X-API-Key"]
+    limit: 1000000
+    window: 1m
+    mode: sync
+  - name: blocked
+    path_prefix: /blocked
+    key: ["header:X-API-Key"]
+    limit: 10
+    window: 1m
+RULES
+bare=$(port); edge=$(port); admin=$(port)
+"$tmp/bare" -listen "127.0.0.1:$bare" & pids+=($!)
+args=(-listen "127.0.0.1:$edge" -admin "127.0.0.1:$admin" -rules "$tmp/rules.yaml" -memcache "$(IFS=,; echo "${shards[*]}")" -log-level warn)
+[ -n "$brokers" ] && args+=(-brokers "$brokers")
+"$tmp/edge" "${args[@]}" & pids+=($!)
+wait_port "$bare"; wait_port "$edge"
+
+run_wrk() { # target path conns → "rps p50_us p99_us non2xx"
+  WRK_PATH=$2 wrk -t1 -c"$3" -d"${DUR}s" --latency -s loadtest/wrk/zipf.lua "http://127.0.0.1:$1" 2>&1 | awk '
+    function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return v*1000; if (v ~ /s$/) return v*1000000; return v }
+    /Requests\/sec/ { rps=$2 } / 50%/ { p50=us($2) } / 99%/ { p99=us($2) } /Non-2xx/ { n=$5 }
+    END { printf "%.0f %.0f %.0f %d\n", rps, p50, p99, n }'
+}
+echo "bench-edge: $ROUNDS rounds of ${DUR}s, wrk -t1 -c$CONNS, 10,000 Zipf(1.1) keys; events: $([ -n "$brokers" ] && echo "to the embedded broker" || echo off)"
+printf "%-6s %-9s %10s %9s %9s %9s\n" round target req/s p50_us p99_us non2xx
+declare -A sum
+for r in $(seq "$ROUNDS"); do
+  for t in bare async sync blocked; do
+    case $t in bare) res=$(run_wrk "$bare" / "$CONNS") ;; *) res=$(run_wrk "$edge" "/$t/x" "$CONNS") ;; esac
+    read -r rps p50 p99 n <<<"$res"
+    printf "%-6s %-9s %10s %9s %9s %9s\n" "$r" "$t" "$rps" "$p50" "$p99" "$n"
+    echo "$r $t $rps $p50 $p99 $n" >> "$tmp/results"
+  done
+done
+# Unloaded latency: one connection, one request at a time.
+for t in bare async; do
+  case $t in bare) res=$(run_wrk "$bare" / 1) ;; *) res=$(run_wrk "$edge" "/async/x" 1) ;; esac
+  echo "lat $t $res" >> "$tmp/results"
+done
+awk '
+  $1=="lat" { lat50[$2]=$4; lat99[$2]=$5; next }
+  { rps[$1,$2]=$3; p50[$2]+=$4; p99[$2]+=$5; n[$2]++; rounds[$1]=1 }
+  END {
+    for (r in rounds) { ra[r]=rps[r,"async"]/rps[r,"bare"]; rb[r]=rps[r,"blocked"]/rps[r,"bare"]; rs[r]=rps[r,"sync"]/rps[r,"async"] }
+    print ""
+    print "ratios per round (min / median / max):"
+    split("ra rb rs", names, " ")
+    label["ra"]="edge async ÷ bare (allowed)      "; label["rb"]="edge blocked ÷ bare (block cache)"; label["rs"]="sync ÷ async                      "
+    for (k=1;k<=3;k++) {
+      nm=names[k]; c=0
+      for (r in rounds) { v[++c] = (nm=="ra"?ra[r]:(nm=="rb"?rb[r]:rs[r])) }
+      for (i=1;i<=c;i++) for (j=i+1;j<=c;j++) if (v[j]<v[i]) { x=v[i]; v[i]=v[j]; v[j]=x }
+      printf "  %s %.3f / %.3f / %.3f\n", label[nm], v[1], v[int((c+1)/2)], v[c]
+    }
+    printf "mean latency under load (p50/p99 us): bare %.0f/%.0f  async %.0f/%.0f  sync %.0f/%.0f  blocked %.0f/%.0f\n", p50["bare"]/n["bare"], p99["bare"]/n["bare"], p50["async"]/n["async"], p99["async"]/n["async"], p50["sync"]/n["sync"], p99["sync"]/n["sync"], p50["blocked"]/n["blocked"], p99["blocked"]/n["blocked"]
+    printf "unloaded latency, one connection (p50/p99 us): bare %s/%s  edge async %s/%s  → p99 added by the edge: %d us\n", lat50["bare"], lat99["bare"], lat50["async"], lat99["async"], lat99["async"]-lat99["bare"]
+  }' "$tmp/results"
+if [ -n "$brokers" ]; then
+  echo "edge events: $(curl -s "http://127.0.0.1:$admin/metrics" | grep -E '^poplimit_pipeline_events_(emitted|dropped|delivered)_total' | tr '\n' ' ')"
+fi
