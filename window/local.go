@@ -1,5 +1,7 @@
 package window
 
+import "math"
+
 // localState is one key's state under a per-edge algorithm (token bucket,
 // leaky bucket, sliding log). These algorithms do not reduce to an
 // increment-only shared counter, so each edge enforces them alone: a
@@ -79,6 +81,9 @@ func (l *Limiter) decideLocal(t int64, r *Rule, key, limit, cost uint64) Decisio
 	d.ResetAt = windowStart(t, w) + w
 	if !ok {
 		d.ReleaseAt = releaseAt
+		if releaseAt == math.MaxInt64 {
+			d.ReleaseAt = 0 // never: cost above the bucket
+		}
 		if r.Action == Block {
 			d.ReleaseAt = t + int64(r.Timeout)
 		}

@@ -80,6 +80,51 @@ var failNames = []string{"open", "closed"}
 
 func (f FailPolicy) String() string { return enumName(failNames, int(f)) }
 
+// Kind is what a rule limits.
+type Kind uint8
+
+const (
+	// Rate limits requests per window (the default).
+	Rate Kind = iota
+	// Concurrency limits requests in flight per key across the PoP: a slot
+	// is taken when the request is admitted and given back when its
+	// response completes; slots of an edge that died expire with their
+	// lease. Only the proxy mode sees responses complete.
+	Concurrency
+	// Shed gives matching routes a priority class for load shedding: when
+	// the upstream is overloaded, the lowest classes are refused first with
+	// 503. It counts nothing per key.
+	Shed
+)
+
+var kindNames = []string{"rate", "concurrency", "shed"}
+
+func (k Kind) String() string { return enumName(kindNames, int(k)) }
+
+// Priority is a route's class for load shedding, most important first.
+type Priority uint8
+
+const (
+	Critical Priority = iota // shed last, with a reserved share of capacity
+	High
+	Normal // routes under no shed rule
+	Low    // shed first
+)
+
+var priorityNames = []string{"critical", "high", "normal", "low"}
+
+func (p Priority) String() string { return enumName(priorityNames, int(p)) }
+
+// Shedding configures load shedding for the whole edge: the upstream counts
+// as overloaded in proportion to max(in flight ÷ MaxInFlight, latency ÷
+// Latency). Low routes are shed from 60 %, normal from 80 %, high from
+// 100 % of the share left after Reserved; critical routes only at 100 %.
+type Shedding struct {
+	MaxInFlight int           // upstream requests in flight at full load; 0 disables shedding
+	Latency     time.Duration // upstream latency (moving average) at full load; 0: in flight only
+	Reserved    float64       // share of capacity only critical routes may use (default 0.1)
+}
+
 // KeySource names where one part of a rule's key comes from.
 type KeySource uint8
 
@@ -125,7 +170,10 @@ func enumName(names []string, i int) string {
 // Rule is one parsed, validated rate-limiting rule. Rules are immutable once
 // parsed and safe for concurrent use; a reload builds new ones.
 type Rule struct {
-	Name string
+	Name     string
+	Kind     Kind
+	Priority Priority      // for Kind Shed
+	Lease    time.Duration // for Kind Concurrency: how long a dead edge's slots live
 
 	// Match: every non-empty condition must hold.
 	Host       string   // exact host, without port; empty matches any
@@ -230,6 +278,8 @@ type Rules struct {
 	MatchAll bool
 	// Overrides maps a key (as the rule's recipe builds it) to a tier name.
 	Overrides map[string]string
+	// Shedding is the edge's load-shedding configuration.
+	Shedding Shedding
 }
 
 // LimitFor returns the limit of rule r for key: the limit of the key's tier
@@ -271,12 +321,22 @@ const (
 
 // ruleFile is the YAML form of a rules file.
 type ruleFile struct {
-	Match string     `yaml:"match"` // "first" (default) or "all"
-	Rules []ruleYAML `yaml:"rules"`
+	Match    string       `yaml:"match"` // "first" (default) or "all"
+	Rules    []ruleYAML   `yaml:"rules"`
+	Shedding sheddingYAML `yaml:"shedding"`
+}
+
+type sheddingYAML struct {
+	MaxInFlight int      `yaml:"max_in_flight"`
+	Latency     string   `yaml:"latency"`
+	Reserved    *float64 `yaml:"reserved"`
 }
 
 type ruleYAML struct {
 	Name       string            `yaml:"name"`
+	Kind       string            `yaml:"kind"`
+	Priority   string            `yaml:"priority"`
+	Lease      string            `yaml:"lease"`
 	Host       string            `yaml:"host"`
 	PathPrefix string            `yaml:"path_prefix"`
 	Methods    []string          `yaml:"methods"`
@@ -336,6 +396,24 @@ func ParseRules(data []byte) (*Rules, error) {
 		rs.MatchAll = true
 	default:
 		bad("match", strconv.Quote(f.Match), `must be "first" or "all"`)
+	}
+	rs.Shedding = Shedding{MaxInFlight: f.Shedding.MaxInFlight, Reserved: 0.1}
+	if f.Shedding.MaxInFlight < 0 || f.Shedding.MaxInFlight > 1<<24 {
+		bad("shedding.max_in_flight", strconv.Itoa(f.Shedding.MaxInFlight), "must be between 0 (off) and 16777216")
+	}
+	if f.Shedding.Latency != "" {
+		if d, err := ParseDuration(f.Shedding.Latency); err != nil || d <= 0 || d > time.Hour {
+			bad("shedding.latency", strconv.Quote(f.Shedding.Latency), "must be a positive duration of at most 1h")
+		} else {
+			rs.Shedding.Latency = d
+		}
+	}
+	if r := f.Shedding.Reserved; r != nil {
+		if *r < 0 || *r >= 1 {
+			bad("shedding.reserved", strconv.FormatFloat(*r, 'g', -1, 64), "must be in [0, 1)")
+		} else {
+			rs.Shedding.Reserved = *r
+		}
 	}
 	if len(f.Rules) == 0 {
 		bad("rules", "", "at least one rule is required")
@@ -404,6 +482,44 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 		r.Key = append(r.Key, kp)
 	}
 	var ok bool
+	if r.Kind, ok = parseEnum[Kind](kindNames, y.Kind); !ok {
+		b(p+".kind", strconv.Quote(y.Kind), "must be one of "+strings.Join(kindNames, ", "))
+	}
+	r.Priority = Normal
+	if y.Priority != "" {
+		if r.Priority, ok = parseEnum[Priority](priorityNames, y.Priority); !ok {
+			b(p+".priority", strconv.Quote(y.Priority), "must be one of "+strings.Join(priorityNames, ", "))
+		}
+		if r.Kind != Shed {
+			b(p+".priority", strconv.Quote(y.Priority), "applies only to kind: shed")
+		}
+	}
+	if r.Kind == Shed {
+		// A shed rule only classes routes: nothing else applies.
+		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 {
+			b(p, "", "a shed rule takes only name, match and priority")
+		}
+		if n0 > 0 {
+			return nil
+		}
+		r.Limit, r.Window, r.Cost, r.Key = 1, time.Second, 1, []KeyPart{{Source: KeyIP}}
+		r.nameBytes = []byte(r.Name)
+		return r
+	}
+	r.Lease = 30 * time.Second
+	if y.Lease != "" {
+		if d, err := ParseDuration(y.Lease); err != nil || d < time.Second || d > 24*time.Hour || d%time.Millisecond != 0 {
+			b(p+".lease", strconv.Quote(y.Lease), "must be a duration of whole milliseconds between 1s and 24h")
+		} else {
+			r.Lease = d
+		}
+		if r.Kind != Concurrency {
+			b(p+".lease", strconv.Quote(y.Lease), "applies only to kind: concurrency")
+		}
+	}
+	if r.Kind == Concurrency && y.Window == "" {
+		y.Window = r.Lease.String() // slots are counted per lease period
+	}
 	if r.MissingKey, ok = parseEnum[MissingKey](missingKeyNames, y.MissingKey); !ok {
 		b(p+".missing_key", strconv.Quote(y.MissingKey), "must be one of "+strings.Join(missingKeyNames, ", "))
 	}
@@ -453,6 +569,20 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 			b(p+".timeout", strconv.Quote(y.Timeout), "applies only to action: block")
 		}
 	}
+	switch {
+	case n0 > 0:
+	case r.Algorithm == TokenBucketAlgorithm:
+		if err := (TokenBucket{Rate: int64(r.Limit), Per: r.Window, Burst: int64(r.Burst)}).Validate(); err != nil {
+			b(p+".burst", strconv.FormatUint(r.Burst, 10), "does not fit the token bucket's exact arithmetic with this limit and window: "+err.Error())
+		}
+	case r.Algorithm == LeakyBucketAlgorithm:
+		if err := (LeakyBucket{Rate: int64(r.Limit), Per: r.Window, Capacity: int64(r.Burst)}).Validate(); err != nil {
+			b(p+".burst", strconv.FormatUint(r.Burst, 10), "does not fit the leaky bucket's exact arithmetic with this limit and window: "+err.Error())
+		}
+	}
+	if r.Kind == Concurrency && (y.Algorithm != "" || y.Action != "" || y.Mode != "" || y.Timeout != "") {
+		b(p+".kind", "concurrency", "takes no algorithm, action, mode or timeout")
+	}
 	if r.Mode == Sync && !r.Algorithm.Shared() {
 		b(p+".mode", "sync", "needs a shared algorithm (sliding_window or fixed_window), not "+r.Algorithm.String())
 	}
@@ -500,7 +630,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 		return nil
 	}
 	r.nameBytes = []byte(r.Name)
-	r.Seed = xxhash.Sum64String(r.Name + "\x00" + r.Window.String() + "\x00" + r.Algorithm.String())
+	r.Seed = xxhash.Sum64String(r.Name + "\x00" + r.Window.String() + "\x00" + r.Algorithm.String() + "\x00" + r.Kind.String())
 	return r
 }
 

@@ -1,0 +1,306 @@
+package window
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// LeakyBucket is the leaky bucket as a meter, in the form of the generic cell
+// rate algorithm (GCRA, "virtual scheduling"): a bucket of Capacity units
+// leaks Rate units every Per, continuously, and a request of n units is
+// admitted if the bucket's level plus n is at most Capacity, whereupon it
+// pours in. Nothing is queued: a request that does not fit is refused.
+//
+// The state is one instant, the theoretical arrival time (TAT): when the
+// bucket would be empty if nothing more arrived. The level at now is
+// (TAT − now) × Rate / Per, so a request fits when TAT − now + n·Per/Rate ≤
+// Capacity·Per/Rate. As a meter the leaky bucket admits exactly what a token
+// bucket with Burst = Capacity admits (the level is the token bucket's
+// debt); the two are kept apart because GCRA stores one instant instead of a
+// level and a time, and because the queue form (LeakyQueue) shares this
+// vocabulary.
+//
+// Arithmetic is exact: TAT carries its fraction of a nanosecond in units of
+// 1/Rate ns, so a rate such as 3 per second drifts by nothing. Capacity × Per
+// must fit in an int64; Validate checks it.
+//
+// A LeakyBucket is configuration: a small value, safe to copy and to share
+// between goroutines. Per-key state lives in a LeakyBucketState that the
+// caller owns; the methods read no clock (now is a parameter, in Unix
+// nanoseconds), allocate nothing and do no I/O.
+type LeakyBucket struct {
+	// Rate is the number of units that leak out per Per. Rate ≤ 0 refuses
+	// every request of n > 0.
+	Rate int64
+	// Per is the period of Rate, e.g. time.Second. Per ≤ 0 refuses every
+	// request of n > 0.
+	Per time.Duration
+	// Capacity is the bucket's size in units: the largest burst admitted at
+	// once from an empty bucket, and the largest n ever admitted.
+	Capacity int64
+}
+
+// LeakyBucketState is one key's bucket under a LeakyBucket. It is 16 bytes and
+// is meant to be stored by value, one per key.
+//
+// The zero value is an empty bucket at any instant ≥ 0. A LeakyBucketState is
+// not safe for concurrent use: the caller serializes the calls that pass the
+// same state.
+type LeakyBucketState struct {
+	// TAT is the whole-nanosecond part of the theoretical arrival time, Unix
+	// nanoseconds: the bucket is empty from TAT + Frac/Rate ns on. A call
+	// with a now earlier than a previous one sees the bucket fuller than it
+	// was (it has had less time to leak), so a clock that steps back refuses
+	// more, never less.
+	TAT int64
+	// Frac is the fractional part of TAT in units of 1/Rate ns, 0 ≤ Frac < Rate.
+	Frac int64
+}
+
+// Validate reports every problem with the configuration, each naming the
+// field and its bad value, or nil when there is none.
+func (lb LeakyBucket) Validate() error {
+	var errs []error
+	if lb.Rate <= 0 {
+		errs = append(errs, fmt.Errorf("window: LeakyBucket.Rate %d: must be > 0", lb.Rate))
+	}
+	if lb.Per <= 0 {
+		errs = append(errs, fmt.Errorf("window: LeakyBucket.Per %v: must be > 0", lb.Per))
+	}
+	if lb.Capacity <= 0 {
+		errs = append(errs, fmt.Errorf("window: LeakyBucket.Capacity %d: must be > 0", lb.Capacity))
+	}
+	if lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 && !algMulAddFits(lb.Capacity, int64(lb.Per), lb.Rate) {
+		errs = append(errs, fmt.Errorf("window: LeakyBucket.Capacity %d × Per %v overflows int64 nanoseconds: state a shorter Per", lb.Capacity, lb.Per))
+	}
+	return errors.Join(errs...)
+}
+
+func (lb LeakyBucket) valid() bool { return lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 }
+
+// level returns the bucket's level at now in units of 1/Per unit (so one
+// unit is Per, and a full bucket Capacity·Per), or math.MaxInt64 when now is
+// so far before TAT that the level does not fit.
+func (lb LeakyBucket) level(s LeakyBucketState, now int64) int64 {
+	if s.TAT < now || (s.TAT == now && s.Frac == 0) {
+		return 0
+	}
+	d := s.TAT - now
+	if d > (math.MaxInt64-s.Frac)/lb.Rate {
+		return math.MaxInt64
+	}
+	return d*lb.Rate + s.Frac
+}
+
+// fits reports whether n > 0 units fit in a valid bucket at level lvl.
+func (lb LeakyBucket) fits(lvl, n int64) bool {
+	return n <= lb.Capacity && lvl <= (lb.Capacity-n)*int64(lb.Per)
+}
+
+// Allow reports whether n units fit in the bucket at now and, if so, pours
+// them into *s. It also returns the whole units of room left after the call
+// and releaseAt, the earliest instant ≥ now at which n more units would fit
+// if nothing else arrived: now if they fit, the instant enough has leaked
+// otherwise, math.MaxInt64 when n > Capacity or the configuration is invalid
+// (never).
+//
+// now is in Unix nanoseconds. n ≤ 0 pours nothing and is allowed. Allow does
+// not allocate.
+func (lb LeakyBucket) Allow(s *LeakyBucketState, now, n int64) (ok bool, remaining, releaseAt int64) {
+	if !lb.valid() {
+		return n <= 0, 0, lb.releaseInvalid(now, n)
+	}
+	lvl := lb.level(*s, now)
+	ok = n <= 0
+	if n > 0 && lb.fits(lvl, n) {
+		tat, frac := s.TAT, s.Frac
+		if lvl == 0 { // empty: the n units start draining now
+			tat, frac = now, 0
+		}
+		total := frac + n*int64(lb.Per) // < Rate + Capacity·Per, fits (Validate)
+		s.TAT, s.Frac = tat+total/lb.Rate, total%lb.Rate
+		lvl += n * int64(lb.Per)
+		ok = true
+	}
+	return ok, lb.room(lvl), lb.release(*s, now, n, lvl)
+}
+
+// Remaining returns the whole units of room in the bucket at now. It does
+// not modify s.
+func (lb LeakyBucket) Remaining(s LeakyBucketState, now int64) int64 {
+	if !lb.valid() {
+		return 0
+	}
+	return lb.room(lb.level(s, now))
+}
+
+// Release returns the earliest instant ≥ now, in Unix nanoseconds, at which n
+// units would fit if nothing else arrived first, exact to the nanosecond
+// (rounded up): now when they fit, math.MaxInt64 when n > Capacity or the
+// configuration is invalid. It does not modify s.
+func (lb LeakyBucket) Release(s LeakyBucketState, now, n int64) int64 {
+	if !lb.valid() {
+		return lb.releaseInvalid(now, n)
+	}
+	return lb.release(s, now, n, lb.level(s, now))
+}
+
+func (lb LeakyBucket) room(lvl int64) int64 {
+	free := lb.Capacity*int64(lb.Per) - lvl
+	if free <= 0 {
+		return 0
+	}
+	return free / int64(lb.Per)
+}
+
+func (lb LeakyBucket) release(s LeakyBucketState, now, n, lvl int64) int64 {
+	switch {
+	case n <= 0 || lb.fits(lvl, n):
+		return now
+	case n > lb.Capacity:
+		return math.MaxInt64
+	}
+	// The level at t is (TAT − t)·Rate + Frac; it is ≤ (Capacity − n)·Per
+	// from t = TAT + ⌈(Frac − (Capacity − n)·Per) / Rate⌉ on.
+	return max(now, s.TAT+algCeilDiv(s.Frac-(lb.Capacity-n)*int64(lb.Per), lb.Rate))
+}
+
+func (LeakyBucket) releaseInvalid(now, n int64) int64 {
+	if n <= 0 {
+		return now
+	}
+	return math.MaxInt64
+}
+
+// LeakyQueue is the leaky bucket as a queue (seed 003; nginx's limit_req
+// without nodelay): requests wait in a FIFO backlog and leave it at a
+// constant rate, one every Per/Rate, so the output never exceeds Rate per
+// Per however bursty the input. A request that arrives when the backlog
+// already holds Backlog waiting requests is refused.
+//
+// Enqueue does not hold requests: it returns the instant the request will be
+// served, and the caller delays it until then. The state is the earliest
+// instant at which the next request may be served, exact to a fraction of a
+// nanosecond as in LeakyBucket; (Backlog+1) × Per must fit in an int64, which
+// Validate checks.
+//
+// A LeakyQueue is configuration: a small value, safe to copy and to share
+// between goroutines. Per-key state lives in a LeakyQueueState that the
+// caller owns; the methods read no clock (now is a parameter, in Unix
+// nanoseconds), allocate nothing and do no I/O.
+type LeakyQueue struct {
+	// Rate is the number of requests served per Per. Rate ≤ 0 refuses
+	// every request.
+	Rate int64
+	// Per is the period of Rate, e.g. time.Second. Per ≤ 0 refuses every
+	// request.
+	Per time.Duration
+	// Backlog is the most requests that may be waiting (enqueued, not yet
+	// served) at once. 0 admits a request only when it can be served at
+	// once: a pure spacing of Per/Rate between requests, no queue.
+	// Negative is treated as 0.
+	Backlog int64
+}
+
+// LeakyQueueState is one key's queue under a LeakyQueue. It is 16 bytes and is
+// meant to be stored by value, one per key.
+//
+// The zero value is an idle queue at any instant ≥ 0. A LeakyQueueState is not
+// safe for concurrent use: the caller serializes the calls that pass the
+// same state.
+type LeakyQueueState struct {
+	// Next is the whole-nanosecond part of the earliest instant at which the
+	// next request may be served, Unix nanoseconds: the last admitted
+	// request's service instant plus Per/Rate.
+	Next int64
+	// Frac is the fractional part of Next in units of 1/Rate ns, 0 ≤ Frac < Rate.
+	Frac int64
+}
+
+// Validate reports every problem with the configuration, each naming the
+// field and its bad value, or nil when there is none.
+func (lq LeakyQueue) Validate() error {
+	var errs []error
+	if lq.Rate <= 0 {
+		errs = append(errs, fmt.Errorf("window: LeakyQueue.Rate %d: must be > 0", lq.Rate))
+	}
+	if lq.Per <= 0 {
+		errs = append(errs, fmt.Errorf("window: LeakyQueue.Per %v: must be > 0", lq.Per))
+	}
+	if lq.Backlog < 0 {
+		errs = append(errs, fmt.Errorf("window: LeakyQueue.Backlog %d: must be ≥ 0", lq.Backlog))
+	}
+	if lq.Rate > 0 && lq.Per > 0 && lq.Backlog >= 0 &&
+		(lq.Backlog == math.MaxInt64 || !algMulAddFits(lq.Backlog+1, int64(lq.Per), lq.Rate)) {
+		errs = append(errs, fmt.Errorf("window: LeakyQueue.Backlog %d × Per %v overflows int64 nanoseconds: state a shorter Per", lq.Backlog, lq.Per))
+	}
+	return errors.Join(errs...)
+}
+
+func (lq LeakyQueue) valid() bool { return lq.Rate > 0 && lq.Per > 0 }
+
+func (lq LeakyQueue) backlog() int64 { return max(lq.Backlog, 0) }
+
+// idle reports whether a request arriving at now is served at once.
+func (LeakyQueue) idle(s LeakyQueueState, now int64) bool {
+	return s.Next < now || (s.Next == now && s.Frac == 0)
+}
+
+// Enqueue admits a request arriving at now into the queue *s and returns the
+// instant it will be served, in Unix nanoseconds (≥ now; the exact service
+// instant rounded up to a whole nanosecond), with ok true. Requests are
+// served in arrival order, one every Per/Rate. When Backlog requests are
+// already waiting it changes nothing and returns ok false with at, the
+// earliest instant an Enqueue would succeed (math.MaxInt64 for an invalid
+// configuration).
+//
+// Enqueue does not allocate.
+func (lq LeakyQueue) Enqueue(s *LeakyQueueState, now int64) (at int64, ok bool) {
+	if !lq.valid() {
+		return math.MaxInt64, false
+	}
+	next, frac := s.Next, s.Frac
+	if lq.idle(*s, now) {
+		next, frac = now, 0
+	} else if lq.waiting(*s, now) >= lq.backlog() {
+		// Waiting drops to Backlog − 1 once (Next + Frac/Rate − t)·Rate ≤
+		// Backlog·Per.
+		return max(now, s.Next+algCeilDiv(s.Frac-lq.backlog()*int64(lq.Per), lq.Rate)), false
+	}
+	at = next
+	if frac > 0 {
+		at++
+	}
+	total := frac + int64(lq.Per)
+	s.Next, s.Frac = next+total/lq.Rate, total%lq.Rate
+	return at, true
+}
+
+// Waiting returns the number of admitted requests not yet served at now:
+// those whose service instant is after now. It does not modify s.
+func (lq LeakyQueue) Waiting(s LeakyQueueState, now int64) int64 {
+	if !lq.valid() {
+		return 0
+	}
+	return lq.waiting(s, now)
+}
+
+func (lq LeakyQueue) waiting(s LeakyQueueState, now int64) int64 {
+	if lq.idle(s, now) {
+		return 0
+	}
+	// Service instants are Next − k·Per/Rate for k = 1, 2, …; those after
+	// now number ⌈(Next − now)·Rate / Per⌉ − 1.
+	d := s.Next - now
+	if d > (math.MaxInt64-s.Frac)/lq.Rate {
+		return math.MaxInt64 // a clock far behind the queue: treat as full
+	}
+	return algCeilDiv(d*lq.Rate+s.Frac, int64(lq.Per)) - 1
+}
+
+// algMulAddFits reports whether a × b + c fits in an int64, for a, b, c > 0.
+func algMulAddFits(a, b, c int64) bool {
+	return algMulFits(a, b) && a*b <= math.MaxInt64-c
+}

@@ -1,0 +1,372 @@
+package window_test
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/poplimit/poplimit/window"
+)
+
+// TestTokenBucketSeedTable reproduces seed 000's table for r = 10/s, B = 20,
+// row by row: tokens before the refill, the refill, tokens after the
+// requests, and how many were allowed and rejected.
+func TestTokenBucketSeedTable(t *testing.T) {
+	tb := window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20}
+	rows := []struct {
+		time                              time.Duration
+		requests                          int
+		wantBefore, wantRefill, wantAfter int64
+		wantAllowed, wantRejected         int
+	}{
+		{0, 1, 20, 0, 19, 1, 0},                       // 0.0 s: 20 +0 → 19, allow
+		{100 * time.Millisecond, 1, 19, 1, 19, 1, 0},  // 0.1 s: 19 +1 → 19, allow
+		{100 * time.Millisecond, 25, 19, 0, 0, 19, 6}, // burst of 25 at 0.1 s: 19 allowed, 6 rejected
+		{2100 * time.Millisecond, 1, 0, 20, 19, 1, 0}, // 2.1 s: 0 +20 (capped) → 19, allow
+		{10 * time.Second, 1, 19, 1, 19, 1, 0},        // beyond the seed: 7.9 s of refill is capped at +1
+	}
+	var st window.TokenBucketState // the zero value is a full bucket, even at t = 0
+	for _, row := range rows {
+		now := int64(row.time)
+		before := tb.Remaining(st, st.Last)
+		refill := tb.Remaining(st, now) - before
+		allowed, rejected := 0, 0
+		for range row.requests {
+			if ok, _, _ := tb.Allow(&st, now, 1); ok {
+				allowed++
+			} else {
+				rejected++
+			}
+		}
+		after := tb.Remaining(st, now)
+		if before != row.wantBefore || refill != row.wantRefill || after != row.wantAfter ||
+			allowed != row.wantAllowed || rejected != row.wantRejected {
+			t.Errorf("t=%v, %d requests: before %d, refill +%d, after %d, allowed %d, rejected %d; want %d, +%d, %d, %d, %d",
+				row.time, row.requests, before, refill, after, allowed, rejected,
+				row.wantBefore, row.wantRefill, row.wantAfter, row.wantAllowed, row.wantRejected)
+		}
+	}
+}
+
+func TestTokenBucketAllow(t *testing.T) {
+	ms := int64(time.Millisecond)
+	tests := []struct {
+		name          string
+		tb            window.TokenBucket
+		steps         [][2]int64 // {now, n}
+		wantOK        bool       // of the last step
+		wantRemaining int64
+		wantRelease   int64
+	}{
+		{
+			name:  "release after the 6 rejected of the seed burst is one token later",
+			tb:    window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			steps: [][2]int64{{0, 1}, {100 * ms, 1}, {100 * ms, 19}, {100 * ms, 1}},
+			// empty at 0.1 s; one token per 100 ms.
+			wantOK: false, wantRemaining: 0, wantRelease: 200 * ms,
+		},
+		{
+			name:   "release of n waits for n tokens",
+			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			steps:  [][2]int64{{0, 20}, {0, 5}},
+			wantOK: false, wantRemaining: 0, wantRelease: 500 * ms,
+		},
+		{
+			name:   "a partial token counts toward the release",
+			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			steps:  [][2]int64{{0, 20}, {150 * ms, 3}},
+			wantOK: false, wantRemaining: 1, wantRelease: 300 * ms,
+		},
+		{
+			name:   "n above Burst is never admitted",
+			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			steps:  [][2]int64{{0, 21}},
+			wantOK: false, wantRemaining: 20, wantRelease: math.MaxInt64,
+		},
+		{
+			name:   "admitted with tokens left releases at once",
+			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			steps:  [][2]int64{{5 * ms, 4}},
+			wantOK: true, wantRemaining: 16, wantRelease: 5 * ms,
+		},
+		{
+			name:   "n = 0 is a query",
+			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			steps:  [][2]int64{{0, 20}, {50 * ms, 0}},
+			wantOK: true, wantRemaining: 0, wantRelease: 50 * ms,
+		},
+		{
+			name:   "a clock that steps back refills nothing",
+			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			steps:  [][2]int64{{1000 * ms, 20}, {500 * ms, 1}},
+			wantOK: false, wantRemaining: 0, wantRelease: 1100 * ms,
+		},
+		{
+			name: "3 per second refills exactly 3 in a second, no drift",
+			tb:   window.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
+			// 333,333,333⅓ ns per token: the first comes back at ⌈⅓ s⌉.
+			steps:  [][2]int64{{0, 3}, {0, 1}},
+			wantOK: false, wantRemaining: 0, wantRelease: 333_333_334,
+		},
+		{
+			name:   "3 per second: all 3 back at exactly 1 s",
+			tb:     window.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
+			steps:  [][2]int64{{0, 3}, {int64(time.Second), 3}},
+			wantOK: true, wantRemaining: 0, wantRelease: 2 * int64(time.Second), // the next 3
+		},
+		{
+			name:   "3 per second: one nanosecond short of 1 s is one token short",
+			tb:     window.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
+			steps:  [][2]int64{{0, 3}, {int64(time.Second) - 1, 3}},
+			wantOK: false, wantRemaining: 2, wantRelease: int64(time.Second),
+		},
+		{
+			name:   "zero rate never refills",
+			tb:     window.TokenBucket{Rate: 0, Per: time.Second, Burst: 2},
+			steps:  [][2]int64{{0, 2}, {int64(time.Hour), 1}},
+			wantOK: false, wantRemaining: 0, wantRelease: math.MaxInt64,
+		},
+	}
+	for _, tt := range tests {
+		var st window.TokenBucketState
+		var ok bool
+		var remaining, release int64
+		for _, step := range tt.steps {
+			ok, remaining, release = tt.tb.Allow(&st, step[0], step[1])
+		}
+		if ok != tt.wantOK || remaining != tt.wantRemaining || release != tt.wantRelease {
+			t.Errorf("%s: last Allow = (%v, %d, %d), want (%v, %d, %d)",
+				tt.name, ok, remaining, release, tt.wantOK, tt.wantRemaining, tt.wantRelease)
+		}
+	}
+}
+
+// ratBucket is the seed's token bucket in exact rational arithmetic: the
+// reference TokenBucket is checked against.
+type ratBucket struct {
+	tb     window.TokenBucket
+	tokens *big.Rat
+	last   int64
+}
+
+func newRatBucket(tb window.TokenBucket) *ratBucket {
+	return &ratBucket{tb: tb, tokens: new(big.Rat).SetInt64(tb.Burst)}
+}
+
+func (m *ratBucket) allow(now, n int64) (ok bool, whole int64) {
+	if now > m.last {
+		refill := big.NewRat(m.tb.Rate*(now-m.last), int64(m.tb.Per)) // small in these tests
+		m.tokens.Add(m.tokens, refill)
+		if burst := new(big.Rat).SetInt64(m.tb.Burst); m.tokens.Cmp(burst) > 0 {
+			m.tokens = burst
+		}
+		m.last = now
+	}
+	if m.tokens.Cmp(new(big.Rat).SetInt64(n)) >= 0 {
+		m.tokens.Sub(m.tokens, new(big.Rat).SetInt64(n))
+		ok = true
+	}
+	whole = new(big.Int).Quo(m.tokens.Num(), m.tokens.Denom()).Int64()
+	return ok, whole
+}
+
+type algEvent struct{ at, n int64 }
+
+// algGap returns a random gap between two arrivals: a mix of bursts at one
+// instant, gaps around the mean interval and long idles.
+func algGap(rng *rand.Rand, interval, burst int64) int64 {
+	switch rng.IntN(4) {
+	case 0:
+		return 0
+	case 1:
+		return rng.Int64N(interval + 1)
+	case 2:
+		return rng.Int64N(5*interval + 1)
+	default:
+		return rng.Int64N(2*burst*interval + 1)
+	}
+}
+
+// TestTokenBucketProperties runs many seeded random sequences and checks, for
+// each: every decision and remaining count equals the exact rational model's;
+// every release time is exact (Allow succeeds at it and fails a nanosecond
+// earlier); and no interval [t_i, t_j] between two admitted requests admits
+// more than B + r·(t_j − t_i).
+func TestTokenBucketProperties(t *testing.T) {
+	rng := rand.New(rand.NewPCG(0x5eed, 000))
+	pers := []time.Duration{time.Second, 100 * time.Millisecond, 3 * time.Second, time.Minute, 7}
+	for trial := range 400 {
+		tb := window.TokenBucket{
+			Rate:  1 + rng.Int64N(50),
+			Per:   pers[rng.IntN(len(pers))],
+			Burst: 1 + rng.Int64N(30),
+		}
+		interval := max(1, int64(tb.Per)/tb.Rate)
+		model := newRatBucket(tb)
+		var st window.TokenBucketState
+		var admitted []algEvent
+		now := int64(0)
+		for range 300 {
+			now += algGap(rng, interval, tb.Burst)
+			n := 1 + rng.Int64N(3)
+			before := st
+			ok, remaining, release := tb.Allow(&st, now, n)
+			wantOK, wantRemaining := model.allow(now, n)
+			if ok != wantOK || remaining != wantRemaining {
+				t.Fatalf("trial %d %+v: Allow(%d, %d) from %+v = (%v, %d), model (%v, %d)",
+					trial, tb, now, n, before, ok, remaining, wantOK, wantRemaining)
+			}
+			if ok {
+				admitted = append(admitted, algEvent{now, n})
+			}
+			if release < now {
+				t.Fatalf("trial %d: release %d before now %d", trial, release, now)
+			}
+			if release != math.MaxInt64 {
+				if probe := st; !algOK(tb.Allow(&probe, release, n)) {
+					t.Fatalf("trial %d %+v: Allow(%d) at release %d from %+v refused", trial, tb, n, release, st)
+				}
+				if probe := st; release > now && algOK(tb.Allow(&probe, release-1, n)) {
+					t.Fatalf("trial %d %+v: Allow(%d) at release−1 %d from %+v admitted", trial, tb, n, release-1, st)
+				}
+			}
+		}
+		// Every pair i ≤ j of admitted requests: Σn[i..j] ≤ B + Rate·(t_j − t_i)/Per.
+		for i := range admitted {
+			sum := int64(0)
+			for j := i; j < len(admitted); j++ {
+				sum += admitted[j].n
+				dt := admitted[j].at - admitted[i].at
+				if (sum-tb.Burst)*int64(tb.Per) > tb.Rate*dt {
+					t.Fatalf("trial %d %+v: %d admitted in [%d, %d], more than B + r·t = %d + %d·%d/%d",
+						trial, tb, sum, admitted[i].at, admitted[j].at, tb.Burst, tb.Rate, dt, int64(tb.Per))
+				}
+			}
+		}
+	}
+}
+
+func algOK(ok bool, _, _ int64) bool { return ok }
+
+func TestTokenBucketValidate(t *testing.T) {
+	tests := []struct {
+		tb   window.TokenBucket
+		want []string // substrings, one per problem
+	}{
+		{window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20}, nil},
+		{window.TokenBucket{Rate: 0, Per: time.Second, Burst: 20}, []string{"TokenBucket.Rate 0"}},
+		{window.TokenBucket{Rate: 1, Per: -time.Second, Burst: 20}, []string{"TokenBucket.Per -1s"}},
+		{window.TokenBucket{Rate: 1, Per: time.Second, Burst: -3}, []string{"TokenBucket.Burst -3"}},
+		{window.TokenBucket{}, []string{"Rate 0", "Per 0s", "Burst 0"}},
+		{window.TokenBucket{Rate: 1, Per: time.Hour, Burst: 10_000_000}, []string{"Burst 10000000 × Per 1h0m0s overflows"}},
+	}
+	for _, tt := range tests {
+		err := tt.tb.Validate()
+		if (err == nil) != (tt.want == nil) {
+			t.Errorf("%+v.Validate() = %v, want problems %q", tt.tb, err, tt.want)
+			continue
+		}
+		if err == nil {
+			continue
+		}
+		if got := strings.Count(err.Error(), "\n") + 1; got != len(tt.want) {
+			t.Errorf("%+v.Validate() = %q: %d problems, want %d", tt.tb, err, got, len(tt.want))
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%+v.Validate() = %q, want it to mention %q", tt.tb, err, w)
+			}
+		}
+	}
+}
+
+func TestTokenBucketInvalidDoesNotPanic(t *testing.T) {
+	for _, tb := range []window.TokenBucket{{}, {Rate: 1}, {Per: time.Second}, {Burst: 1}, {Rate: -1, Per: -1, Burst: -1}} {
+		var st window.TokenBucketState
+		ok, remaining, release := tb.Allow(&st, 1, 1)
+		if ok || remaining != 0 || release != math.MaxInt64 {
+			t.Errorf("%+v.Allow(1, 1) = (%v, %d, %d), want (false, 0, MaxInt64)", tb, ok, remaining, release)
+		}
+	}
+}
+
+func TestTokenBucketAllocs(t *testing.T) {
+	tb := window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20}
+	var st window.TokenBucketState
+	now := algWall(10, 0, 0)
+	allocs := testing.AllocsPerRun(1000, func() {
+		now += int64(time.Millisecond)
+		tb.Allow(&st, now, 1)
+		tb.Remaining(st, now)
+		tb.Release(st, now, 1)
+	})
+	if allocs != 0 {
+		t.Errorf("allocs per Allow+Remaining+Release = %v, want 0", allocs)
+	}
+}
+
+func BenchmarkTokenBucketAllow(b *testing.B) {
+	tb := window.TokenBucket{Rate: 100, Per: time.Second, Burst: 200}
+	var st window.TokenBucketState
+	now := algWall(10, 0, 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		now += 1000
+		tb.Allow(&st, now, 1)
+	}
+}
+
+func BenchmarkTokenBucketRemaining(b *testing.B) {
+	tb := window.TokenBucket{Rate: 100, Per: time.Second, Burst: 200}
+	st := window.TokenBucketState{Debt: 150 * int64(time.Second), Last: algWall(10, 0, 0)}
+	now := algWall(10, 0, 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		now += 1000
+		tb.Remaining(st, now)
+	}
+}
+
+func BenchmarkTokenBucketRelease(b *testing.B) {
+	tb := window.TokenBucket{Rate: 100, Per: time.Second, Burst: 200}
+	st := window.TokenBucketState{Debt: 200 * int64(time.Second), Last: algWall(10, 0, 0)}
+	now := algWall(10, 0, 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		tb.Release(st, now, 1)
+	}
+}
+
+// Seed 000's table: r = 10/s, B = 20.
+func ExampleTokenBucket_Allow() {
+	tb := window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20}
+	var st window.TokenBucketState // one per key; zero is a full bucket
+
+	ok, left, _ := tb.Allow(&st, 0, 1)
+	fmt.Println("0.0 s:", ok, left)
+	ok, left, _ = tb.Allow(&st, int64(100*time.Millisecond), 1)
+	fmt.Println("0.1 s:", ok, left)
+
+	allowed, rejected := 0, 0
+	var release int64
+	for range 25 {
+		if ok, _, rel := tb.Allow(&st, int64(100*time.Millisecond), 1); ok {
+			allowed++
+		} else {
+			rejected, release = rejected+1, rel
+		}
+	}
+	fmt.Println("burst of 25 at 0.1 s:", allowed, "allowed,", rejected, "rejected, retry at", time.Duration(release))
+
+	ok, left, _ = tb.Allow(&st, int64(2100*time.Millisecond), 1)
+	fmt.Println("2.1 s:", ok, left)
+	// Output:
+	// 0.0 s: true 19
+	// 0.1 s: true 19
+	// burst of 25 at 0.1 s: 19 allowed, 6 rejected, retry at 200ms
+	// 2.1 s: true 19
+}
