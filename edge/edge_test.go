@@ -85,7 +85,10 @@ func startEdge(t *testing.T, o edgeOpts) *testEdge {
 	if o.cfg.RetryJitter == 0 {
 		o.cfg.RetryJitter = time.Nanosecond // no jitter unless asked
 	}
-	srv, err := New(o.cfg, rs, Deps{Limiter: lim, Blocks: blocks, StoreHealthy: healthy, Registerer: reg})
+	slots := window.NewSlots(window.SlotsConfig{StoreTimeout: 50 * time.Millisecond}, store)
+	slots.Start(0, nil)
+	t.Cleanup(slots.Close)
+	srv, err := New(o.cfg, rs, Deps{Limiter: lim, Blocks: blocks, Slots: slots, StoreHealthy: healthy, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,4 +563,116 @@ func TestHostileHeaders(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); get(t, e.addr, "/") }()
 	wg.Wait()
+}
+
+// slowUpstream is a real upstream whose /slow answers after d.
+func slowUpstream(t *testing.T, d time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if strings.HasPrefix(string(ctx.Path()), "/slow") {
+			time.Sleep(d)
+		}
+	}}
+	go up.Serve(ln)
+	t.Cleanup(func() { up.Shutdown() })
+	return ln.Addr().String()
+}
+
+// concurrently sends n requests at once and returns their statuses.
+func concurrently(t *testing.T, n int, addr, path string) map[int]int {
+	var mu sync.Mutex
+	got := map[int]int{}
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Get("http://" + addr + path)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			mu.Lock()
+			got[resp.StatusCode]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return got
+}
+
+func TestConcurrencyLimit(t *testing.T) {
+	_, addrs := testenv.Shards(t, 1)
+	up := slowUpstream(t, 300*time.Millisecond)
+	rules := "rules: [{name: inflight, kind: concurrency, limit: 2, lease: 5s}]"
+	cfg := Config{Mode: Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}
+	a := startEdge(t, edgeOpts{rules: rules, memcache: addrs, cfg: cfg})
+	b := startEdge(t, edgeOpts{rules: rules, memcache: addrs, cfg: cfg})
+	var mu sync.Mutex
+	got := map[int]int{}
+	var wg sync.WaitGroup
+	for _, e := range []*testEdge{a, b, a, b, a} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Get("http://" + e.addr + "/slow")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			mu.Lock()
+			got[resp.StatusCode]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if got[200] != 2 || got[429] != 3 {
+		t.Errorf("5 concurrent requests across two edges under 2 in flight: %v, want 2×200 and 3×429", got)
+	}
+	// The slots came back when the responses completed.
+	if got := concurrently(t, 2, a.addr, "/slow"); got[200] != 2 {
+		t.Errorf("after completion: %v, want 2×200", got)
+	}
+}
+
+func TestLoadShedding(t *testing.T) {
+	up := slowUpstream(t, 400*time.Millisecond)
+	e := startEdge(t, edgeOpts{cfg: Config{Mode: Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}, rules: `
+shedding:
+  max_in_flight: 4
+  reserved: 0.25
+rules:
+  - {name: reports, kind: shed, path_prefix: /reports, priority: low}
+  - {name: pay, kind: shed, path_prefix: /pay, priority: critical}
+  - {name: per-client, limit: 1000, window: 1m}
+`})
+	// Three slow requests in flight: load 0.75, past low's 0.45 and
+	// normal's 0.6, short of critical's 1.
+	done := make(chan map[int]int)
+	go func() { done <- concurrently(t, 3, e.addr, "/slow") }()
+	time.Sleep(150 * time.Millisecond)
+	if s := get(t, e.addr, "/reports/x").StatusCode; s != 503 {
+		t.Errorf("low priority under load: %d, want 503", s)
+	}
+	if s := get(t, e.addr, "/other").StatusCode; s != 503 {
+		t.Errorf("normal priority at 75%% load: %d, want 503", s)
+	}
+	if s := get(t, e.addr, "/pay/x").StatusCode; s != 200 {
+		t.Errorf("critical under load: %d, want 200", s)
+	}
+	if got := <-done; got[200] != 3 {
+		t.Errorf("the slow requests: %v", got)
+	}
+	if s := get(t, e.addr, "/reports/x").StatusCode; s != 200 {
+		t.Errorf("low priority after the load passed: %d, want 200", s)
+	}
+	if n := testutil.ToFloat64(e.srv.m.shed[window.Low]); n != 1 {
+		t.Errorf("shed low counted %v, want 1", n)
+	}
 }

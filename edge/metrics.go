@@ -19,6 +19,7 @@ type metrics struct {
 	upstreamError   prometheus.Counter
 	reloads         *prometheus.CounterVec
 	reloadOK        prometheus.Gauge
+	shed            [4]prometheus.Counter // by window.Priority
 }
 
 // ruleCounters are one rule's request counters, resolved once per reload
@@ -55,6 +56,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "rules_last_reload_ok", Help: "1 if the last rule reload was applied, 0 if it was rejected."}),
 	}
+	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "shed_total", Help: "Requests shed with 503 because the upstream was overloaded, by priority class."}, []string{"priority"})
+	for p := window.Critical; p <= window.Low; p++ {
+		m.shed[p] = shed.WithLabelValues(p.String())
+	}
 	m.reloadOK.Set(1)
 	m.reloads.WithLabelValues("applied")
 	m.reloads.WithLabelValues("rejected")
@@ -70,7 +76,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{m.requests, m.panics, bad, m.blockDropped, m.eventsDropped, upstream, m.reloads, m.reloadOK, inflight, ready} {
+	for _, c := range []prometheus.Collector{m.requests, m.panics, bad, m.blockDropped, m.eventsDropped, upstream, m.reloads, m.reloadOK, inflight, ready, shed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,7 +37,9 @@ type Emitter interface {
 type Deps struct {
 	Limiter *window.Limiter
 	Blocks  BlockCache
-	Events  Emitter // nil: no decision events
+	// Slots runs concurrency rules; nil refuses rules files that have any.
+	Slots  *window.Slots
+	Events Emitter // nil: no decision events
 	// StoreHealthy reports whether the shared store is reachable; nil means
 	// always. Readiness turns false when it is not and a rule fails closed.
 	StoreHealthy func() bool
@@ -62,6 +65,7 @@ type Server struct {
 
 	srv      *fasthttp.Server
 	upstream *fasthttp.HostClient
+	shed     shedder
 	scratch  sync.Pool // *scratch
 	inflight atomic.Int64
 }
@@ -72,13 +76,24 @@ type snapshot struct {
 	rules    *window.Rules
 	counters []ruleCounters // by rule index
 	failHard bool           // some rule fails closed
+	shedding bool           // load shedding is on (proxy mode and max_in_flight set)
 }
+
+// maxHeld bounds the concurrency slots one request can hold.
+const maxHeld = 4
 
 // scratch is per-request working space, pooled.
 type scratch struct {
-	key []byte
-	buf []byte
-	ev  pipeline.Event
+	key  []byte
+	buf  []byte
+	ev   pipeline.Event
+	held [maxHeld]heldSlot
+	nh   int
+}
+
+type heldSlot struct {
+	rule *window.Rule
+	key  uint64
 }
 
 // New returns an edge with the given rules. It does not listen: call Serve.
@@ -100,6 +115,9 @@ func New(cfg Config, rules *window.Rules, deps Deps) (*Server, error) {
 	s.scratch.New = func() any { return &scratch{key: make([]byte, 0, 256), buf: make([]byte, 0, 512)} }
 	var err error
 	if s.m, err = newMetrics(deps.Registerer, s); err != nil {
+		return nil, err
+	}
+	if err := s.check(rules); err != nil {
 		return nil, err
 	}
 	s.rules.Store(s.newSnapshot(rules))
@@ -139,8 +157,32 @@ func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
 }
 
+// check reports what this edge cannot run of rs.
+func (s *Server) check(rs *window.Rules) error {
+	n := 0
+	for _, r := range rs.Rules {
+		if r.Kind == window.Concurrency {
+			n++
+		}
+	}
+	switch {
+	case n > 0 && s.deps.Slots == nil:
+		return errors.New("edge: rules have concurrency limits but the edge has no Slots")
+	case n > maxHeld:
+		return fmt.Errorf("edge: %d concurrency rules, at most %d", n, maxHeld)
+	}
+	if n > 0 && s.cfg.Mode != Proxy {
+		s.log.Warn("edge: concurrency rules apply only in proxy mode, where responses are seen to complete; they are skipped")
+	}
+	if rs.Shedding.MaxInFlight > 0 && s.cfg.Mode != Proxy {
+		s.log.Warn("edge: load shedding applies only in proxy mode, where the upstream is seen; it is off")
+	}
+	return nil
+}
+
 func (s *Server) newSnapshot(rs *window.Rules) *snapshot {
-	sn := &snapshot{rules: rs, counters: make([]ruleCounters, len(rs.Rules))}
+	sn := &snapshot{rules: rs, counters: make([]ruleCounters, len(rs.Rules)),
+		shedding: rs.Shedding.MaxInFlight > 0 && s.cfg.Mode == Proxy}
 	for i, r := range rs.Rules {
 		sn.counters[i] = s.m.forRule(r.Name)
 		if r.Fail == window.FailClosed {
@@ -155,12 +197,16 @@ func (s *Server) Rules() *window.Rules { return s.rules.Load().rules }
 
 // SetRules swaps in new rules. Cached blocks are dropped, since a changed
 // limit or window changes every release time.
-func (s *Server) SetRules(rs *window.Rules) {
+func (s *Server) SetRules(rs *window.Rules) error {
+	if err := s.check(rs); err != nil {
+		return err
+	}
 	old := s.rules.Swap(s.newSnapshot(rs))
 	s.blocks.Clear()
 	if old != nil {
 		s.m.dropRemoved(old.rules, rs)
 	}
+	return nil
 }
 
 // Serve serves the edge on ln until Shutdown.
@@ -223,10 +269,24 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	host := hostOnly(ctx.Host())
 	method := ctx.Method()
 	ip := s.clientIP(ctx)
+	if sn.shedding {
+		p := priorityOf(sn.rules, host, method, path)
+		if s.shed.load(&sn.rules.Shedding, s.inflight.Load()) >= threshold(p, sn.rules.Shedding.Reserved) {
+			s.m.shed[p].Inc()
+			ctx.Response.Header.SetCanonical(hRetryAfter, strconv.AppendInt(sc.buf[:0], retryAfter(t+int64(time.Second), t, s.cfg.RetryJitter), 10))
+			writeProblem(ctx, fasthttp.StatusServiceUnavailable, "Service Unavailable", "the service is overloaded and sheds this class of request; retry later")
+			return
+		}
+	}
+	sc.nh = 0
+	defer s.releaseSlots(sc)
 
 	var best quota // the allowing rule with the least remaining
 	for _, r := range sn.rules.Rules {
-		if !r.Matches(host, method, path) {
+		if r.Kind == window.Shed || !r.Matches(host, method, path) {
+			continue
+		}
+		if r.Kind == window.Concurrency && s.cfg.Mode != Proxy {
 			continue
 		}
 		var ok bool
@@ -254,7 +314,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 				cost = uint64(n)
 			}
 		}
-		q, refused := s.decide(sn, r, sc, now, t, cost)
+		var q quota
+		var refused bool
+		if r.Kind == window.Concurrency {
+			q, refused = s.acquire(sn, r, sc, now, t)
+		} else {
+			q, refused = s.decide(sn, r, sc, now, t, cost)
+		}
 		if refused {
 			sc.buf = writeRefusal(ctx, &q, t, s.cfg.RetryJitter, sc.buf)
 			return
@@ -333,13 +399,52 @@ func (s *Server) emit(ev *pipeline.Event) {
 	}
 }
 
+// acquire takes a concurrency slot for the key in sc.key under r; the slot
+// is given back by releaseSlots when the request is done.
+func (s *Server) acquire(sn *snapshot, r *window.Rule, sc *scratch, now time.Time, t int64) (quota, bool) {
+	h := r.Hash(sc.key)
+	limit := sn.rules.LimitFor(r, sc.key)
+	c := &sn.counters[r.Index]
+	q := quota{rule: r, limit: limit, resetAt: t + int64(time.Second), releaseAt: t + int64(time.Second)}
+	ok, fb := s.deps.Slots.Acquire(context.Background(), now, r, h, limit)
+	switch {
+	case ok && fb == window.FallbackNone:
+		c.allowed.Inc()
+	case ok:
+		c.allowedFallback.Inc()
+	case fb != window.FallbackNone:
+		c.limitedFallback.Inc()
+	case r.Shadow:
+		c.shadowLimited.Inc()
+		return q, false
+	default:
+		c.limited.Inc()
+	}
+	if ok {
+		sc.held[sc.nh] = heldSlot{r, h}
+		sc.nh++
+		q.remaining = 1 // unknown beyond "not full": say one is left
+	}
+	return q, !ok
+}
+
+func (s *Server) releaseSlots(sc *scratch) {
+	for i := 0; i < sc.nh; i++ {
+		s.deps.Slots.Release(sc.held[i].rule, sc.held[i].key)
+		sc.held[i] = heldSlot{}
+	}
+	sc.nh = 0
+}
+
 // proxy forwards the request to the upstream and leaves its response in
 // ctx: 504 when it times out, 502 when it cannot be reached.
 func (s *Server) proxy(ctx *fasthttp.RequestCtx) {
 	req := &ctx.Request
 	req.Header.Del(fasthttp.HeaderConnection)
 	s.inflight.Add(1)
+	begin := time.Now()
 	err := s.upstream.DoTimeout(req, &ctx.Response, s.cfg.UpstreamTimeout)
+	s.shed.observe(time.Since(begin))
 	s.inflight.Add(-1)
 	if err == nil {
 		return
@@ -428,13 +533,15 @@ func (s *Server) Reload() error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	rs, err := LoadFiles(s.cfg.RulesFile, s.cfg.OverridesFile)
+	if err == nil {
+		err = s.SetRules(rs)
+	}
 	if err != nil {
 		s.m.reloads.WithLabelValues("rejected").Inc()
 		s.m.reloadOK.Set(0)
 		s.log.Error("edge: reload rejected; the running rules stay", "err", err)
 		return err
 	}
-	s.SetRules(rs)
 	s.m.reloads.WithLabelValues("applied").Inc()
 	s.m.reloadOK.Set(1)
 	s.log.Info("edge: rules reloaded", "rules", len(rs.Rules), "file", s.cfg.RulesFile)

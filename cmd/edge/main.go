@@ -168,6 +168,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- [2]s
 		return err
 	}
 	lim.Start() // stopped by the edge's Shutdown, with a last flush
+	slots := window.NewSlots(window.SlotsConfig{StoreTimeout: o.storeTimeout}, store)
+	slots.Start(0, nil)
+	defer slots.Close()
 	blocks, err := blockcache.New(blockcache.Config{MaxEntries: int64(o.blockEntries)}, reg)
 	if err != nil {
 		return err
@@ -192,7 +195,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- [2]s
 		}()
 		events = prod
 	}
-	srv, err := edge.New(o.edge, rules, edge.Deps{Limiter: lim, Blocks: blocks, Events: events,
+	srv, err := edge.New(o.edge, rules, edge.Deps{Limiter: lim, Blocks: blocks, Slots: slots, Events: events,
 		StoreHealthy: healthy, Logger: log, Registerer: reg, ClockSkew: o.clockSkew})
 	if err != nil {
 		return err

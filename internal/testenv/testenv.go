@@ -113,23 +113,35 @@ func (p *Proc) killLocked() {
 	p.cmd = nil
 }
 
-// Memcached starts `memcached -l 127.0.0.1 -p PORT -U 0 -m 64` on a free
-// port and returns it once it accepts connections; it is killed at cleanup.
-func Memcached(t testing.TB) *Proc {
+// MemcachedAt starts `memcached -l host -p port -U 0 -m 64` and returns it
+// once it accepts connections; it is killed at cleanup. The error is a
+// start failure, such as the port being in use.
+func MemcachedAt(t testing.TB, host string, port int) (*Proc, error) {
 	t.Helper()
 	bin := LookBinary(t, "memcached", "memcached")
+	args := []string{"-l", host, "-p", strconv.Itoa(port), "-U", "0", "-m", "64", "-t", "2"}
+	if os.Geteuid() == 0 {
+		args = append(args, "-u", "root") // memcached refuses root without -u
+	}
+	p := &Proc{Name: bin, Args: args, Addr: net.JoinHostPort(host, strconv.Itoa(port))}
+	if err := p.Start(); err != nil {
+		return nil, err
+	}
+	t.Cleanup(p.Kill)
+	return p, nil
+}
+
+// Memcached starts memcached on a free loopback port (trying again if the
+// port was taken meanwhile).
+func Memcached(t testing.TB) *Proc {
+	t.Helper()
 	var last error
 	for try := 0; try < 3; try++ {
-		port := FreePort(t)
-		args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64", "-t", "2"}
-		if os.Geteuid() == 0 {
-			args = append(args, "-u", "root") // memcached refuses root without -u
-		}
-		p := &Proc{Name: bin, Args: args, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
-		if last = p.Start(); last == nil {
-			t.Cleanup(p.Kill)
+		p, err := MemcachedAt(t, "127.0.0.1", FreePort(t))
+		if err == nil {
 			return p
 		}
+		last = err
 	}
 	t.Fatal(last)
 	return nil

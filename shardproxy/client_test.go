@@ -1,0 +1,700 @@
+package shardproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// slow is the Timeout of tests that are not about timeouts: long enough that
+// a loaded machine (go test runs packages side by side) never trips it.
+const slow = 2 * time.Second
+
+// newClient returns a Client for cfg, closed in t.Cleanup.
+func newClient(t testing.TB, cfg Config) *Client {
+	t.Helper()
+	c, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// keyOn returns a key whose counters ring places on shard.
+func keyOn(t testing.TB, ring *Ring, shard int, seed uint64) uint64 {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 99))
+	for range 100_000 {
+		k := rng.Uint64()
+		if ring.Lookup(AppendCounterKey(nil, k, 0)) == shard {
+			return k
+		}
+	}
+	t.Fatalf("no key on shard %d", shard)
+	return 0
+}
+
+func counterKey(key uint64, start int64) string { return string(AppendCounterKey(nil, key, start)) }
+
+func TestIncrDecrGet(t *testing.T) {
+	ps := startShards(t, 3)
+	c := newClient(t, Config{Servers: serversOf(ps), Timeout: slow})
+	ctx := context.Background()
+	const start = int64(1_700_000_040_000)
+	addrOf := func(key uint64) string { return ps[c.Ring().Lookup(AppendCounterKey(nil, key, start))].Addr }
+
+	type step struct {
+		delta int64
+		ttl   time.Duration
+		want  uint64
+	}
+	tests := []struct {
+		name  string
+		steps []step
+		ttl   int // seconds memcached reports the counter has left; 0 not checked
+	}{
+		{"incr creates then adds", []step{{5, 1500 * time.Millisecond, 5}, {3, time.Hour, 8}, {0, 0, 8}}, 2},
+		{"ttl zero is one second", []step{{1, 0, 1}}, 1},
+		{"ttl rounds up", []step{{1, 59*time.Second + time.Millisecond, 1}}, 60},
+		{"decr clamps at zero", []step{{10, time.Minute, 10}, {-3, 0, 7}, {-100, 0, 0}, {0, 0, 0}}, 0},
+		{"decr of missing is zero", []step{{-5, 0, 0}, {0, 0, 0}}, 0},
+		{"get of missing is zero", []step{{0, 0, 0}}, 0},
+		{"decr shortens in place", []step{{100, time.Minute, 100}, {-95, 0, 5}, {0, 0, 5}, {2, 0, 7}}, 0},
+		{"large deltas", []step{{math.MaxInt64, time.Minute, math.MaxInt64}, {math.MinInt64, 0, 0}}, 0},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := uint64(0xc0ffee00 + i)
+			for j, s := range tt.steps {
+				got, err := c.Incr(ctx, key, start, s.delta, s.ttl)
+				if err != nil {
+					t.Fatalf("step %d: Incr(%d): %v", j, s.delta, err)
+				}
+				if got != s.want {
+					t.Fatalf("step %d: Incr(%d): got %d, want %d", j, s.delta, got, s.want)
+				}
+			}
+			if tt.ttl > 0 {
+				// memcached's clock ticks in whole seconds: a tick between
+				// the add and the mg takes one off.
+				reply := command(t, addrOf(key), "mg "+counterKey(key, start)+" t")
+				f := strings.Fields(reply)
+				got, err := strconv.Atoi(strings.TrimPrefix(f[len(f)-1], "t"))
+				if err != nil || (got != tt.ttl && got != tt.ttl-1) {
+					t.Errorf("mg t: got %q, want a TTL of %ds", reply, tt.ttl)
+				}
+			}
+		})
+	}
+
+	if _, err := c.Incr(ctx, 1, start, 1, 31*24*time.Hour); err == nil || !strings.Contains(err.Error(), "30-day") {
+		t.Errorf("Incr with a 31-day TTL: got %v, want the 30-day limit error", err)
+	}
+	// Both windows of a key in one multi-get.
+	c.Incr(ctx, 77, start-60_000, 40, time.Minute)
+	c.Incr(ctx, 77, start, 2, time.Minute)
+	got, err := c.Get(ctx, 77, start-60_000, start, start+60_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint64{40, 2, 0}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Get of three windows: got %v, want %v", got, want)
+	}
+	// A value that is not a counter is that op's error, not a failure.
+	k := uint64(88)
+	if r := command(t, addrOf(k), fmt.Sprintf("set %s 0 60 3\r\nabc", counterKey(k, start))); r != "STORED" {
+		t.Fatalf("set: %s", r)
+	}
+	if _, err := c.Get(ctx, k, start); err == nil || !strings.Contains(err.Error(), `"abc" is not a counter`) {
+		t.Errorf("Get of a non-numeric value: got %v, want a not-a-counter error", err)
+	}
+	if _, err := c.Incr(ctx, k, start, 1, time.Minute); err == nil || !strings.Contains(err.Error(), "client error") {
+		t.Errorf("Incr of a non-numeric value: got %v, want memcached's CLIENT_ERROR", err)
+	}
+	if !c.Healthy() || c.Ring().Live() != 3 {
+		t.Errorf("after answered errors: got Healthy %v with %d live, want true with 3 (replies are not failures)", c.Healthy(), c.Ring().Live())
+	}
+}
+
+func TestConcurrentCreateCountsEveryIncrement(t *testing.T) {
+	ps := startShards(t, 2)
+	reg := prometheus.NewRegistry()
+	c, err := New(Config{Servers: serversOf(ps), Timeout: slow}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const goroutines, each = 32, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines*each)
+	for range goroutines {
+		wg.Go(func() {
+			for range each {
+				if _, err := c.Incr(context.Background(), 4242, 0, 1, time.Minute); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	got, err := c.Get(context.Background(), 4242, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != goroutines*each {
+		t.Errorf("counter after %d concurrent increments of 1: got %d, want %d", goroutines*each, got[0], goroutines*each)
+	}
+	if created := testutil.ToFloat64(c.m.ops[kindIncr][resultMiss]); created != 1 {
+		t.Errorf("increments that created the counter: got %v, want 1 (the others lost the add race and incremented)", created)
+	}
+}
+
+func TestDoMixedBatch(t *testing.T) {
+	ps := startShards(t, 3)
+	c := newClient(t, Config{Servers: serversOf(ps), Parallelism: 4, Timeout: slow})
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(13, 14))
+	model := map[[2]int64]uint64{}
+	for round := range 5 {
+		// Ops of one Do run in no order, and memcached clamps a decrement at
+		// 0, so a counter is decremented only by as much as it held before
+		// the batch: then every order gives the same result. Reads run in a
+		// batch of their own.
+		ops := make([]Op, 400)
+		decs := map[[2]int64]uint64{}
+		for i := range ops {
+			key, start := uint64(rng.IntN(50)), int64(rng.IntN(3))*60_000
+			k := [2]int64{int64(key), start}
+			delta := int64(rng.IntN(7)) - 2 // reads, decrements and increments
+			if delta < 0 {
+				if decs[k]+uint64(-delta) > model[k] {
+					delta = -delta
+				} else {
+					decs[k] += uint64(-delta)
+				}
+			}
+			ops[i] = Op{Key: key, Start: start, Delta: delta, TTL: time.Minute, Value: 12345, Err: errors.New("stale")}
+		}
+		var reads, writes []Op
+		for _, op := range ops {
+			if op.Delta == 0 {
+				reads = append(reads, op)
+			} else {
+				writes = append(writes, op)
+			}
+		}
+		c.Do(ctx, writes)
+		for _, op := range writes {
+			if op.Err != nil {
+				t.Fatalf("round %d: write %+v: %v", round, op, op.Err)
+			}
+			k := [2]int64{int64(op.Key), op.Start}
+			if op.Delta > 0 {
+				model[k] += uint64(op.Delta)
+			} else {
+				model[k] -= min(model[k], uint64(-op.Delta))
+			}
+		}
+		c.Do(ctx, reads)
+		for _, op := range reads {
+			if op.Err != nil {
+				t.Fatalf("round %d: read %+v: %v", round, op, op.Err)
+			}
+			if want := model[[2]int64{int64(op.Key), op.Start}]; op.Value != want {
+				t.Errorf("round %d: read key %d window %d: got %d, want %d", round, op.Key, op.Start, op.Value, want)
+			}
+		}
+	}
+}
+
+func TestPlanGroupsReadsPerShard(t *testing.T) {
+	c := newClient(t, Config{Servers: testServers(4)})
+	ring := c.Ring()
+	var ops []Op
+	shards := map[int]int{}
+	for k := range uint64(300) {
+		for _, start := range []int64{0, 60_000} {
+			ops = append(ops, Op{Key: k, Start: start})
+			shards[ring.Lookup(AppendCounterKey(nil, k, start))]++
+		}
+	}
+	ops = append(ops, Op{Key: 1, Start: 0, Delta: 1, TTL: time.Second}, Op{Key: 2, Start: 0, Delta: -1})
+	tasks := c.plan(ring, ops)
+	var reads, writes int
+	perShard := map[int]int{}
+	for _, tk := range tasks {
+		if tk.kind == kindGet {
+			reads++
+			perShard[tk.shard] += len(tk.keys)
+			if len(tk.keys) > maxKeysPerGet {
+				t.Errorf("multi-get of %d keys, want at most %d", len(tk.keys), maxKeysPerGet)
+			}
+		} else {
+			writes++
+		}
+	}
+	wantReads := 0
+	for s, n := range shards {
+		wantReads += (n + maxKeysPerGet - 1) / maxKeysPerGet
+		if perShard[s] != n {
+			t.Errorf("shard %d: got %d keys read, want %d", s, perShard[s], n)
+		}
+	}
+	if reads != wantReads || writes != 2 {
+		t.Errorf("got %d multi-gets and %d writes, want %d multi-gets (one per shard per %d keys) and 2", reads, writes, wantReads, maxKeysPerGet)
+	}
+}
+
+func TestEjectionAndReturn(t *testing.T) {
+	ps := startShards(t, 3)
+	reg := prometheus.NewRegistry()
+	cfg := Config{Servers: serversOf(ps), Timeout: slow, FailureLimit: 3, RetryTimeout: 400 * time.Millisecond}
+	c, err := New(cfg, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	key := keyOn(t, c.Ring(), 1, 1)
+	if v, err := c.Incr(ctx, key, 0, 5, time.Minute); err != nil || v != 5 {
+		t.Fatalf("Incr on live shard 1: got %d, %v, want 5, nil", v, err)
+	}
+
+	ps[1].Kill()
+	for i := range cfg.FailureLimit {
+		if _, err := c.Incr(ctx, key, 0, 1, time.Minute); err == nil || !strings.Contains(err.Error(), ps[1].Addr) {
+			t.Fatalf("Incr %d on killed shard: got %v, want an error naming %s", i, err, ps[1].Addr)
+		}
+		if live := c.Ring().IsLive(1); live != (i < cfg.FailureLimit-1) {
+			t.Fatalf("after %d failures: got shard live %v, want %v", i+1, live, i < cfg.FailureLimit-1)
+		}
+	}
+	ejectedAt := time.Now()
+	if got := testutil.ToFloat64(c.m.ejected); got != 1 {
+		t.Errorf("shards_ejected: got %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(c.m.ejections); got != 1 {
+		t.Errorf("ejections_total: got %v, want 1", got)
+	}
+	if !c.Healthy() {
+		t.Error("Healthy with 2 of 3 shards: got false, want true")
+	}
+	// The key now lives on the shard ketama gives it without shard 1, and
+	// its counter restarts there.
+	v, err := c.Incr(ctx, key, 0, 1, time.Minute)
+	if err != nil || v != 1 {
+		t.Fatalf("Incr while shard 1 is out: got %d, %v, want 1 (a fresh counter), nil", v, err)
+	}
+	other := c.Ring().Lookup(AppendCounterKey(nil, key, 0))
+	if r := command(t, ps[other].Addr, "get "+counterKey(key, 0)); !strings.HasPrefix(r, "VALUE") {
+		t.Errorf("shard %d, the key's new home: got %q, want the counter", other, r)
+	}
+
+	// Restarted, shard 1 is put back after RetryTimeout and serves its keys.
+	if err := ps[1].Start(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Ring().IsLive(1) {
+		t.Fatal("shard 1 back before RetryTimeout")
+	}
+	time.Sleep(time.Until(ejectedAt.Add(cfg.RetryTimeout + 20*time.Millisecond)))
+	if v, err := c.Incr(ctx, key, 0, 7, time.Minute); err != nil || v != 7 {
+		t.Fatalf("Incr after shard 1 returned: got %d, %v, want 7 (its memcached restarted empty), nil", v, err)
+	}
+	if !c.Ring().IsLive(1) || testutil.ToFloat64(c.m.ejected) != 0 {
+		t.Errorf("after RetryTimeout: got shard 1 live %v, shards_ejected %v, want true, 0", c.Ring().IsLive(1), testutil.ToFloat64(c.m.ejected))
+	}
+	if r := command(t, ps[1].Addr, "get "+counterKey(key, 0)); !strings.HasPrefix(r, "VALUE") {
+		t.Errorf("shard 1 after its return: got %q, want the counter", r)
+	}
+
+	// Its success closed the circuit: killed again, it takes FailureLimit
+	// failures to eject it. Put back on probation while still dead, its
+	// first failure ejects it again.
+	ps[1].Kill()
+	for i := range cfg.FailureLimit {
+		if _, err := c.Incr(ctx, key, 0, 1, time.Minute); err == nil {
+			t.Fatalf("Incr %d on the killed shard: got nil error", i)
+		}
+	}
+	if c.Ring().IsLive(1) {
+		t.Errorf("shard 1 killed again: got live after %d failures, want ejected", cfg.FailureLimit)
+	}
+	time.Sleep(cfg.RetryTimeout + 20*time.Millisecond)
+	if !c.Ring().IsLive(1) {
+		t.Error("after a second RetryTimeout: got shard 1 still out, want it on probation in the ring")
+	}
+	if _, err := c.Incr(ctx, key, 0, 1, time.Minute); err == nil {
+		t.Fatal("Incr on the killed shard: got nil error")
+	}
+	if c.Ring().IsLive(1) || testutil.ToFloat64(c.m.ejections) != 3 {
+		t.Errorf("probation failure: got live %v, ejections_total %v, want false, 3", c.Ring().IsLive(1), testutil.ToFloat64(c.m.ejections))
+	}
+}
+
+func TestAllEjectedFailsFast(t *testing.T) {
+	// Hung shards: a call that reached one would take the whole Timeout, so
+	// a fast ErrNoServers proves nothing was sent.
+	const timeout = 300 * time.Millisecond
+	c := newClient(t, Config{
+		Servers: []Server{{Addr: hungServer(t)}, {Addr: hungServer(t)}},
+		Timeout: timeout, FailureLimit: 1, RetryTimeout: time.Second,
+	})
+	ctx := context.Background()
+	ring := c.Ring()
+	c.Do(ctx, []Op{{Key: keyOn(t, ring, 0, 1), Delta: 1}, {Key: keyOn(t, ring, 1, 2), Delta: 1}})
+	ejectedAt := time.Now()
+	if c.Healthy() || c.Ring().Live() != 0 {
+		t.Fatalf("after a timeout on each shard with FailureLimit 1: got Healthy %v, %d live, want false, 0", c.Healthy(), c.Ring().Live())
+	}
+	begin := time.Now()
+	ops := []Op{{Key: 1, Delta: 1}, {Key: 2, Delta: -1}, {Key: 3}}
+	c.Do(ctx, ops)
+	elapsed := time.Since(begin)
+	for _, op := range ops {
+		if !errors.Is(op.Err, ErrNoServers) {
+			t.Errorf("op %+v: got %v, want ErrNoServers", op, op.Err)
+		}
+	}
+	if elapsed > timeout/3 {
+		t.Errorf("Do with no live shard took %v, want far less than the %v a call would take", elapsed, timeout)
+	}
+	time.Sleep(time.Until(ejectedAt.Add(time.Second + 20*time.Millisecond)))
+	if !c.Healthy() {
+		t.Error("after RetryTimeout: got Healthy false, want true (shards back on probation)")
+	}
+}
+
+func TestHungShardCostsAtMostTheTimeout(t *testing.T) {
+	ps := startShards(t, 1)
+	hung := hungServer(t)
+	const timeout, margin = 100 * time.Millisecond, 200 * time.Millisecond
+	c := newClient(t, Config{
+		Servers: []Server{{Addr: ps[0].Addr}, {Addr: hung}},
+		Timeout: timeout, FailureLimit: 1000, // keep the hung shard in the ring
+	})
+	ring := c.Ring()
+	rng := rand.New(rand.NewPCG(15, 16))
+	var ops []Op
+	for i := range 60 {
+		ops = append(ops, Op{Key: rng.Uint64(), Delta: int64(i%3) - 1, TTL: time.Minute}) // incr, decr and get
+	}
+	var mu sync.Mutex
+	var took []time.Duration
+	var wg sync.WaitGroup
+	for range 4 { // concurrent callers
+		wg.Go(func() {
+			for range 3 {
+				batch := make([]Op, len(ops))
+				copy(batch, ops)
+				begin := time.Now()
+				c.Do(context.Background(), batch)
+				elapsed := time.Since(begin)
+				mu.Lock()
+				took = append(took, elapsed)
+				mu.Unlock()
+				for _, op := range batch {
+					if ring.Lookup(AppendCounterKey(nil, op.Key, op.Start)) != 1 {
+						continue
+					}
+					if !errors.Is(op.Err, ErrTimeout) || !strings.Contains(op.Err.Error(), hung) {
+						t.Errorf("op %+v on the hung shard: got %v, want ErrTimeout naming %s", op, op.Err, hung)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// Judged on the median: go test runs other packages' tests beside this
+	// one, and a stalled scheduler can delay any single call.
+	slices.Sort(took)
+	t.Logf("Do durations with a hung shard (timeout %v): %v", timeout, took)
+	if median := took[len(took)/2]; median > timeout+margin {
+		t.Errorf("median Do with a hung shard: got %v, want under %v", median, timeout+margin)
+	}
+	if slowest := took[len(took)-1]; slowest > 10*timeout {
+		t.Errorf("slowest Do with a hung shard: got %v, want under %v", slowest, 10*timeout)
+	}
+	begin := time.Now()
+	v, err := c.Incr(context.Background(), keyOn(t, ring, 1, 3), 0, 1, time.Second)
+	if elapsed := time.Since(begin); !errors.Is(err, ErrTimeout) || elapsed > timeout+margin {
+		t.Errorf("Incr on the hung shard: got %d, %v after %v, want ErrTimeout within %v", v, err, elapsed, timeout+margin)
+	}
+	begin = time.Now()
+	c.Close()
+	if elapsed := time.Since(begin); elapsed > 10*timeout {
+		t.Errorf("Close with calls to a hung shard in flight took %v, want under %v", elapsed, 10*timeout)
+	}
+}
+
+func TestHungShardDelaysNoOtherShard(t *testing.T) {
+	ps := startShards(t, 2)
+	hung := hungServer(t)
+	// A long timeout: the live shards have all of it to answer, however
+	// loaded the machine, while the hung one holds its ops to the end.
+	const timeout = time.Second
+	c := newClient(t, Config{
+		Servers: []Server{{Addr: ps[0].Addr}, {Addr: hung}, {Addr: ps[1].Addr}},
+		Timeout: timeout, Parallelism: 2,
+	})
+	ring := c.Ring()
+	rng := rand.New(rand.NewPCG(17, 18))
+	ops := make([]Op, 300)
+	for i := range ops {
+		ops[i] = Op{Key: rng.Uint64(), Delta: int64(i%3) - 1, TTL: time.Minute}
+	}
+	begin := time.Now()
+	c.Do(context.Background(), ops)
+	elapsed := time.Since(begin)
+	counts := map[bool]int{}
+	for _, op := range ops {
+		onHung := ring.Lookup(AppendCounterKey(nil, op.Key, op.Start)) == 1
+		counts[onHung]++
+		switch {
+		case onHung && !errors.Is(op.Err, ErrTimeout):
+			t.Fatalf("op %+v on the hung shard: got %v, want ErrTimeout", op, op.Err)
+		case !onHung && op.Err != nil:
+			t.Fatalf("op %+v on a live shard: got %v, want nil", op, op.Err)
+		}
+	}
+	if counts[true] == 0 || counts[false] == 0 {
+		t.Fatalf("got %d ops on the hung shard and %d on live ones, want some of each", counts[true], counts[false])
+	}
+	if elapsed > timeout+200*time.Millisecond {
+		t.Errorf("Do took %v, want under %v", elapsed, timeout+200*time.Millisecond)
+	}
+}
+
+func TestContextCancel(t *testing.T) {
+	const timeout = time.Second
+	c := newClient(t, Config{Servers: []Server{{Addr: hungServer(t)}}, Timeout: timeout})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(30*time.Millisecond, cancel)
+	ops := []Op{{Key: 1, Delta: 1}, {Key: 2}}
+	begin := time.Now()
+	c.Do(ctx, ops)
+	if elapsed := time.Since(begin); elapsed > timeout/2 {
+		t.Errorf("Do cancelled after 30ms: took %v, want well under the %v timeout", elapsed, timeout)
+	}
+	for _, op := range ops {
+		if !errors.Is(op.Err, context.Canceled) {
+			t.Errorf("op %+v: got %v, want context.Canceled", op, op.Err)
+		}
+	}
+}
+
+func TestGarbageReplies(t *testing.T) {
+	tests := []struct {
+		name, reply string
+	}{
+		{"bare newline", "\n"},
+		{"short client error", "CLIENT_ERROR \n"},
+		{"words", "HELLO WORLD\r\n"},
+		{"not a number", "12x\r\n"},
+		{"truncated value line", "VALUE x\r\n"},
+		{"value without end", "VALUE pl 0 1\r\nxyz\r\n"},
+		{"binary", "\x00\x01\x02\xff\r\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			addr := garbageServer(t, tt.reply)
+			c := newClient(t, Config{Servers: []Server{{Addr: addr}}, Timeout: slow})
+			ops := []Op{{Key: 1, Delta: 1, TTL: time.Second}, {Key: 2, Delta: -1}, {Key: 3}, {Key: 4}}
+			c.Do(context.Background(), ops)
+			for _, op := range ops {
+				if op.Err == nil {
+					t.Errorf("op %+v: got nil error and value %d, want an error", op, op.Value)
+					continue
+				}
+				if msg := op.Err.Error(); !strings.HasPrefix(msg, "shardproxy: ") || !strings.Contains(msg, addr) || !errors.Is(op.Err, ErrMalformed) {
+					t.Errorf("op %+v: got %q, want ErrMalformed naming the shard", op, msg)
+				}
+				t.Logf("delta %d: %v", op.Delta, op.Err)
+			}
+		})
+	}
+}
+
+func TestDoAfterClose(t *testing.T) {
+	ps := startShards(t, 1)
+	c := newClient(t, Config{Servers: serversOf(ps), Timeout: slow})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Incr(context.Background(), 1, 0, 1, time.Second); !errors.Is(err, ErrClosed) {
+		t.Errorf("Incr after Close: got %v, want ErrClosed", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: got %v, want nil", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := []Server{{Addr: "127.0.0.1:11211"}}
+	tests := []struct {
+		name  string
+		cfg   Config
+		wants []string // substrings of the error; none means valid
+	}{
+		{"zero values are defaults", Config{Servers: ok}, nil},
+		{"all set", Config{Servers: ok, Hash: HashMD5, Timeout: time.Second, BatchTimeout: 2 * time.Second,
+			MaxConnsPerShard: 8, Parallelism: 2, FailureLimit: 1, RetryTimeout: time.Second}, nil},
+		{"no servers", Config{}, []string{"Servers: empty"}},
+		{"negatives", Config{Servers: ok, Timeout: -1, BatchTimeout: -2, MaxConnsPerShard: -3, Parallelism: -4, FailureLimit: -5, RetryTimeout: -6},
+			[]string{"Timeout: -1ns", "BatchTimeout: -2ns", "MaxConnsPerShard: -3", "Parallelism: -4", "FailureLimit: -5", "RetryTimeout: -6ns"}},
+		{"too large", Config{Servers: ok, Timeout: time.Hour, MaxConnsPerShard: 1 << 20, Parallelism: 1 << 20, FailureLimit: 1 << 20, RetryTimeout: 48 * time.Hour},
+			[]string{"Timeout: 1h0m0s", "MaxConnsPerShard: 1048576", "Parallelism: 1048576", "FailureLimit: 1048576", "RetryTimeout: 48h0m0s"}},
+		{"batch shorter than timeout", Config{Servers: ok, Timeout: time.Second, BatchTimeout: time.Millisecond},
+			[]string{"BatchTimeout: 1ms: less than Timeout (1s)"}},
+		{"batch shorter than default timeout", Config{Servers: ok, BatchTimeout: time.Millisecond},
+			[]string{"BatchTimeout: 1ms: less than Timeout (100ms)"}},
+		{"hash", Config{Servers: ok, Hash: "crc32"}, []string{`Hash: hash "crc32"`}},
+		{"server", Config{Servers: []Server{{Addr: "x"}}}, []string{`Servers[0].Addr: "x"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if len(tt.wants) == 0 {
+				if err != nil {
+					t.Fatalf("got %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("got nil, want an error containing %q", tt.wants)
+			}
+			for _, w := range tt.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("got %q, want it to contain %q", err, w)
+				}
+			}
+			if _, nerr := New(tt.cfg, nil); nerr == nil {
+				t.Error("New: got nil error for an invalid config")
+			}
+		})
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	ps := startShards(t, 1)
+	reg := prometheus.NewRegistry()
+	c, err := New(Config{Servers: serversOf(ps), Timeout: slow}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Do(context.Background(), []Op{{Key: 1, Delta: 1, TTL: time.Second}, {Key: 1, Start: 1}})
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric %s: %s", p.Metric, p.Text)
+	}
+	if got := testutil.ToFloat64(c.m.ops[kindIncr][resultMiss]) + testutil.ToFloat64(c.m.ops[kindGet][resultMiss]); got != 2 {
+		t.Errorf("ops_total{result=miss}: got %v, want 2", got)
+	}
+	n, err := testutil.GatherAndCount(reg, "poplimit_shardproxy_ops_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != int(numKinds)*int(numResults) {
+		t.Errorf("ops_total series: got %d, want %d (every op × result, no key labels)", n, int(numKinds)*int(numResults))
+	}
+	if _, err := New(Config{Servers: serversOf(ps)}, reg); err == nil {
+		t.Error("second New on the same registry: got nil error, want AlreadyRegistered")
+	}
+	if problems, _ := testutil.GatherAndLint(reg); len(problems) != 0 {
+		t.Errorf("after a failed New: got lint problems %v", problems)
+	}
+}
+
+func TestParseCounter(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    uint64
+		wantErr bool
+	}{
+		{"0", 0, false},
+		{"5  ", 5, false}, // memcached pads a value a decr shortened
+		{"18446744073709551615", math.MaxUint64, false},
+		{"", 0, true},
+		{" 5", 0, true},
+		{"abc", 0, true},
+		{"18446744073709551616", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := parseCounter([]byte(tt.in))
+		if got != tt.want || (err != nil) != tt.wantErr {
+			t.Errorf("parseCounter(%q): got %d, %v, want %d, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestTTLSeconds(t *testing.T) {
+	tests := []struct {
+		ttl     time.Duration
+		want    int32
+		wantErr bool
+	}{
+		{0, 1, false}, {-time.Second, 1, false}, {time.Nanosecond, 1, false}, {time.Second, 1, false},
+		{time.Second + 1, 2, false}, {2 * time.Minute, 120, false}, {30 * 24 * time.Hour, 2592000, false},
+		{30*24*time.Hour + 1, 0, true},
+	}
+	for _, tt := range tests {
+		got, err := ttlSeconds(tt.ttl)
+		if got != tt.want || (err != nil) != tt.wantErr {
+			t.Errorf("ttlSeconds(%v): got %d, %v, want %d, error %v", tt.ttl, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func BenchmarkClientIncr(b *testing.B) {
+	ps := startShards(b, 2)
+	c := newClient(b, Config{Servers: serversOf(ps)})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		k := rand.Uint64()
+		for pb.Next() {
+			if _, err := c.Incr(context.Background(), k, 0, 1, time.Minute); err != nil {
+				b.Error(err)
+				return
+			}
+			k++
+		}
+	})
+}
+
+func BenchmarkClientDoBatch(b *testing.B) {
+	ps := startShards(b, 4)
+	c := newClient(b, Config{Servers: serversOf(ps)})
+	ops := make([]Op, 64)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range ops {
+			ops[j] = Op{Key: uint64(j), Start: int64(i % 4), Delta: int64(j % 2), TTL: time.Minute}
+		}
+		c.Do(context.Background(), ops)
+		if ops[0].Err != nil {
+			b.Fatal(ops[0].Err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ops)), "ns/op-in-batch")
+}

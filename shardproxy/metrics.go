@@ -1,0 +1,111 @@
+package shardproxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// opKind is the kind of an op, the bounded "op" label.
+type opKind uint8
+
+const (
+	kindIncr opKind = iota
+	kindDecr
+	kindGet
+	numKinds
+)
+
+var kindNames = [numKinds]string{"incr", "decr", "get"}
+
+func (k opKind) String() string { return kindNames[k] }
+
+// result is the outcome of one op as its caller saw it, the bounded
+// "result" label.
+type result uint8
+
+const (
+	resultOK      result = iota
+	resultMiss           // the counter did not exist: created (incr) or read as 0
+	resultError          // any other failure, ErrNoServers and cancellation included
+	resultTimeout        // ErrTimeout
+	numResults
+)
+
+var resultNames = [numResults]string{"ok", "miss", "error", "timeout"}
+
+// metrics are the Client's Prometheus collectors, with every label
+// combination resolved once so the hot path does no map look-ups.
+type metrics struct {
+	opsVec     *prometheus.CounterVec
+	latencyVec *prometheus.HistogramVec
+	ejections  prometheus.Counter
+	ejected    prometheus.Gauge
+	shards     prometheus.Gauge
+
+	ops     [numKinds][numResults]prometheus.Counter
+	latency [numKinds]prometheus.Observer
+}
+
+// newMetrics builds the collectors and registers them with reg, unless reg is
+// nil. On a registration error it unregisters what it registered.
+func newMetrics(reg prometheus.Registerer, nshards int) (*metrics, error) {
+	const ns, sub = "poplimit", "shardproxy"
+	m := &metrics{
+		opsVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "ops_total",
+			Help: "Counter operations finished, by operation (incr, decr, get) and result (ok, miss, error, timeout).",
+		}, []string{"op", "result"}),
+		latencyVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "op_duration_seconds",
+			Help:    "Time of one store call to a shard (an incr with its add, or one multi-get), by operation.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14), // 50µs … 410ms
+		}, []string{"op"}),
+		ejections: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "ejections_total",
+			Help: "Shards ejected from the ring after consecutive failures.",
+		}),
+		ejected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "shards_ejected",
+			Help: "Shards currently out of the ring.",
+		}),
+		shards: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "shards",
+			Help: "Shards configured, live or ejected.",
+		}),
+	}
+	for k := range numKinds {
+		for r := range numResults {
+			m.ops[k][r] = m.opsVec.WithLabelValues(kindNames[k], resultNames[r])
+		}
+		m.latency[k] = m.latencyVec.WithLabelValues(kindNames[k])
+	}
+	m.shards.Set(float64(nshards))
+	if reg == nil {
+		return m, nil
+	}
+	cs := []prometheus.Collector{m.opsVec, m.latencyVec, m.ejections, m.ejected, m.shards}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return nil, fmt.Errorf("shardproxy: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// classify returns the result label for an op's outcome.
+func classify(err error, miss bool) result {
+	switch {
+	case err == nil && miss:
+		return resultMiss
+	case err == nil:
+		return resultOK
+	case errors.Is(err, ErrTimeout):
+		return resultTimeout
+	}
+	return resultError
+}
