@@ -14,7 +14,6 @@ type metrics struct {
 	missingKey      prometheus.Counter
 	badCost         prometheus.Counter
 	blockDropped    prometheus.Counter
-	eventsDropped   prometheus.Counter
 	upstreamTimeout prometheus.Counter
 	upstreamError   prometheus.Counter
 	reloads         *prometheus.CounterVec
@@ -47,8 +46,6 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		badCost:    bad.WithLabelValues("bad_cost"),
 		blockDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "block_cache_dropped_total", Help: "Refused keys the block cache did not take; their next request goes to the limiter."}),
-		eventsDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "events_dropped_total", Help: "Decision events the pipeline could not queue."}),
 		upstreamTimeout: upstream.WithLabelValues("timeout"),
 		upstreamError:   upstream.WithLabelValues("error"),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -76,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{m.requests, m.panics, bad, m.blockDropped, m.eventsDropped, upstream, m.reloads, m.reloadOK, inflight, ready, shed} {
+	for _, c := range []prometheus.Collector{m.requests, m.panics, bad, m.blockDropped, upstream, m.reloads, m.reloadOK, inflight, ready, shed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

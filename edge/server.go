@@ -28,7 +28,7 @@ type BlockCache interface {
 }
 
 // Emitter takes decision events without blocking (package pipeline's
-// Producer). Emit copies the event; it returns false when it dropped it.
+// Producer). Emit copies the event; it counts what it drops itself.
 type Emitter interface {
 	Emit(e *pipeline.Event) bool
 }
@@ -393,9 +393,10 @@ func (s *Server) decide(sn *snapshot, r *window.Rule, sc *scratch, now time.Time
 	return q, !d.Allowed && !r.Shadow
 }
 
+// emit hands ev to the pipeline, which counts what it drops or samples out.
 func (s *Server) emit(ev *pipeline.Event) {
-	if s.deps.Events != nil && !s.deps.Events.Emit(ev) {
-		s.m.eventsDropped.Inc()
+	if s.deps.Events != nil {
+		s.deps.Events.Emit(ev)
 	}
 }
 
