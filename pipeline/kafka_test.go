@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/poplimit/poplimit/internal/testenv"
 	"net"
 	"runtime"
 	"strings"
@@ -29,27 +30,7 @@ const partitions = 4
 // (0: any free port), and returns it with its address.
 func startBroker(t testing.TB, port int, topics ...string) (*kfake.Cluster, string) {
 	t.Helper()
-	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...)}
-	if port != 0 {
-		opts = append(opts, kfake.Ports(port))
-	}
-	c, err := kfake.NewCluster(opts...)
-	if err != nil {
-		t.Fatalf("kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	return c, c.ListenAddrs()[0]
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return testenv.Broker(t, port, partitions, topics...)
 }
 
 // fastProducerConfig is a producer configuration with timeouts short enough
@@ -522,7 +503,7 @@ func TestDecodeErrorsSkipped(t *testing.T) {
 // the same port and checks that events flow again.
 func TestBrokerOutage(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	broker, addr := startBroker(t, port, "events")
 	cfg := fastProducerConfig(addr, "events")
 	cfg.QueueSize = 1024
@@ -629,7 +610,7 @@ func TestBrokerOutage(t *testing.T) {
 // written to the new broker arrive.
 func TestConsumerSurvivesBrokerRestart(t *testing.T) {
 	t.Parallel()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	broker, addr := startBroker(t, port, "events")
 	before := testEvents(1, 5, 4, 0)
 	p, _ := newProducer(t, fastProducerConfig(addr, "events"))
@@ -744,7 +725,7 @@ func TestCloseDeadline(t *testing.T) {
 // writes fail at once, are counted, and Close returns promptly.
 func TestBrokerUnreachable(t *testing.T) {
 	t.Parallel()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t)) // nothing listens
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) // nothing listens
 	p, reg := newProducer(t, fastProducerConfig(addr, "events"))
 	e := pipeline.Event{Rule: []byte("api")}
 	for i := range 5000 {

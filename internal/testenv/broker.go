@@ -1,0 +1,25 @@
+package testenv
+
+import (
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Broker starts an embedded Kafka-protocol broker (franz-go's kfake) on a
+// loopback port with topics seeded at partitions, and stops it at cleanup.
+// port 0 picks a free one; a fixed port lets a test restart "the same"
+// broker.
+func Broker(t testing.TB, port int, partitions int32, topics ...string) (*kfake.Cluster, string) {
+	t.Helper()
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...)}
+	if port != 0 {
+		opts = append(opts, kfake.Ports(port))
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c, c.ListenAddrs()[0]
+}
