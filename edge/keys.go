@@ -83,20 +83,27 @@ func parseIP(b []byte) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// keySep separates the parts of a composite key.
-const keySep = 0x1f
+// KeySep separates the parts of a composite key.
+const KeySep = 0x1f
 
-// fallbackKeyTag starts a key built from the client IP because the rule's
+// FallbackKeyTag starts a key built from the client IP because the rule's
 // own key was missing, so it never equals a key built from a header.
-const fallbackKeyTag = "\x00ip\x00"
+const FallbackKeyTag = "\x00ip\x00"
 
-// appendKey appends the key of request ctx under rule r to dst. ok is false
-// when a part of the recipe is missing. It does not allocate once dst has
-// room.
-func (s *Server) appendKey(dst []byte, ctx *fasthttp.RequestCtx, r *window.Rule, ip netip.Addr) (_ []byte, ok bool) {
+// AppendFallbackKey appends the key of a request whose rule's key is
+// missing and whose rule falls back to the client IP.
+func AppendFallbackKey(dst []byte, ip netip.Addr) []byte {
+	return ip.AppendTo(append(dst, FallbackKeyTag...))
+}
+
+// AppendKey appends the key of req from client ip under rule r to dst, as
+// the edge builds it (the offline simulator builds it with this too, so the
+// hashes agree). ok is false when a part of the recipe is missing. It does
+// not allocate once dst has room.
+func AppendKey(dst []byte, req *fasthttp.Request, r *window.Rule, ip netip.Addr) (_ []byte, ok bool) {
 	for i, p := range r.Key {
 		if i > 0 {
-			dst = append(dst, keySep)
+			dst = append(dst, KeySep)
 		}
 		var v []byte
 		switch p.Source {
@@ -104,11 +111,11 @@ func (s *Server) appendKey(dst []byte, ctx *fasthttp.RequestCtx, r *window.Rule,
 			dst = ip.AppendTo(dst)
 			continue
 		case window.KeyHeader:
-			v = ctx.Request.Header.Peek(p.Name)
+			v = req.Header.Peek(p.Name)
 		case window.KeyQuery:
-			v = ctx.QueryArgs().Peek(p.Name)
+			v = req.URI().QueryArgs().Peek(p.Name)
 		case window.KeyCookie:
-			v = ctx.Request.Header.Cookie(p.Name)
+			v = req.Header.Cookie(p.Name)
 		}
 		if len(v) == 0 {
 			return dst, false

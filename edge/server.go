@@ -259,14 +259,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.handleDecideJSON(ctx)
 			return
 		}
-		path = stripPrefix(path, s.cfg.CheckPrefix)
+		path = StripPrefix(path, s.cfg.CheckPrefix)
 	}
 	sn := s.rules.Load()
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
 	now := s.now()
 	t := now.UnixNano()
-	host := hostOnly(ctx.Host())
+	host := HostOnly(ctx.Host())
 	method := ctx.Method()
 	ip := s.clientIP(ctx)
 	if sn.shedding {
@@ -290,7 +290,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			continue
 		}
 		var ok bool
-		sc.key, ok = s.appendKey(sc.key[:0], ctx, r, ip)
+		sc.key, ok = AppendKey(sc.key[:0], &ctx.Request, r, ip)
 		if !ok {
 			switch r.MissingKey {
 			case window.MissingKeySkip:
@@ -300,7 +300,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 				writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "the request lacks the key that its rate limit needs")
 				return
 			}
-			sc.key = ip.AppendTo(append(sc.key[:0], fallbackKeyTag...))
+			sc.key = AppendFallbackKey(sc.key[:0], ip)
 		}
 		cost := r.Cost
 		if r.CostHeader != "" {
@@ -460,8 +460,8 @@ func (s *Server) proxy(ctx *fasthttp.RequestCtx) {
 	writeProblem(ctx, fasthttp.StatusBadGateway, "Bad Gateway", "the upstream could not be reached")
 }
 
-// hostOnly returns host without its port.
-func hostOnly(h []byte) []byte {
+// HostOnly returns host without its port, as rules match it.
+func HostOnly(h []byte) []byte {
 	if i := bytes.LastIndexByte(h, ':'); i >= 0 && bytes.IndexByte(h[i:], ']') < 0 {
 		h = h[:i]
 	}
@@ -471,8 +471,9 @@ func hostOnly(h []byte) []byte {
 	return h
 }
 
-// stripPrefix removes prefix from path when path is prefix or prefix/…
-func stripPrefix(path []byte, prefix string) []byte {
+// StripPrefix removes prefix from path when path is prefix or prefix/…, as
+// the edge does with its check prefix in decision mode.
+func StripPrefix(path []byte, prefix string) []byte {
 	if len(prefix) == 0 || !bytes.HasPrefix(path, []byte(prefix)) {
 		return path
 	}

@@ -1,0 +1,409 @@
+// Command loadtest makes, imports, replays and simulates traces for a
+// poplimit PoP (package loadtest):
+//
+//	loadtest gen -kind zipf -rate 1000 -duration 1m > trace.jsonl
+//	loadtest import access.log > trace.jsonl
+//	loadtest replay -targets 127.0.0.1:7070,127.0.0.1:7080 -trace trace.jsonl [-aggregator http://127.0.0.1:7072/report] [-json]
+//	loadtest offline -rules rules.yaml -trace trace.jsonl
+//
+// Every flag has a working default: `loadtest gen | loadtest replay` drives
+// an edge started with no flags (127.0.0.1:7070) with a mix of traffic, and
+// `loadtest gen | loadtest offline` shows what the edge's built-in rule
+// would do with it.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/poplimit/poplimit/loadtest"
+	"github.com/poplimit/poplimit/window"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: loadtest COMMAND [flags]
+
+commands:
+  gen       write a generated trace (zipf, abuser, burst, flood, stuffing, mix)
+  import    convert Common/Combined Log Format access logs to a trace
+  replay    send a trace to edges, open-loop, and report
+  offline   run rules over a trace with no server: what would they limit?
+
+"loadtest COMMAND -h" lists a command's flags.
+`
+
+// defaultRules is the edge's built-in rule (edge.DefaultRules; a test keeps
+// them equal), so offline answers for an edge started without -rules.
+const defaultRules = `
+rules:
+  - name: default-per-client
+    limit: 100
+    window: 1m
+`
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("loadtest: no command")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "gen":
+		return runGen(rest, stdout, stderr)
+	case "import":
+		return runImport(rest, stdin, stdout, stderr)
+	case "replay":
+		return runReplay(ctx, rest, stdin, stdout, stderr)
+	case "offline":
+		return runOffline(ctx, rest, stdin, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("loadtest: unknown command %q", cmd)
+}
+
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("loadtest "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string, maxArgs int) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > maxArgs {
+		return fmt.Errorf("%s: unexpected arguments %q", fs.Name(), fs.Args()[maxArgs:])
+	}
+	return nil
+}
+
+// output opens path for writing ("-" is stdout); close flushes it.
+func output(path string, stdout io.Writer) (io.Writer, func() error, error) {
+	if path == "" || path == "-" {
+		return stdout, func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loadtest: %w", err)
+	}
+	return f, f.Close, nil
+}
+
+// traceFrom returns the trace at path ("-" is stdin), read as JSON lines,
+// or as an access log when asLog.
+func traceFrom(path string, asLog bool, stdin io.Reader) (loadtest.Trace, error) {
+	if !asLog {
+		if path == "-" {
+			return loadtest.NewReader(stdin).All(), nil
+		}
+		return loadtest.ReadFile(path), nil
+	}
+	r := stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("loadtest: %w", err)
+		}
+		r = f // closed at exit: one file per command
+	}
+	return loadtest.NewImporter(r, loadtest.ImportConfig{}).All(), nil
+}
+
+func runGen(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("gen", stderr)
+	kind := fs.String("kind", "mix", "zipf, abuser, burst, flood, stuffing or mix (all of them at once)")
+	seed := fs.Uint64("seed", 1, "random seed: one seed, one trace")
+	dur := fs.Duration("duration", time.Minute, "trace length (zipf, abuser, flood, mix)")
+	rate := fs.Float64("rate", 100, "requests per second (zipf, flood; abuser's is -abuser-rate)")
+	clients := fs.Int("clients", 1000, "zipf: clients")
+	s := fs.Float64("zipf-s", 1.1, "zipf: exponent, above 1")
+	abRate := fs.Float64("abuser-rate", 0, "abuser: requests per second (default twice -limit per -window)")
+	ip := fs.String("ip", "", "abuser and burst: client address (default 192.0.2.1, burst 198.51.100.1)")
+	limit := fs.Int("limit", 100, "burst: requests in each half; the rule limit the abuser exceeds")
+	win := fs.Duration("window", time.Minute, "burst: the rule's window")
+	bursts := fs.Int("bursts", 1, "burst: double bursts, three windows apart")
+	ips := fs.Int("ips", 1000, "stuffing: addresses")
+	attempts := fs.Int("attempts", 3, "stuffing: attempts per address")
+	userHeader := fs.String("user-header", "", "stuffing: header carrying a user name per attempt")
+	method := fs.String("method", "", "HTTP method (default GET; stuffing POST)")
+	host := fs.String("host", "", "Host header (default: the replay target's)")
+	path := fs.String("path", "", `path (default "/"; stuffing "/login")`)
+	out := fs.String("o", "-", "output file")
+	if err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	ep := loadtest.Endpoint{Method: *method, Host: *host, Path: *path}
+	var addr netip.Addr
+	if *ip != "" {
+		var err error
+		if addr, err = netip.ParseAddr(*ip); err != nil {
+			return fmt.Errorf("loadtest gen: -ip: %w", err)
+		}
+	}
+	if *abRate == 0 {
+		*abRate = 2 * float64(*limit) / win.Seconds()
+	}
+	gens := map[string]func() (loadtest.Trace, error){
+		"zipf": func() (loadtest.Trace, error) {
+			return loadtest.Zipf(loadtest.ZipfConfig{Seed: *seed, Clients: *clients, S: *s, Rate: *rate, Duration: *dur, Endpoint: ep})
+		},
+		"abuser": func() (loadtest.Trace, error) {
+			return loadtest.Abuser(loadtest.AbuserConfig{Seed: *seed, IP: addr, Rate: *abRate, Duration: *dur, Endpoint: ep})
+		},
+		"burst": func() (loadtest.Trace, error) {
+			return loadtest.Burst(loadtest.BurstConfig{IP: addr, Limit: *limit, Window: *win, Bursts: *bursts, Endpoint: ep})
+		},
+		"flood": func() (loadtest.Trace, error) {
+			return loadtest.Flood(loadtest.FloodConfig{Seed: *seed, Rate: *rate, Duration: *dur, Endpoint: ep})
+		},
+		"stuffing": func() (loadtest.Trace, error) {
+			return loadtest.Stuffing(loadtest.StuffingConfig{Seed: *seed, IPs: *ips, Attempts: *attempts, UserHeader: *userHeader, Endpoint: ep})
+		},
+	}
+	var tr loadtest.Trace
+	if *kind == "mix" {
+		var parts []loadtest.Trace
+		for _, k := range []string{"zipf", "abuser", "burst", "flood", "stuffing"} {
+			p, err := gens[k]()
+			if err != nil {
+				return err
+			}
+			parts = append(parts, p)
+		}
+		tr = loadtest.Mix(parts...)
+	} else if mk, ok := gens[*kind]; ok {
+		var err error
+		if tr, err = mk(); err != nil {
+			return err
+		}
+	} else {
+		return fmt.Errorf("loadtest gen: -kind %q: want zipf, abuser, burst, flood, stuffing or mix", *kind)
+	}
+	w, closeOut, err := output(*out, stdout)
+	if err != nil {
+		return err
+	}
+	if _, _, err := loadtest.WriteTrace(w, tr); err != nil {
+		closeOut()
+		return err
+	}
+	return closeOut()
+}
+
+func runImport(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlags("import", stderr)
+	var cfg loadtest.ImportConfig
+	fs.StringVar(&cfg.Host, "host", "", "Host of requests whose line names none (default: the replay target's)")
+	fs.BoolVar(&cfg.Agents, "agents", false, "keep User-Agent and Referer as headers")
+	fs.BoolVar(&cfg.Spread, "spread", true, "spread the lines of one logged second over that second")
+	fs.DurationVar(&cfg.Reorder, "reorder", 10*time.Second, "put lines this far out of time order back in order")
+	out := fs.String("o", "-", "output trace file")
+	showBad := fs.Int("show-bad", 20, "print at most this many bad lines (all are counted)")
+	jsonSum := fs.Bool("json", false, "print the summary as JSON")
+	if err := parse(fs, args, 1); err != nil {
+		return err
+	}
+	in := stdin
+	if p := fs.Arg(0); p != "" && p != "-" {
+		f, err := os.Open(p)
+		if err != nil {
+			return fmt.Errorf("loadtest import: %w", err)
+		}
+		defer f.Close()
+		in = f
+	}
+	w, closeOut, err := output(*out, stdout)
+	if err != nil {
+		return err
+	}
+	shown := 0
+	sum, err := loadtest.Import(in, w, cfg, func(le *loadtest.LineError) {
+		if shown++; shown <= *showBad {
+			fmt.Fprintln(stderr, "bad", le)
+		}
+	})
+	if cerr := closeOut(); err == nil {
+		err = cerr
+	}
+	if *jsonSum {
+		enc := json.NewEncoder(stderr)
+		enc.SetIndent("", "  ")
+		enc.Encode(sum)
+	} else {
+		sum.WriteText(stderr)
+	}
+	return err
+}
+
+func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlags("replay", stderr)
+	var cfg loadtest.ReplayConfig
+	targets := fs.String("targets", "127.0.0.1:7070", "edges, host:port,...")
+	tracePath := fs.String("trace", "-", `trace file ("-": standard input)`)
+	asLog := fs.Bool("log", false, "the trace is an access log (Common/Combined Log Format)")
+	spread := fs.String("spread", "by-client", `"by-client" (a client's hash picks its edge, like anycast) or "round-robin"`)
+	fs.Float64Var(&cfg.Speed, "speed", 1, "speed-up: 2 replays twice as fast")
+	fs.IntVar(&cfg.ConnsPerTarget, "conns", 64, "connections per target")
+	fs.IntVar(&cfg.MaxOutstanding, "max-outstanding", 10_000, "requests unanswered at most; more due are not sent, and counted")
+	fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Second, "per request")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "stop sending after this long (0: the whole trace)")
+	fs.Int64Var(&cfg.MaxRequests, "requests", 0, "stop after this many requests (0: no bound)")
+	fs.DurationVar(&cfg.Align, "align", 0, "start at the next wall-clock multiple of this (a rule's window)")
+	fs.StringVar(&cfg.ClientIPHeader, "ip-header", "X-Forwarded-For", "header carrying each request's client address")
+	fs.BoolVar(&cfg.OmitClientIP, "no-ip", false, "send no client address header")
+	fs.StringVar(&cfg.PathPrefix, "path-prefix", "", `put before every path (e.g. "/check")`)
+	fs.StringVar(&cfg.AggregatorURL, "aggregator", "", "aggregator report URL, fetched at the end (e.g. http://127.0.0.1:7072/report)")
+	fs.DurationVar(&cfg.AggregatorWait, "aggregator-wait", time.Second, "wait before fetching the aggregator's report (its allowed lateness)")
+	progress := fs.String("progress", "auto", `"auto" (when stderr is a terminal), "on" or "off"`)
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	cfg.Targets = splitList(*targets)
+	switch *spread {
+	case "by-client":
+		cfg.Spread = loadtest.ByClient
+	case "round-robin":
+		cfg.Spread = loadtest.RoundRobin
+	default:
+		return fmt.Errorf("loadtest replay: -spread %q: want by-client or round-robin", *spread)
+	}
+	switch *progress {
+	case "on":
+		cfg.Progress = stderr
+	case "auto":
+		if isTerminal(stderr) {
+			cfg.Progress = stderr
+		}
+	case "off":
+	default:
+		return fmt.Errorf("loadtest replay: -progress %q: want auto, on or off", *progress)
+	}
+	tr, err := traceFrom(*tracePath, *asLog, stdin)
+	if err != nil {
+		return err
+	}
+	rep, err := loadtest.Replay(ctx, cfg, tr)
+	if rep == nil {
+		return err
+	}
+	if werr := writeReport(stdout, *asJSON, rep, rep.WriteText); err == nil {
+		err = werr
+	}
+	return err
+}
+
+func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlags("offline", stderr)
+	var cfg loadtest.OfflineConfig
+	rulesPath := fs.String("rules", "", "rules YAML file (default: the edge's built-in rule)")
+	overrides := fs.String("overrides", "", "key → tier overrides YAML file")
+	tracePath := fs.String("trace", "-", `trace file ("-": standard input)`)
+	asLog := fs.Bool("log", false, "the trace is an access log (Common/Combined Log Format)")
+	origin := fs.String("origin", "", "RFC 3339 time of the trace's offset 0 (default: the trace's own, else the Unix epoch)")
+	fs.IntVar(&cfg.TopKeys, "top", 10, "most limited keys shown per rule")
+	fs.IntVar(&cfg.MaxKeys, "max-keys", 100_000, "limited keys tracked per rule")
+	fs.DurationVar(&cfg.FlushInterval, "flush-interval", 5*time.Millisecond, "the simulated edge's flush interval")
+	fs.StringVar(&cfg.CheckPrefix, "check-prefix", "/check", "path prefix stripped before matching, as the edge's")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	data := []byte(defaultRules)
+	if *rulesPath != "" {
+		var err error
+		if data, err = os.ReadFile(*rulesPath); err != nil {
+			return fmt.Errorf("loadtest offline: %w", err)
+		}
+	}
+	rs, err := window.ParseRules(data)
+	if err != nil {
+		return fmt.Errorf("loadtest offline: %s: %w", nameOr(*rulesPath, "built-in rules"), err)
+	}
+	if *overrides != "" {
+		od, err := os.ReadFile(*overrides)
+		if err != nil {
+			return fmt.Errorf("loadtest offline: %w", err)
+		}
+		if rs.Overrides, err = window.ParseOverrides(od); err != nil {
+			return fmt.Errorf("loadtest offline: %s: %w", *overrides, err)
+		}
+	}
+	cfg.Rules = rs
+	if *origin != "" {
+		if cfg.Origin, err = time.Parse(time.RFC3339Nano, *origin); err != nil {
+			return fmt.Errorf("loadtest offline: -origin: %w", err)
+		}
+	}
+	tr, err := traceFrom(*tracePath, *asLog, stdin)
+	if err != nil {
+		return err
+	}
+	rep, err := loadtest.Offline(ctx, cfg, tr)
+	if rep == nil {
+		return err
+	}
+	if werr := writeReport(stdout, *asJSON, rep, rep.WriteText); err == nil {
+		err = werr
+	}
+	return err
+}
+
+func writeReport(w io.Writer, asJSON bool, v any, text func(io.Writer) error) error {
+	if !asJSON {
+		return text(w)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func nameOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,308 @@
+package loadtest_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/poplimit/poplimit/loadtest"
+)
+
+var mst = time.FixedZone("", -7*3600)
+
+// TestImportCorpus imports testdata/access.log, real-looking Apache and
+// nginx lines with malformed ones among them, and checks every count.
+func TestImportCorpus(t *testing.T) {
+	f, err := os.Open("testdata/access.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out bytes.Buffer
+	var bad []*loadtest.LineError
+	sum, err := loadtest.Import(f, &out, loadtest.ImportConfig{Agents: true}, func(le *loadtest.LineError) { bad = append(bad, le) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantReasons := map[string]int64{
+		loadtest.ReasonLayout: 2, loadtest.ReasonEmpty: 1, loadtest.ReasonClient: 2, loadtest.ReasonDate: 3,
+		loadtest.ReasonNoRequest: 1, loadtest.ReasonRequestLine: 2, loadtest.ReasonTarget: 2, loadtest.ReasonStatus: 2,
+		loadtest.ReasonSize: 1, loadtest.ReasonQuote: 2, loadtest.ReasonTooLong: 1,
+	}
+	if sum.Lines != 41 || sum.Good != 22 || sum.Bad != 19 || sum.Late != 1 {
+		t.Errorf("got %d lines, %d good, %d bad, %d late; want 41, 22, 19, 1", sum.Lines, sum.Good, sum.Bad, sum.Late)
+	}
+	if !maps.Equal(sum.Reasons, wantReasons) {
+		t.Errorf("got reasons %v, want %v", sum.Reasons, wantReasons)
+	}
+	if len(bad) != 19 {
+		t.Fatalf("got %d bad-line reports, want 19", len(bad))
+	}
+	// Bad lines are reported with their numbers, in order.
+	wantLines := []int{8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26}
+	for i, le := range bad {
+		if le.Line != wantLines[i] || le.Detail == "" {
+			t.Errorf("bad line %d: got line %d %q, want line %d with a detail", i, le.Line, le.Error(), wantLines[i])
+		}
+	}
+	first := time.Date(2000, 10, 10, 13, 55, 36, 0, mst)
+	if !sum.First.Equal(first) || !sum.Last.Equal(first.Add(24*time.Second)) {
+		t.Errorf("got first %v last %v, want %v and 24 s later (the leap second)", sum.First, sum.Last, first)
+	}
+	// The trace is in time order and every request parses back.
+	byPath := map[string]loadtest.Request{}
+	var prev time.Duration
+	n := 0
+	for r, err := range loadtest.NewReader(&out).All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.At < prev {
+			t.Errorf("%s at %v, before %v", r.Path, r.At, prev)
+		}
+		prev = r.At
+		byPath[r.Path] = r
+		n++
+	}
+	if n != 22 {
+		t.Errorf("got %d requests in the trace, want 22", n)
+	}
+	checks := []struct {
+		path   string
+		ip     string
+		at     time.Duration
+		host   string
+		method string
+		ua     string
+	}{
+		{"/v6", "2001:db8::1", time.Second, "", "GET", "curl/8.5.0"},
+		{"/login", "198.51.100.7", 2 * time.Second, "", "POST", "python-requests/2.31"},
+		{"/search?q=%22quoted%22", "203.0.113.9", 3 * time.Second, "", "GET", `Mozilla/5.0 "Escaped" Agent`},
+		{`/a"b`, "203.0.113.10", 4 * time.Second, "", "GET", ""},
+		{"/caf%C3%A9", "198.51.100.20", 5 * time.Second, "", "GET", "Mozilla/5.0"},
+		{"/vhost", "192.0.2.50", 15 * time.Second, "www.example.com", "GET", "Mozilla/5.0"},
+		{"/abs?x=1", "192.0.2.51", 16 * time.Second, "proxy.example.com", "GET", ""},
+		{"/old", "192.0.2.52", 16 * time.Second, "", "GET", ""},
+		{"/a%20b", "192.0.2.53", 17 * time.Second, "", "GET", ""},
+		{`/say"hi"`, "192.0.2.54", 17 * time.Second, "", "GET", ""},
+		{"/rt", "192.0.2.55", 18 * time.Second, "", "GET", "agent"},
+		{"/slow", "192.0.2.61", 18 * time.Second, "", "GET", ""},
+		{"/dash", "192.0.2.57", 19 * time.Second, "", "GET", ""},
+		{"/br", "2001:db8::2", 19 * time.Second, "", "GET", ""},
+		{"/utc", "192.0.2.58", 20 * time.Second, "", "GET", ""},
+		{"/ms", "192.0.2.59", 20250 * time.Millisecond, "", "GET", ""},
+		{"/np", "192.0.2.60", 21 * time.Second, "", "GET", ""},
+		{"/late", "192.0.2.63", 5 * time.Second, "", "GET", ""}, // 13:55:30, read after 13:55:57: placed at the latest time out (13:55:41)
+		{"/leap", "192.0.2.62", 24 * time.Second, "", "GET", ""},
+	}
+	for _, c := range checks {
+		r, ok := byPath[c.path]
+		if !ok {
+			t.Errorf("%s: missing from the trace", c.path)
+			continue
+		}
+		if r.IP.String() != c.ip || r.At != c.at || r.Host != c.host || r.Method != c.method || r.Headers["User-Agent"] != c.ua {
+			t.Errorf("%s: got ip %s at %v host %q method %s ua %q; want %s %v %q %s %q",
+				c.path, r.IP, r.At, r.Host, r.Method, r.Headers["User-Agent"], c.ip, c.at, c.host, c.method, c.ua)
+		}
+	}
+	if ref := byPath["/search?q=%22quoted%22"].Headers["Referer"]; ref != `https://example.com/?a="b"` {
+		t.Errorf("escaped referer: got %q", ref)
+	}
+}
+
+func TestParseCLF(t *testing.T) {
+	tests := []struct {
+		name, line string
+		time       time.Time
+		reason     string
+	}{
+		{"classic", `127.0.0.1 - frank [10/Oct/2000:13:55:36 -0700] "GET /apache_pb.gif HTTP/1.0" 200 2326`, time.Date(2000, 10, 10, 13, 55, 36, 0, mst), ""},
+		{"single-digit day", `1.2.3.4 - - [1/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1" 200 1`, time.Date(2000, 10, 1, 13, 55, 36, 0, mst), ""},
+		{"leap day", `1.2.3.4 - - [29/Feb/2024:00:00:00 +0000] "GET / HTTP/1.1" 200 1`, time.Date(2024, 2, 29, 0, 0, 0, 0, time.UTC), ""},
+		{"no leap day in 1900", `1.2.3.4 - - [29/Feb/1900:00:00:00 +0000] "GET / HTTP/1.1" 200 1`, time.Time{}, loadtest.ReasonDate},
+		{"leap day in 2000", `1.2.3.4 - - [29/Feb/2000:00:00:00 +0000] "GET / HTTP/1.1" 200 1`, time.Date(2000, 2, 29, 0, 0, 0, 0, time.UTC), ""},
+		{"leap second", `1.2.3.4 - - [31/Dec/2016:23:59:60 +0000] "GET / HTTP/1.1" 200 1`, time.Date(2017, 1, 1, 0, 0, 0, 0, time.UTC), ""},
+		{"kiribati", `1.2.3.4 - - [10/Oct/2000:13:55:36 +1400] "GET / HTTP/1.1" 200 1`, time.Date(2000, 10, 9, 23, 55, 36, 0, time.UTC), ""},
+		{"zone with colon", `1.2.3.4 - - [10/Oct/2000:13:55:36 +05:30] "GET / HTTP/1.1" 200 1`, time.Date(2000, 10, 10, 8, 25, 36, 0, time.UTC), ""},
+		{"no zone", `1.2.3.4 - - [10/Oct/2000:13:55:36] "GET / HTTP/1.1" 200 1`, time.Date(2000, 10, 10, 13, 55, 36, 0, time.UTC), ""},
+		{"upper-case month", `1.2.3.4 - - [10/OCT/2000:13:55:36 +0000] "GET / HTTP/1.1" 200 1`, time.Date(2000, 10, 10, 13, 55, 36, 0, time.UTC), ""},
+		{"microseconds", `1.2.3.4 - - [10/Oct/2000:13:55:36.000123 +0000] "GET / HTTP/1.1" 200 1`, time.Date(2000, 10, 10, 13, 55, 36, 123000, time.UTC), ""},
+		{"hour 24", `1.2.3.4 - - [10/Oct/2000:24:00:00 +0000] "GET / HTTP/1.1" 200 1`, time.Time{}, loadtest.ReasonDate},
+		{"month 13", `1.2.3.4 - - [10/Foo/2000:13:55:36 +0000] "GET / HTTP/1.1" 200 1`, time.Time{}, loadtest.ReasonDate},
+		{"two-digit year", `1.2.3.4 - - [10/Oct/00:13:55:36 +0000] "GET / HTTP/1.1" 200 1`, time.Time{}, loadtest.ReasonDate},
+		{"zone 2400", `1.2.3.4 - - [10/Oct/2000:13:55:36 +2400] "GET / HTTP/1.1" 200 1`, time.Time{}, loadtest.ReasonDate},
+		{"zoned ipv6 client", `fe80::1%eth0 - - [10/Oct/2000:13:55:36 +0000] "GET / HTTP/1.1" 200 1`, time.Date(2000, 10, 10, 13, 55, 36, 0, time.UTC), ""},
+		{"tabs in request", "1.2.3.4 - - [10/Oct/2000:13:55:36 +0000] \"GET\t/t\tHTTP/1.1\" 200 1", time.Date(2000, 10, 10, 13, 55, 36, 0, time.UTC), ""},
+		{"backslash at the end", `1.2.3.4 - - [10/Oct/2000:13:55:36 +0000] "GET /x\" 200 1`, time.Time{}, loadtest.ReasonQuote},
+		{"relative target", `1.2.3.4 - - [10/Oct/2000:13:55:36 +0000] "GET index.html HTTP/1.1" 200 1`, time.Time{}, loadtest.ReasonTarget},
+		{"lower-case method", `1.2.3.4 - - [10/Oct/2000:13:55:36 +0000] "get / HTTP/1.1" 200 1`, time.Date(2000, 10, 10, 13, 55, 36, 0, time.UTC), ""},
+	}
+	for _, tt := range tests {
+		r, err := loadtest.ParseCLF([]byte(tt.line))
+		var le *loadtest.LineError
+		switch {
+		case tt.reason != "":
+			if !errors.As(err, &le) || le.Reason != tt.reason {
+				t.Errorf("%s: got %v, want reason %q", tt.name, err, tt.reason)
+			}
+		case err != nil:
+			t.Errorf("%s: got %v, want no error", tt.name, err)
+		case !r.Time.Equal(tt.time):
+			t.Errorf("%s: got time %v, want %v", tt.name, r.Time, tt.time)
+		}
+	}
+}
+
+func TestImportReorderBound(t *testing.T) {
+	log := `1.1.1.1 - - [10/Oct/2000:13:55:36 +0000] "GET /a HTTP/1.1" 200 1
+1.1.1.3 - - [10/Oct/2000:13:55:37 +0000] "GET /c HTTP/1.1" 200 1
+1.1.1.2 - - [10/Oct/2000:13:55:35 +0000] "GET /b HTTP/1.1" 200 1
+`
+	tests := []struct {
+		max      int
+		wantLate int64
+		order    string
+	}{
+		{0, 0, "[/b /a /c]"}, // the default bound holds all three: put back in order
+		{1, 1, "[/a /b /c]"}, // one line held: /a is out before /b comes, so /b is late
+	}
+	for _, tt := range tests {
+		im := loadtest.NewImporter(strings.NewReader(log), loadtest.ImportConfig{MaxBuffered: tt.max})
+		var paths []string
+		var ats []time.Duration
+		for r, err := range im.All() {
+			if err != nil {
+				t.Fatal(err)
+			}
+			paths = append(paths, r.Path)
+			ats = append(ats, r.At)
+		}
+		if s := im.Summary(); s.Late != tt.wantLate || fmt.Sprint(paths) != tt.order || ats[1] < ats[0] || ats[2] < ats[1] {
+			t.Errorf("MaxBuffered %d: got late %d, order %v at %v; want late %d, order %s, offsets not decreasing",
+				tt.max, s.Late, paths, ats, tt.wantLate, tt.order)
+		}
+	}
+}
+
+func TestImportSpread(t *testing.T) {
+	var b strings.Builder
+	for i := 0; i < 4; i++ {
+		fmt.Fprintf(&b, "1.1.1.%d - - [10/Oct/2000:13:55:36 +0000] \"GET / HTTP/1.1\" 200 1\n", i)
+	}
+	b.WriteString(`1.1.1.9 - - [10/Oct/2000:13:55:37 +0000] "GET / HTTP/1.1" 200 1` + "\n")
+	var got []time.Duration
+	for r, err := range loadtest.NewImporter(strings.NewReader(b.String()), loadtest.ImportConfig{Spread: true}).All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.At)
+	}
+	want := []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 750 * time.Millisecond, time.Second}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got offsets %v, want %v", got, want)
+	}
+}
+
+func FuzzParseCLF(f *testing.F) {
+	data, err := os.ReadFile("testdata/access.log")
+	if err != nil {
+		f.Fatal(err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if len(sc.Bytes()) < 4096 {
+			f.Add(append([]byte(nil), sc.Bytes()...))
+		}
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		r, err := loadtest.ParseCLF(line)
+		if err != nil {
+			var le *loadtest.LineError
+			if !errors.As(err, &le) || le.Reason == "" {
+				t.Fatalf("error %v is not a *LineError with a reason", err)
+			}
+			return
+		}
+		if !r.IP.IsValid() || r.Time.IsZero() || r.Method == "" || !strings.HasPrefix(r.Path, "/") {
+			t.Fatalf("%q parsed to an incomplete request %+v", line, r)
+		}
+		// Whatever parses is a valid trace line, and survives the trip.
+		out := loadtest.AppendTraceLine(nil, &r)
+		r2, err := loadtest.ParseTraceLine(out)
+		if err != nil {
+			t.Fatalf("%q parsed to %+v, written as %s, which does not parse: %v", line, r, out, err)
+		}
+		if !sameRequest(r, r2) {
+			t.Fatalf("%q: round trip got %+v, want %+v", line, r2, r)
+		}
+	})
+}
+
+func BenchmarkParseCLF(b *testing.B) {
+	line := []byte(`203.0.113.9 - - [10/Oct/2000:13:55:39 -0700] "GET /search?q=x HTTP/1.1" 200 1043 "https://example.com/" "Mozilla/5.0 (X11; Linux x86_64)"`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(line)))
+	for b.Loop() {
+		if _, err := loadtest.ParseCLF(line); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func ExampleParseCLF() {
+	r, err := loadtest.ParseCLF([]byte(`2001:db8::1 - - [10/Oct/2000:13:55:36 -0700] "GET /caf\xC3\xA9?q=1 HTTP/1.1" 200 512 "-" "curl/8.5.0"`))
+	fmt.Println(r.IP, r.Method, r.Path, r.Time.UTC(), r.Headers["User-Agent"], err)
+	_, err = loadtest.ParseCLF([]byte(`192.0.2.2 - - [10/Oct/2000:13:55:46 -0700] "-" 408 0 "-" "-"`))
+	fmt.Println(err)
+	// Output:
+	// 2001:db8::1 GET /caf%C3%A9?q=1 2000-10-10 20:55:36 +0000 UTC curl/8.5.0 <nil>
+	// line 0: no request line: request "-"
+}
+
+func ExampleImport() {
+	log := `198.51.100.7 - - [10/Oct/2000:13:55:36 -0700] "POST /login HTTP/1.1" 401 0
+garbage
+198.51.100.7 - - [10/Oct/2000:13:55:37 -0700] "POST /login HTTP/1.1" 401 0
+`
+	sum, err := loadtest.Import(strings.NewReader(log), os.Stdout, loadtest.ImportConfig{Host: "shop.example"},
+		func(le *loadtest.LineError) { fmt.Println("bad:", le) })
+	fmt.Println(sum.Good, sum.Bad, err)
+	// Output:
+	// bad: line 2: not a Common or Combined Log Format line: no [date] in "garbage"
+	// {"offset_ms":0,"ts":"2000-10-10T13:55:36-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login"}
+	// {"offset_ms":1000,"ts":"2000-10-10T13:55:37-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login"}
+	// 2 1 <nil>
+}
+
+var _ = netip.Addr{}
+
+func ExampleNewImporter() {
+	log := `198.51.100.7 - - [10/Oct/2000:13:55:37 -0700] "GET /b HTTP/1.1" 200 5
+198.51.100.7 - - [10/Oct/2000:13:55:36 -0700] "GET /a HTTP/1.1" 200 5
+198.51.100.7 - - [10/Oct/2000:13:55:38 -0700] "\x16\x03\x01" 400 0
+`
+	im := loadtest.NewImporter(strings.NewReader(log), loadtest.ImportConfig{})
+	for r, err := range im.All() {
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Println(r.At, r.Path)
+	}
+	im.Summary().WriteText(os.Stdout)
+	// Output:
+	// line 3: malformed request line: method "\x16\x03\x01" is not a token
+	// 0s /a
+	// 1s /b
+	// import: 3 lines, 2 good, 1 bad, 0 placed late, 2000-10-10T13:55:36-07:00 to 2000-10-10T13:55:37-07:00
+	//        1  malformed request line
+}

@@ -1,0 +1,78 @@
+// Package loadtest feeds a poplimit PoP with traffic and says what it did:
+// traces (JSON lines, imported access logs, or generated), an open-loop
+// replayer with HDR latency histograms, and an offline mode that runs the
+// rules over a trace with the window package's own limiter and no server.
+//
+// # Traces
+//
+// A trace is a stream of requests in time order (type Trace, an iterator:
+// nothing is held in memory but the request at hand). The native format is
+// JSON lines, one request per line:
+//
+//	{"offset_ms":1500.25,"ts":"2024-05-07T10:00:01.50025Z","ip":"203.0.113.7","method":"POST","host":"api.example.com","path":"/v1/login?x=1","headers":{"X-API-Key":"k1"},"count":3}
+//
+//	field      type               required  meaning
+//	offset_ms  number ≥ 0         one of    when the request is due, in milliseconds from the trace's
+//	                              the two   origin (decimals to the nanosecond); at most 10 years
+//	ts         RFC 3339 string              the request's absolute time; a line with ts and no
+//	                                        offset_ms is due at ts minus the origin, which the first
+//	                                        line carrying a ts fixes (its ts minus its offset_ms)
+//	ip         string             yes       the client address, IPv4 or IPv6 (no zone); the key of
+//	                                        per-client rules, sent in X-Forwarded-For by a replay
+//	method     string             no        an HTTP method token; default GET
+//	host       string             no        the Host header; default the replay target's host:port
+//	path       string             no        the request target, path and query, starting with "/",
+//	                                        printable ASCII (percent-encode the rest); default "/"
+//	headers    object of strings  no        extra headers, at most 64 (not Host, Content-Length,
+//	                                        Transfer-Encoding or Connection; no CR, LF or NUL)
+//	count      integer ≥ 1        no        identical requests due at that instant; default 1
+//
+// Lines are in time order; a line due before the previous one is sent (and
+// simulated) at once, as late. Unknown fields are ignored, so traces can carry
+// annotations. Blank lines are skipped; a malformed line (or one longer than
+// MaxLineBytes) is a *LineError with its number and a reason, skipped,
+// counted, never fatal. Writer writes this format with headers in sorted
+// order, so equal traces are equal bytes.
+//
+// Importer reads Apache and nginx access logs in Common or Combined Log
+// Format into the same requests (see ParseCLF for the tolerated variants),
+// reorders lines logged out of time order within a bound, and counts good
+// and bad lines by reason in an ImportSummary.
+//
+// The generators (Zipf, Abuser, Burst, Flood, Stuffing, and Mix of them)
+// are seeded: one seed, one trace, byte for byte, on every platform. They
+// generate lazily, in constant memory (Stuffing holds the clients between
+// their attempts).
+//
+// # Replays
+//
+// Replay is open-loop: every request leaves at start + offset/speed whether
+// or not earlier ones were answered, and its latency runs from that
+// scheduled instant, so a stalled server shows as latency instead of
+// silently slowing the load (coordinated omission). What bounds it is
+// MaxOutstanding: a request due while that many are unanswered is not sent
+// and is counted as such. Latencies go into HDR histograms (1 µs to 60 s,
+// three significant digits); the report gives p50, p90, p99, p99.9 and max,
+// the scheduled, sent and completed rates, the statuses, and per rule the
+// allowed and limited requests, read from each response's RateLimit field
+// (or a 429's problem body). It ends with the aggregator's JSON report when
+// given its URL.
+//
+// # Offline
+//
+// Offline answers "what would these rules have limited in this log?" by
+// running them over a trace in simulated time, through the same
+// window.Limiter and the same request path as the edge (matching, key
+// recipes, block cache, shadow rules), and reports per rule the requests and
+// keys limited and the most limited keys with the time of their first
+// refusal. Its decisions are those of one edge fed the trace exactly on
+// time. A live replay delivers each request a little late (its send lag
+// plus the network); the two agree decision for decision except where that
+// delay carries a request across a window edge or across its key's release
+// time, and where such a difference changes the key's later counts.
+//
+// # What it does not do
+//
+// It does not start edges, stores or aggregators (deploy/ and the tests do),
+// it sends no request bodies, and it speaks plain HTTP/1.1 only.
+package loadtest

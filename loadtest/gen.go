@@ -1,0 +1,539 @@
+package loadtest
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"iter"
+	"math"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+)
+
+// Endpoint is where a generator's requests go. Zero fields take the
+// generator's defaults.
+type Endpoint struct {
+	Method string // default GET (POST for Stuffing)
+	Host   string // default none: the replay target's address
+	Path   string // default "/" ("/login" for Stuffing)
+}
+
+func (e Endpoint) withDefaults(method, path string) Endpoint {
+	if e.Method == "" {
+		e.Method = method
+	}
+	if e.Path == "" {
+		e.Path = path
+	}
+	return e
+}
+
+func (e Endpoint) request(at time.Duration, ip netip.Addr) Request {
+	return Request{At: at, IP: ip, Method: e.Method, Host: e.Host, Path: e.Path}
+}
+
+func (e Endpoint) check(gen string) error {
+	r := e.request(0, netip.IPv4Unspecified())
+	if fe := checkRequest(&r); fe != nil {
+		return fmt.Errorf("loadtest: %s: %s: %s", gen, fe.reason, fe.detail)
+	}
+	return nil
+}
+
+// newRand returns the generators' random source for seed: PCG, so a seed
+// gives the same trace on every platform.
+func newRand(seed uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// hostBits returns the number of addresses bits p leaves free, at most 64.
+func hostBits(p netip.Prefix) int { return min(p.Addr().BitLen()-p.Bits(), 64) }
+
+// addrAt returns p's address plus off (off < 2^hostBits(p)).
+func addrAt(p netip.Prefix, off uint64) netip.Addr {
+	a := p.Masked().Addr()
+	if a.Is4() {
+		b := a.As4()
+		v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+		v += uint32(off)
+		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	}
+	b := a.As16()
+	var carry uint64
+	lo := uint64(b[8])<<56 | uint64(b[9])<<48 | uint64(b[10])<<40 | uint64(b[11])<<32 |
+		uint64(b[12])<<24 | uint64(b[13])<<16 | uint64(b[14])<<8 | uint64(b[15])
+	if lo+off < lo {
+		carry = 1
+	}
+	lo += off
+	for i := 15; i >= 8; i-- {
+		b[i] = byte(lo)
+		lo >>= 8
+	}
+	for i := 7; i >= 0 && carry > 0; i-- {
+		b[i]++
+		if b[i] != 0 {
+			carry = 0
+		}
+	}
+	return netip.AddrFrom16(b)
+}
+
+// permute maps i to a distinct offset below 2^bits for every distinct i
+// below 2^bits: a bijection, so flooded keys never repeat.
+func permute(i, seed uint64, bits int) uint64 {
+	if bits >= 64 {
+		x := i + seed
+		x ^= x >> 30
+		x *= 0xbf58476d1ce4e5b9
+		x ^= x >> 27
+		x *= 0x94d049bb133111eb
+		x ^= x >> 31
+		return x
+	}
+	mask := uint64(1)<<bits - 1
+	return (i*0x9e3779b97f4a7c15 + seed) & mask // odd multiplier: a bijection mod 2^bits
+}
+
+func checkPrefix(gen string, p netip.Prefix) error {
+	if !p.IsValid() {
+		return fmt.Errorf("loadtest: %s: Prefix %v: not a valid prefix", gen, p)
+	}
+	return nil
+}
+
+func checkRate(gen, field string, v float64) error {
+	if !(v > 0) || math.IsInf(v, 0) || v > 1e7 {
+		return fmt.Errorf("loadtest: %s: %s %v: must be above 0 and at most 10,000,000 per second", gen, field, v)
+	}
+	return nil
+}
+
+func checkDuration(gen string, d time.Duration) error {
+	if d <= 0 || d > maxOffset {
+		return fmt.Errorf("loadtest: %s: Duration %v: must be above 0 and at most 10 years", gen, d)
+	}
+	return nil
+}
+
+// ZipfConfig configures Zipf: many clients whose rates follow Zipf's law,
+// the shape of real traffic (a few heavy clients, a long tail).
+type ZipfConfig struct {
+	Seed     uint64
+	Clients  int           // default 1000; client k (from 0) sends ∝ 1/(k+1)^S
+	S        float64       // Zipf exponent, above 1; default 1.1
+	Rate     float64       // requests per second of all clients together; default 100
+	Duration time.Duration // default 1m
+	Prefix   netip.Prefix  // client addresses, client k at base+k+1; default 10.0.0.0/8
+	Endpoint
+}
+
+// Zipf returns a trace of Poisson arrivals at Rate, each from a client drawn
+// by Zipf's law. Memory is constant whatever the length.
+func Zipf(cfg ZipfConfig) (Trace, error) {
+	if cfg.Clients == 0 {
+		cfg.Clients = 1000
+	}
+	if cfg.S == 0 {
+		cfg.S = 1.1
+	}
+	if cfg.Rate == 0 {
+		cfg.Rate = 100
+	}
+	if cfg.Duration == 0 {
+		cfg.Duration = time.Minute
+	}
+	if !cfg.Prefix.IsValid() {
+		cfg.Prefix = netip.MustParsePrefix("10.0.0.0/8")
+	}
+	cfg.Endpoint = cfg.Endpoint.withDefaults("GET", "/")
+	var errs []error
+	if cfg.Clients < 1 || cfg.Clients > 1<<24 || uint64(cfg.Clients) >= uint64(1)<<hostBits(cfg.Prefix) {
+		errs = append(errs, fmt.Errorf("loadtest: zipf: Clients %d: must be between 1 and 2^24 and fit in Prefix %v", cfg.Clients, cfg.Prefix))
+	}
+	if !(cfg.S > 1) || cfg.S > 10 {
+		errs = append(errs, fmt.Errorf("loadtest: zipf: S %v: must be above 1 and at most 10", cfg.S))
+	}
+	errs = append(errs, checkRate("zipf", "Rate", cfg.Rate), checkDuration("zipf", cfg.Duration), cfg.Endpoint.check("zipf"))
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return func(yield func(Request, error) bool) {
+		rng := newRand(cfg.Seed)
+		var z *rand.Zipf
+		if cfg.Clients > 1 {
+			z = rand.NewZipf(rng, cfg.S, 1, uint64(cfg.Clients-1))
+		}
+		t := 0.0
+		for {
+			t += rng.ExpFloat64() / cfg.Rate
+			at := time.Duration(t * 1e9)
+			if at >= cfg.Duration {
+				return
+			}
+			var k uint64
+			if z != nil {
+				k = z.Uint64()
+			}
+			if !yield(cfg.Endpoint.request(at, addrAt(cfg.Prefix, k+1)), nil) {
+				return
+			}
+		}
+	}, nil
+}
+
+// AbuserConfig configures Abuser: one client at a steady rate, typically
+// above its limit.
+type AbuserConfig struct {
+	Seed     uint64
+	IP       netip.Addr    // default 192.0.2.1
+	Rate     float64       // requests per second; default 10
+	Duration time.Duration // default 1m
+	Start    time.Duration // offset of the first request; default 0
+	// Jitter moves each request by up to ±Jitter/2 of the spacing, keeping
+	// the order; 0 (default) is a metronome, at most 0.9.
+	Jitter float64
+	Endpoint
+}
+
+// Abuser returns a trace of one client sending every 1/Rate seconds:
+// ⌈Rate × Duration⌉ requests.
+func Abuser(cfg AbuserConfig) (Trace, error) {
+	if !cfg.IP.IsValid() {
+		cfg.IP = netip.MustParseAddr("192.0.2.1")
+	}
+	if cfg.Rate == 0 {
+		cfg.Rate = 10
+	}
+	if cfg.Duration == 0 {
+		cfg.Duration = time.Minute
+	}
+	cfg.Endpoint = cfg.Endpoint.withDefaults("GET", "/")
+	errs := []error{checkRate("abuser", "Rate", cfg.Rate), checkDuration("abuser", cfg.Duration), cfg.Endpoint.check("abuser")}
+	if cfg.Jitter < 0 || cfg.Jitter > 0.9 {
+		errs = append(errs, fmt.Errorf("loadtest: abuser: Jitter %v: must be between 0 and 0.9", cfg.Jitter))
+	}
+	if cfg.Start < 0 || cfg.Start > maxOffset {
+		errs = append(errs, fmt.Errorf("loadtest: abuser: Start %v: must be between 0 and 10 years", cfg.Start))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	ip := cfg.IP.Unmap()
+	return func(yield func(Request, error) bool) {
+		rng := newRand(cfg.Seed)
+		spacing := 1e9 / cfg.Rate
+		for i := 0; ; i++ {
+			off := float64(i) * spacing
+			if off >= float64(cfg.Duration) {
+				return
+			}
+			if cfg.Jitter > 0 {
+				off += (rng.Float64() - 0.5) * cfg.Jitter * spacing
+			}
+			at := cfg.Start + time.Duration(max(off, 0))
+			if !yield(cfg.Endpoint.request(at, ip), nil) {
+				return
+			}
+		}
+	}, nil
+}
+
+// BurstConfig configures Burst: the boundary double-burst of a fixed window
+// (seed 003's 2× problem): Limit requests just before a window edge and
+// Limit more just after it. A fixed-window counter admits all 2×Limit; a
+// sliding window admits about Limit.
+type BurstConfig struct {
+	IP     netip.Addr    // default 198.51.100.1
+	Limit  int           // requests in each half; default 100
+	Window time.Duration // the rule's window; default 1m
+	// Spread is how long each half lasts: the first half ends at the edge,
+	// the second begins there. Default Window/100, at most Window/2.
+	Spread time.Duration
+	Bursts int // double bursts, three windows apart; default 1
+	Endpoint
+}
+
+// Burst returns a trace of Bursts double bursts around the window edges at
+// offsets (1+3b)×Window, b = 0, 1, …. Replay it with ReplayConfig.Align a
+// multiple of Window, so that those offsets are the edges of the limiter's
+// windows (which start at multiples of Window since the Unix epoch).
+func Burst(cfg BurstConfig) (Trace, error) {
+	if !cfg.IP.IsValid() {
+		cfg.IP = netip.MustParseAddr("198.51.100.1")
+	}
+	if cfg.Limit == 0 {
+		cfg.Limit = 100
+	}
+	if cfg.Window == 0 {
+		cfg.Window = time.Minute
+	}
+	if cfg.Spread == 0 {
+		cfg.Spread = cfg.Window / 100
+	}
+	if cfg.Bursts == 0 {
+		cfg.Bursts = 1
+	}
+	cfg.Endpoint = cfg.Endpoint.withDefaults("GET", "/")
+	var errs []error
+	if cfg.Limit < 1 || cfg.Limit > 1_000_000 {
+		errs = append(errs, fmt.Errorf("loadtest: burst: Limit %d: must be between 1 and 1,000,000", cfg.Limit))
+	}
+	if cfg.Window <= 0 || cfg.Window > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("loadtest: burst: Window %v: must be above 0 and at most 24h", cfg.Window))
+	}
+	if cfg.Spread <= 0 || cfg.Spread > cfg.Window/2 {
+		errs = append(errs, fmt.Errorf("loadtest: burst: Spread %v: must be above 0 and at most Window/2", cfg.Spread))
+	}
+	if cfg.Bursts < 1 || cfg.Bursts > 10_000 {
+		errs = append(errs, fmt.Errorf("loadtest: burst: Bursts %d: must be between 1 and 10,000", cfg.Bursts))
+	}
+	errs = append(errs, cfg.Endpoint.check("burst"))
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	ip := cfg.IP.Unmap()
+	return func(yield func(Request, error) bool) {
+		step := cfg.Spread / time.Duration(cfg.Limit)
+		for b := 0; b < cfg.Bursts; b++ {
+			edge := time.Duration(1+3*b) * cfg.Window
+			for i := 0; i < 2*cfg.Limit; i++ {
+				at := edge - cfg.Spread + time.Duration(i)*step
+				if i >= cfg.Limit {
+					at = edge + time.Duration(i-cfg.Limit)*step
+				}
+				if !yield(cfg.Endpoint.request(at, ip), nil) {
+					return
+				}
+			}
+		}
+	}, nil
+}
+
+// FloodConfig configures Flood: every request from a client never seen
+// before, to test that the edge's memory stays bounded.
+type FloodConfig struct {
+	Seed     uint64
+	Rate     float64       // requests per second; default 1000
+	Duration time.Duration // default 1m
+	Prefix   netip.Prefix  // addresses drawn without repeat; default 2001:db8::/32
+	Endpoint
+}
+
+// Flood returns a trace of Poisson arrivals at Rate, each from a new client
+// address: addresses are a bijection of the request number, so none repeats.
+func Flood(cfg FloodConfig) (Trace, error) {
+	if cfg.Rate == 0 {
+		cfg.Rate = 1000
+	}
+	if cfg.Duration == 0 {
+		cfg.Duration = time.Minute
+	}
+	if !cfg.Prefix.IsValid() {
+		cfg.Prefix = netip.MustParsePrefix("2001:db8::/32")
+	}
+	cfg.Endpoint = cfg.Endpoint.withDefaults("GET", "/")
+	errs := []error{checkRate("flood", "Rate", cfg.Rate), checkDuration("flood", cfg.Duration), cfg.Endpoint.check("flood")}
+	bits := hostBits(cfg.Prefix)
+	if want := cfg.Rate * cfg.Duration.Seconds() * 2; bits < 64 && want > float64(uint64(1)<<bits) {
+		errs = append(errs, fmt.Errorf("loadtest: flood: Prefix %v: %d addresses are too few for Rate × Duration (want twice %v)", cfg.Prefix, uint64(1)<<bits, want/2))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return func(yield func(Request, error) bool) {
+		rng := newRand(cfg.Seed)
+		t := 0.0
+		for i := uint64(0); bits >= 64 || i < uint64(1)<<bits; i++ {
+			t += rng.ExpFloat64() / cfg.Rate
+			at := time.Duration(t * 1e9)
+			if at >= cfg.Duration {
+				return
+			}
+			if !yield(cfg.Endpoint.request(at, addrAt(cfg.Prefix, permute(i, cfg.Seed, bits))), nil) {
+				return
+			}
+		}
+	}, nil
+}
+
+// StuffingConfig configures Stuffing: credential stuffing, many addresses
+// (a botnet, residential proxies) each trying a few passwords on one login
+// path, each staying under any per-address limit.
+type StuffingConfig struct {
+	Seed     uint64
+	IPs      int           // distinct addresses; default 1000
+	Attempts int           // attempts per address; default 3
+	Rate     float64       // new addresses per second; default 20
+	Gap      time.Duration // mean time between one address's attempts (±50%); default 5s
+	Prefix   netip.Prefix  // addresses drawn without repeat; default 100.64.0.0/10
+	// UserHeader, when set, carries a distinct user name on every attempt
+	// (e.g. "X-Login-User"), for rules keyed on the account.
+	UserHeader string
+	Endpoint   // default POST /login
+}
+
+// Stuffing returns a credential-stuffing trace. It holds the addresses
+// between their attempts: about Rate × Attempts × Gap of them.
+func Stuffing(cfg StuffingConfig) (Trace, error) {
+	if cfg.IPs == 0 {
+		cfg.IPs = 1000
+	}
+	if cfg.Attempts == 0 {
+		cfg.Attempts = 3
+	}
+	if cfg.Rate == 0 {
+		cfg.Rate = 20
+	}
+	if cfg.Gap == 0 {
+		cfg.Gap = 5 * time.Second
+	}
+	if !cfg.Prefix.IsValid() {
+		cfg.Prefix = netip.MustParsePrefix("100.64.0.0/10")
+	}
+	cfg.Endpoint = cfg.Endpoint.withDefaults("POST", "/login")
+	errs := []error{checkRate("stuffing", "Rate", cfg.Rate), cfg.Endpoint.check("stuffing")}
+	if cfg.IPs < 1 || cfg.IPs > 1<<24 || uint64(cfg.IPs) >= uint64(1)<<hostBits(cfg.Prefix) {
+		errs = append(errs, fmt.Errorf("loadtest: stuffing: IPs %d: must be between 1 and 2^24 and fit in Prefix %v", cfg.IPs, cfg.Prefix))
+	}
+	if cfg.Attempts < 1 || cfg.Attempts > 1000 {
+		errs = append(errs, fmt.Errorf("loadtest: stuffing: Attempts %d: must be between 1 and 1000", cfg.Attempts))
+	}
+	if cfg.Gap <= 0 || cfg.Gap > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("loadtest: stuffing: Gap %v: must be above 0 and at most 24h", cfg.Gap))
+	}
+	if cfg.UserHeader != "" && (!isToken(cfg.UserHeader) || replayerHeader(cfg.UserHeader)) {
+		errs = append(errs, fmt.Errorf("loadtest: stuffing: UserHeader %q: not a header name the trace may set", cfg.UserHeader))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	bits := hostBits(cfg.Prefix)
+	return func(yield func(Request, error) bool) {
+		rng := newRand(cfg.Seed)
+		var pending attemptHeap
+		next := 0.0 // next new address, seconds
+		started := 0
+		for started < cfg.IPs || pending.Len() > 0 {
+			arrival := time.Duration(math.MaxInt64)
+			if started < cfg.IPs {
+				next += rng.ExpFloat64() / cfg.Rate
+				arrival = time.Duration(next * 1e9)
+			}
+			for pending.Len() > 0 && pending[0].at <= arrival {
+				a := pending[0]
+				r := cfg.Endpoint.request(a.at, a.ip)
+				if cfg.UserHeader != "" {
+					r.Headers = map[string]string{cfg.UserHeader: fmt.Sprintf("user%07d", rng.IntN(10_000_000))}
+				}
+				if a.left--; a.left > 0 {
+					pending[0].at += time.Duration((0.5 + rng.Float64()) * float64(cfg.Gap))
+					pending[0].left = a.left
+					heap.Fix(&pending, 0)
+				} else {
+					heap.Pop(&pending)
+				}
+				if !yield(r, nil) {
+					return
+				}
+			}
+			if started < cfg.IPs {
+				ip := addrAt(cfg.Prefix, permute(uint64(started), cfg.Seed, bits))
+				heap.Push(&pending, attempt{at: arrival, ip: ip, left: cfg.Attempts})
+				started++
+			}
+		}
+	}, nil
+}
+
+type attempt struct {
+	at   time.Duration
+	ip   netip.Addr
+	left int
+}
+
+type attemptHeap []attempt
+
+func (h attemptHeap) Len() int           { return len(h) }
+func (h attemptHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h attemptHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *attemptHeap) Push(x any)        { *h = append(*h, x.(attempt)) }
+func (h *attemptHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// Mix merges traces into one in time order (ties go to the earlier trace).
+// Each range over the mix ranges over every part once, concurrently with
+// none: the parts are pulled one request at a time.
+func Mix(parts ...Trace) Trace {
+	return func(yield func(Request, error) bool) {
+		type head struct {
+			next func() (Request, error, bool)
+			r    Request
+		}
+		heads := make([]*head, 0, len(parts))
+		for _, p := range parts {
+			next, stop := iter.Pull2(iter.Seq2[Request, error](p))
+			defer stop()
+			heads = append(heads, &head{next: next})
+		}
+		// fill advances h to its next request; false when h is done.
+		fill := func(h *head) (bool, error) {
+			r, err, ok := h.next()
+			if ok && err == nil {
+				h.r = r
+			}
+			return ok, err
+		}
+		live := heads[:0]
+		for _, h := range heads {
+			for {
+				ok, err := fill(h)
+				if err != nil {
+					if !yield(Request{}, err) || !isLineError(err) {
+						return
+					}
+					continue
+				}
+				if ok {
+					live = append(live, h)
+				}
+				break
+			}
+		}
+		for len(live) > 0 {
+			best := 0
+			for i, h := range live {
+				if h.r.At < live[best].r.At {
+					best = i
+				}
+			}
+			h := live[best]
+			if !yield(h.r, nil) {
+				return
+			}
+			for {
+				ok, err := fill(h)
+				if err != nil {
+					if !yield(Request{}, err) || !isLineError(err) {
+						return
+					}
+					continue
+				}
+				if !ok {
+					live = append(live[:best], live[best+1:]...)
+				}
+				break
+			}
+		}
+	}
+}
+
+func isLineError(err error) bool {
+	var le *LineError
+	return errors.As(err, &le)
+}
