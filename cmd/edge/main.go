@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -57,6 +58,7 @@ type options struct {
 	logLevel        string
 	clockSkew       time.Duration
 	shutdownTimeout time.Duration
+	pprof           bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -89,6 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.clockSkew, "clock-skew", 0, "add this to the clock (for fault tests only)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "time to finish requests and flush on SIGTERM")
+	fs.BoolVar(&o.pprof, "pprof", false, "serve /debug/pprof/ on the admin listener")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -210,7 +213,13 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- [2]s
 		ln.Close()
 		return fmt.Errorf("edge: -admin: %w", err)
 	}
-	admin := &http.Server{Handler: srv.AdminHandler(reg), ReadHeaderTimeout: 5 * time.Second}
+	adminMux := http.NewServeMux()
+	adminMux.Handle("/", srv.AdminHandler(reg))
+	if o.pprof {
+		adminMux.HandleFunc("/debug/pprof/", pprof.Index)
+		adminMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
+	admin := &http.Server{Handler: adminMux, ReadHeaderTimeout: 5 * time.Second}
 	go admin.Serve(aln)
 	defer admin.Close()
 

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/poplimit/poplimit/cmd/aggregator/judge"
+	"github.com/poplimit/poplimit/pipeline"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// config is the aggregator's configuration, built by parseFlags (or by a
+// test). The defaults are the flags'.
+type config struct {
+	// Listen is the HTTP address for /metrics, /report and /healthz.
+	Listen string
+	// Brokers are the Kafka brokers; empty serves an embedded broker.
+	Brokers []string
+	// Embedded is the embedded broker's address, a loopback host:port
+	// (port 0: any free port). Default 127.0.0.1:9392.
+	Embedded string
+	// EmbeddedDataDir, when set, is where the embedded broker keeps its
+	// log and the group's offsets across restarts.
+	EmbeddedDataDir string
+	// Partitions is the partition count of the topic the embedded broker
+	// creates. Default 8.
+	Partitions int
+	// Consumer configures the consumer group; Brokers is set by start.
+	Consumer pipeline.ConsumerConfig
+	// Judge configures the judge.
+	Judge judge.Config
+	// IdleFlush is how long without events before everything buffered is
+	// judged; 0 never. Default 1 s. Judge.Hold needs the same ticker.
+	IdleFlush time.Duration
+	// ShutdownTimeout bounds the HTTP server's shutdown. Default 10 s.
+	ShutdownTimeout time.Duration
+
+	// onApply, when set (tests), sees every batch after the judge took it.
+	onApply func([]pipeline.Event)
+}
+
+// validate reports every problem with c that start would otherwise find
+// one at a time; the judge's and consumer's own Validate cover theirs.
+func (c *config) validate() error {
+	var errs []error
+	if c.Listen == "" {
+		errs = append(errs, errors.New(`aggregator: -listen "": required`))
+	}
+	if len(c.Brokers) == 0 {
+		if _, err := embeddedPort(c.Embedded); err != nil {
+			errs = append(errs, err)
+		}
+		if c.Partitions < 1 || c.Partitions > 10000 {
+			errs = append(errs, fmt.Errorf("aggregator: -partitions %d: must be between 1 and 10000", c.Partitions))
+		}
+	}
+	if c.IdleFlush < 0 {
+		errs = append(errs, fmt.Errorf("aggregator: -idle-flush %v: must not be negative", c.IdleFlush))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("aggregator: -shutdown-timeout %v: must be positive", c.ShutdownTimeout))
+	}
+	if err := c.Judge.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// embeddedPort checks that addr is a loopback host:port (kfake listens on
+// 127.0.0.1 only, and has no authentication: it must not face a network)
+// and returns the port.
+func embeddedPort(addr string) (int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, fmt.Errorf("aggregator: -embedded-broker %q: %w", addr, err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return 0, fmt.Errorf("aggregator: -embedded-broker %q: bad port", addr)
+	}
+	if host != "127.0.0.1" && host != "localhost" {
+		return 0, fmt.Errorf("aggregator: -embedded-broker %q: the embedded broker listens on 127.0.0.1 only", addr)
+	}
+	return port, nil
+}
+
+// aggregator is a running aggregator: the embedded broker (if any), the
+// consumer feeding the judge, the idle flusher and the HTTP server. Start
+// with start, stop with Stop; it owns every goroutine it starts.
+type aggregator struct {
+	cfg      config
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	broker   *kfake.Cluster // nil with external brokers
+	brokers  []string
+	judge    *judge.Judge
+	consumer *pipeline.Consumer
+	http     *http.Server
+	ln       net.Listener
+
+	lastApply atomic.Int64  // wall clock of the last batch, Unix ns
+	failed    chan error    // Run's error, if it fails; capacity 1
+	runDone   chan struct{} // closed when the consumer goroutine returns
+	quit      chan struct{} // closed by Stop: the ticker returns
+	wg        sync.WaitGroup
+	stopOnce  sync.Once
+	stopErr   error
+}
+
+// start builds and starts an aggregator. On error, whatever it started is
+// stopped.
+func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	a = &aggregator{cfg: cfg, log: log, reg: prometheus.NewRegistry(),
+		failed: make(chan error, 1), runDone: make(chan struct{}), quit: make(chan struct{})}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+
+	a.brokers = cfg.Brokers
+	if len(a.brokers) == 0 {
+		port, _ := embeddedPort(cfg.Embedded) // validated
+		opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port),
+			kfake.SeedTopics(int32(cfg.Partitions), cfg.Consumer.Topic)}
+		if cfg.EmbeddedDataDir != "" {
+			opts = append(opts, kfake.DataDir(cfg.EmbeddedDataDir))
+		}
+		if a.broker, err = kfake.NewCluster(opts...); err != nil {
+			return nil, fmt.Errorf("aggregator: embedded broker on %s: %w", cfg.Embedded, err)
+		}
+		undo = append(undo, a.broker.Close)
+		a.brokers = a.broker.ListenAddrs()
+		log.Info("aggregator: embedded Kafka broker listening; point the edges at it",
+			"brokers", a.brokers[0], "topic", cfg.Consumer.Topic, "partitions", cfg.Partitions,
+			"data_dir", nameOr(cfg.EmbeddedDataDir, "none (memory only)"),
+			"edge_flags", "-brokers "+a.brokers[0]+" -topic "+cfg.Consumer.Topic)
+	}
+
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if a.judge, err = judge.New(cfg.Judge, a.reg); err != nil {
+		return nil, err
+	}
+	cc := cfg.Consumer
+	cc.Brokers = a.brokers
+	if a.consumer, err = pipeline.NewConsumer(cc, a.reg); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { _ = a.consumer.Close() })
+
+	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("aggregator: -listen: %w", err)
+	}
+	a.http = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
+
+	// Everything is built: start the goroutines.
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.http.Serve(a.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("aggregator: serving HTTP", "err", err)
+		}
+	}()
+	go a.consume()
+	if cfg.IdleFlush > 0 || cfg.Judge.Hold > 0 {
+		a.wg.Add(1)
+		go a.tick()
+	}
+	log.Info("aggregator: started", "listen", a.ln.Addr().String(), "brokers", a.brokers,
+		"topic", cc.Topic, "group", cc.GroupID, "allowed_lateness", cfg.Judge.AllowedLateness,
+		"idle_flush", cfg.IdleFlush)
+	return a, nil
+}
+
+func nameOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Addr returns the HTTP listener's address.
+func (a *aggregator) Addr() string { return a.ln.Addr().String() }
+
+// Brokers returns the brokers the consumer reads from.
+func (a *aggregator) Brokers() []string { return a.brokers }
+
+// Failed delivers the consumer's error if it stops by itself.
+func (a *aggregator) Failed() <-chan error { return a.failed }
+
+// consume runs the consumer until Stop closes it, or until it fails.
+func (a *aggregator) consume() {
+	defer close(a.runDone)
+	err := a.consumer.Run(context.Background(), a.apply)
+	if err != nil && !errors.Is(err, pipeline.ErrClosed) {
+		a.failed <- err
+	}
+}
+
+// apply hands a batch to the judge. It never fails: the judge copies what
+// it keeps, so the batch may be committed as soon as this returns.
+func (a *aggregator) apply(batch []pipeline.Event) error {
+	now := time.Now().UnixNano()
+	a.judge.Add(now, batch...)
+	a.lastApply.Store(now)
+	if a.cfg.onApply != nil {
+		a.cfg.onApply(batch)
+	}
+	return nil
+}
+
+// tick drives the judge's clock: it releases the events whose hold is over
+// (judge.Config.Hold) and judges everything buffered once no batch has
+// arrived for IdleFlush.
+func (a *aggregator) tick() {
+	defer a.wg.Done()
+	period := time.Second
+	if h := a.cfg.Judge.Hold; h > 0 {
+		period = min(period, h/2)
+	}
+	if a.cfg.IdleFlush > 0 {
+		period = min(period, a.cfg.IdleFlush/4)
+	}
+	t := time.NewTicker(max(period, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-a.quit:
+			return
+		case <-t.C:
+			now := time.Now().UnixNano()
+			if a.cfg.IdleFlush > 0 && now-a.lastApply.Load() >= int64(a.cfg.IdleFlush) && a.judge.Buffered() > 0 {
+				a.judge.Flush()
+				a.log.Debug("aggregator: stream idle: judged every buffered event")
+			} else if a.cfg.Judge.Hold > 0 {
+				a.judge.Advance(now)
+			}
+		}
+	}
+}
+
+// Stop stops the aggregator: the consumer (after committing the batch in
+// hand), then the ticker; it judges what is still buffered, stops the
+// HTTP server within ctx, and stops the embedded broker last. It is
+// idempotent.
+func (a *aggregator) Stop(ctx context.Context) error {
+	a.stopOnce.Do(func() {
+		var errs []error
+		if err := a.consumer.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		<-a.runDone
+		close(a.quit)
+		a.judge.Flush()
+		r := a.judge.Report()
+		a.log.Info("aggregator: judged everything consumed", "events", r.Events, "judged", r.Judged,
+			"late", r.Late, "invalid", r.Invalid, "wrongly_allowed", r.Enforced.WronglyAllowed,
+			"wrongly_limited", r.Enforced.WronglyLimited, "wrong_ratio", r.Enforced.WrongRatio,
+			"mean_relative_error", r.MeanRelativeError)
+		if err := a.http.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("aggregator: stop HTTP: %w", err))
+			a.http.Close()
+		}
+		a.wg.Wait()
+		if a.broker != nil {
+			a.broker.Close()
+		}
+		a.log.Info("aggregator: stopped")
+		a.stopErr = errors.Join(errs...)
+	})
+	return a.stopErr
+}
+
+// handler serves /metrics, /report and /healthz.
+func (a *aggregator) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	mux.HandleFunc("GET /report", a.serveReport)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// serveReport writes the judge's report as JSON. With flush=1 (or true) it
+// first judges every buffered event, as at the end of a replay; events that
+// arrive later and older than those are then late.
+func (a *aggregator) serveReport(w http.ResponseWriter, r *http.Request) {
+	if f := r.URL.Query().Get("flush"); f != "" {
+		flush, err := strconv.ParseBool(f)
+		if err != nil {
+			http.Error(w, fmt.Sprintf("flush=%q: want a boolean", f), http.StatusBadRequest)
+			return
+		}
+		if flush {
+			a.judge.Flush()
+		}
+	}
+	b, err := json.MarshalIndent(a.judge.Report(), "", "  ")
+	if err != nil { // unreachable: the report holds only finite numbers
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
+}

@@ -1,0 +1,110 @@
+package judge
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config configures a Judge. Start from DefaultConfig; Validate rejects zero
+// values rather than replacing them.
+type Config struct {
+	// AllowedLateness is how far behind the latest event time seen an event
+	// may arrive and still be judged in order: events are released once
+	// the watermark (latest time − AllowedLateness) passes them. It adds
+	// that much delay to every verdict. Zero judges on arrival order beyond
+	// ties. Default 2 s.
+	AllowedLateness time.Duration
+	// Hold is the least time, measured in arrival (processing) time, that
+	// an event waits in the buffer even once the watermark has passed it.
+	// The watermark follows the partition furthest ahead; while the
+	// consumer catches up (after a restart, or lagging) the others' events
+	// arrive already behind it, and without a hold they would be judged in
+	// arrival order, turning the small disorder between two edges' events
+	// in one partition into late events. Such neighbours arrive within a
+	// fetch of each other, well within the hold. In steady state events
+	// wait AllowedLateness anyway and the hold never binds. Zero releases
+	// on the watermark alone. Default 250 ms.
+	Hold time.Duration
+	// Resolution is the step event times are floored to before they are
+	// logged and compared. Default 1 ms; 1 ns is exact.
+	Resolution time.Duration
+	// MaxBuffered is the most events waiting for the watermark (about 48
+	// bytes each); past it, the oldest is judged early and counted.
+	// Default 1<<20.
+	MaxBuffered int
+	// MaxKeys is the most keys (rule, key hash) with state, about 0.5 KiB
+	// each at rest; past it the least recently active key is evicted and
+	// counted. Default 1<<20.
+	MaxKeys int
+	// MaxLogEntries is the most sliding-log entries, all keys together (16
+	// bytes each, up to twice that in ring capacity); past it the least
+	// recently active keys are evicted and counted. Default 1<<24.
+	MaxLogEntries int
+	// MaxWrongKeys is the most keys remembered per list (false negatives,
+	// false positives). Default 10000.
+	MaxWrongKeys int
+	// TopKeys is how many keys of each list the Report shows, most severe
+	// first. At most MaxWrongKeys. Default 10.
+	TopKeys int
+	// MaxRules and MaxEdges bound the distinct rule names and edge ids that
+	// get their own breakdown row and metric label value; the rest share
+	// "_other". Defaults 256 each.
+	MaxRules int
+	MaxEdges int
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		AllowedLateness: 2 * time.Second,
+		Hold:            250 * time.Millisecond,
+		Resolution:      time.Millisecond,
+		MaxBuffered:     1 << 20,
+		MaxKeys:         1 << 20,
+		MaxLogEntries:   1 << 24,
+		MaxWrongKeys:    10000,
+		TopKeys:         10,
+		MaxRules:        256,
+		MaxEdges:        256,
+	}
+}
+
+// ErrConfig is wrapped by every problem Validate reports.
+var ErrConfig = errors.New("judge: invalid config")
+
+// Validate reports every invalid field, each with its name and value, joined
+// into one error that wraps ErrConfig.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field string, value any, why string) {
+		errs = append(errs, fmt.Errorf("%w: Config.%s = %v: %s", ErrConfig, field, value, why))
+	}
+	atLeast1 := func(field string, v int) {
+		if v < 1 {
+			bad(field, v, "must be at least 1")
+		}
+	}
+	if c.AllowedLateness < 0 {
+		bad("AllowedLateness", c.AllowedLateness, "must not be negative")
+	}
+	if c.Hold < 0 {
+		bad("Hold", c.Hold, "must not be negative")
+	}
+	if c.Resolution <= 0 {
+		bad("Resolution", c.Resolution, "must be positive")
+	}
+	atLeast1("MaxBuffered", c.MaxBuffered)
+	atLeast1("MaxKeys", c.MaxKeys)
+	atLeast1("MaxLogEntries", c.MaxLogEntries)
+	atLeast1("MaxWrongKeys", c.MaxWrongKeys)
+	if c.TopKeys < 0 || c.TopKeys > c.MaxWrongKeys {
+		bad("TopKeys", c.TopKeys, "must be between 0 and MaxWrongKeys")
+	}
+	atLeast1("MaxRules", c.MaxRules)
+	atLeast1("MaxEdges", c.MaxEdges)
+	if c.MaxKeys > 1<<30 {
+		bad("MaxKeys", c.MaxKeys, "must be at most 2^30")
+	}
+	return errors.Join(errs...)
+}

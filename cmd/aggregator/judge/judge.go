@@ -1,0 +1,477 @@
+package judge
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/window"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Class is how a decision is reported: enforced decisions make the accuracy
+// figures, shadow and fallback decisions are tallied apart.
+type Class uint8
+
+const (
+	Enforced Class = iota // decided by the counts and enforced
+	Shadow                // decided by the counts, logged only (the rule is in shadow mode)
+	Fallback              // decided by the rule's failure policy (store unavailable)
+	numClasses
+)
+
+func (c Class) String() string {
+	switch c {
+	case Enforced:
+		return "enforced"
+	case Shadow:
+		return "shadow"
+	case Fallback:
+		return "fallback"
+	}
+	return "unknown"
+}
+
+// Source is where an edge's decision came from.
+type Source uint8
+
+const (
+	FromLimiter    Source = iota // the limiter's counts
+	FromBlockCache               // the block cache, without counts
+	numSources
+)
+
+func (s Source) String() string {
+	switch s {
+	case FromLimiter:
+		return "limiter"
+	case FromBlockCache:
+		return "block_cache"
+	}
+	return "unknown"
+}
+
+// Reasons an event is late.
+const (
+	lateOutOfOrder = iota // its key has judged a later event
+	lateForgotten         // its key has no state, and it is older than an expired state covered
+	numLateReasons
+)
+
+var lateReasonNames = [numLateReasons]string{"out_of_order", "forgotten"}
+
+// Reasons a key's state is removed.
+const (
+	evictIdle       = iota // two windows without an event: nothing lost
+	evictMaxKeys           // the key table was full
+	evictMaxEntries        // the log entries were at their bound
+	numEvictReasons
+)
+
+var evictReasonNames = [numEvictReasons]string{"idle", "max_keys", "max_log_entries"}
+
+// Bucket upper bounds. Overshoot is exact/limit of a wrongly allowed
+// decision (> 1); the relative error is |estimate − exact|/exact.
+var (
+	overshootBounds = [...]float64{1.05, 1.1, 1.15, 1.25, 1.5, 2, 4}
+	relErrBounds    = [...]float64{0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5}
+)
+
+const otherLabel = "_other" // rule and edge label past MaxRules / MaxEdges
+
+// cell is one combination of the breakdown dimensions.
+type cell struct {
+	rule   uint32
+	edge   int32 // edge id, -1 for "_other"
+	mode   pipeline.Mode
+	source Source
+	class  Class
+}
+
+// counts are a cell's tallies.
+type counts struct {
+	allowed, limited               int64
+	wronglyAllowed, wronglyLimited int64
+}
+
+// ruleStats are a rule's distributions: overshoot of enforced wrongly
+// allowed decisions and relative error of estimates.
+type ruleStats struct {
+	overshoot    [len(overshootBounds) + 1]int64
+	overshootSum float64
+	relErr       [len(relErrBounds) + 1]int64
+	relErrSum    float64
+}
+
+type lateCell struct {
+	edge   int32
+	reason uint8
+}
+
+// Judge judges decision events against the exact sliding-window truth. See
+// the package doc for the semantics. It is safe for concurrent use.
+type Judge struct {
+	cfg      Config
+	lateness int64 // ns
+	hold     int64 // ns
+	res      int64 // ns
+
+	// mu protects the fields below.
+	mu        sync.Mutex
+	buf       buffer
+	seq       uint64
+	maxSeen   int64 // latest event time seen, Unix ns (valid when seen)
+	seen      bool
+	frontier  int64 // latest event time judged
+	forgotten int64 // a stateless key's event before this is late
+
+	rules     map[string]uint32
+	ruleNames []string
+	edges     map[uint16]struct{} // edges with a label of their own
+	keys      keyTable
+
+	cells     map[cell]*counts
+	perRule   []ruleStats // by rule index
+	late      map[lateCell]int64
+	evicted   [numEvictReasons]int64
+	events    int64
+	invalid   int64
+	lateTotal int64
+	overflows int64
+	fn, fp    wrongKeys
+}
+
+// New validates cfg and returns an empty Judge whose metrics (see the
+// package's Collector) are registered with reg, or with nothing if reg is
+// nil.
+func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	j := &Judge{
+		cfg:      cfg,
+		lateness: int64(cfg.AllowedLateness),
+		hold:     int64(cfg.Hold),
+		res:      int64(cfg.Resolution),
+		rules:    make(map[string]uint32),
+		edges:    make(map[uint16]struct{}),
+		keys:     newKeyTable(),
+		cells:    make(map[cell]*counts),
+		late:     make(map[lateCell]int64),
+		fn:       newWrongKeys(cfg.MaxWrongKeys, true),
+		fp:       newWrongKeys(cfg.MaxWrongKeys, false),
+	}
+	j.forgotten = math.MinInt64
+	if reg != nil {
+		if err := reg.Register(&collector{j: j}); err != nil {
+			return nil, fmt.Errorf("judge: register metrics: %w", err)
+		}
+	}
+	return j, nil
+}
+
+// Add takes events in arrival order, arrived at now (Unix ns, the
+// caller's clock, used only for Config.Hold), buffers them and judges those
+// the watermark has passed and that have been held long enough. It copies
+// what it keeps (an event's Rule may alias the caller's buffer). Without
+// new rules, edges, keys or wrong keys, and once the buffer and the logs
+// have grown to the traffic, it allocates nothing.
+func (j *Judge) Add(now int64, events ...pipeline.Event) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for i := range events {
+		j.add(now, &events[i])
+	}
+}
+
+// Advance judges the buffered events that the watermark has passed and
+// that arrived at least Config.Hold before now (Unix ns, the clock Add was
+// given). With a hold, call it periodically (every Hold/2, say): events
+// held back when they arrived are otherwise judged only when more arrive.
+func (j *Judge) Advance(now int64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.release(now)
+}
+
+// Flush judges every buffered event, in time order, as if the watermark had
+// reached the latest event time seen. Events that arrive later and older
+// than what it judged are late. The aggregator calls it when the stream has
+// been quiet and when it stops.
+func (j *Judge) Flush() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for j.buf.len() > 0 {
+		p := j.buf.pop()
+		j.judge(&p)
+	}
+}
+
+// Buffered returns the number of events waiting for the watermark.
+func (j *Judge) Buffered() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.buf.len()
+}
+
+func (j *Judge) add(now int64, e *pipeline.Event) {
+	j.events++
+	if e.Limit == 0 || e.WindowMillis == 0 {
+		j.invalid++
+		return
+	}
+	t := e.Time - mod(e.Time, j.res)
+	j.seq++
+	j.buf.push(pending{
+		t: t, seq: j.seq, arrived: now, hash: e.KeyHash, rule: j.ruleIndex(e.Rule),
+		cost: e.Cost, limit: e.Limit, windowMs: e.WindowMillis,
+		estimate: e.Estimate, edge: e.Edge, flags: flagsOf(e),
+	})
+	if !j.seen || t > j.maxSeen {
+		j.maxSeen, j.seen = t, true
+	}
+	j.release(now)
+	for j.buf.len() > j.cfg.MaxBuffered {
+		p := j.buf.pop()
+		j.overflows++
+		j.judge(&p)
+	}
+}
+
+// release judges, in time order, the buffered events that the watermark has
+// passed and that arrived at least the hold before now. An earliest event
+// still held keeps the later ones waiting too, so that order is kept.
+func (j *Judge) release(now int64) {
+	wm := j.maxSeen - j.lateness
+	for j.buf.len() > 0 {
+		m := j.buf.min()
+		if m.t > wm || j.hold > 0 && now-m.arrived < j.hold {
+			return
+		}
+		p := j.buf.pop()
+		j.judge(&p)
+	}
+}
+
+// mod is x mod m in [0, m).
+func mod(x, m int64) int64 {
+	r := x % m
+	if r < 0 {
+		r += m
+	}
+	return r
+}
+
+// ruleIndex interns a rule name. The lookup by string(b) does not allocate;
+// a new name is copied. Past MaxRules, new names share the "_other" index.
+func (j *Judge) ruleIndex(b []byte) uint32 {
+	if i, ok := j.rules[string(b)]; ok {
+		return i
+	}
+	name := string(b)
+	if len(j.ruleNames) >= j.cfg.MaxRules {
+		name = otherLabel
+		if i, ok := j.rules[name]; ok {
+			return i
+		}
+	}
+	i := uint32(len(j.ruleNames))
+	j.rules[name] = i
+	j.ruleNames = append(j.ruleNames, name)
+	j.perRule = append(j.perRule, ruleStats{})
+	return i
+}
+
+// edgeLabel returns the edge's label index: its id, or -1 past MaxEdges.
+func (j *Judge) edgeLabel(edge uint16) int32 {
+	if _, ok := j.edges[edge]; ok {
+		return int32(edge)
+	}
+	if len(j.edges) >= j.cfg.MaxEdges {
+		return -1
+	}
+	j.edges[edge] = struct{}{}
+	return int32(edge)
+}
+
+// judge applies one released event to its key and, unless it is late,
+// judges it.
+func (j *Judge) judge(p *pending) {
+	if p.t > j.frontier {
+		j.frontier = p.t
+	}
+	id := keyID{p.hash, p.rule}
+	w := int64(p.windowMs) * int64(time.Millisecond)
+	i, ok := j.keys.index[id]
+	late := -1
+	switch {
+	case ok && p.t < j.keys.slab[i].last:
+		late = lateOutOfOrder
+	case !ok && p.t < j.forgotten:
+		late = lateForgotten
+	}
+	if !ok {
+		for j.keys.len() >= j.cfg.MaxKeys {
+			j.evict(j.keys.oldest(-1), evictMaxKeys)
+		}
+		i = j.keys.add(id, w, p.t)
+	}
+	st := &j.keys.slab[i]
+	sl := window.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
+	c := int64(p.cost)
+	limited := p.flags&fLimited != 0
+	block := p.flags&fBlock != 0
+
+	if late >= 0 {
+		// Log the units where the log can take them (it clamps to the
+		// latest instant it has seen) and judge nothing.
+		sl.Add(&st.attempts, p.t, c)
+		if !block && !limited {
+			sl.Add(&st.admitted, p.t, c)
+		}
+		j.keys.account(i)
+		j.lateTotal++
+		j.late[lateCell{j.edgeLabel(p.edge), uint8(late)}]++
+		j.bound(i)
+		return
+	}
+
+	// exact is the count the verdict compares with the limit, this event
+	// included; prior is the count the edge's estimate stands for.
+	var exact, prior int64
+	wrongAllowed, wrongLimited := false, false
+	switch {
+	case block:
+		prior = sl.Count(&st.attempts, p.t)
+		sl.Add(&st.attempts, p.t, c)
+		exact = prior + c
+		switch {
+		case !limited:
+			wrongAllowed = exact > int64(p.limit)
+		case p.flags&fCache != 0: // inside an intended block
+		default:
+			wrongLimited = exact <= int64(p.limit)
+		}
+	case !limited: // throttle, allowed
+		prior = sl.Count(&st.admitted, p.t)
+		sl.Add(&st.admitted, p.t, c)
+		sl.Add(&st.attempts, p.t, c)
+		exact = prior + c
+		wrongAllowed = exact > int64(p.limit)
+	default: // throttle, limited
+		prior = sl.Count(&st.admitted, p.t)
+		n := sl.Count(&st.attempts, p.t)
+		sl.Add(&st.attempts, p.t, c)
+		exact = n + c
+		wrongLimited = exact <= int64(p.limit)
+	}
+	j.keys.touch(i, w, p.t)
+	j.keys.account(i)
+	j.tally(p, id, exact, prior, wrongAllowed, wrongLimited)
+	j.expire(i)
+	j.bound(i)
+}
+
+// tally records one judged decision.
+func (j *Judge) tally(p *pending, id keyID, exact, prior int64, wrongAllowed, wrongLimited bool) {
+	class := Enforced
+	switch {
+	case p.flags&fFallback != 0:
+		class = Fallback
+	case p.flags&fShadow != 0:
+		class = Shadow
+	}
+	source := FromLimiter
+	if p.flags&fCache != 0 {
+		source = FromBlockCache
+	}
+	mode := pipeline.ModeAsync
+	if p.flags&fSync != 0 {
+		mode = pipeline.ModeSync
+	}
+	k := cell{rule: p.rule, edge: j.edgeLabel(p.edge), mode: mode, source: source, class: class}
+	cs := j.cells[k]
+	if cs == nil {
+		cs = new(counts)
+		j.cells[k] = cs
+	}
+	if p.flags&fLimited != 0 {
+		cs.limited++
+	} else {
+		cs.allowed++
+	}
+	if wrongAllowed {
+		cs.wronglyAllowed++
+	}
+	if wrongLimited {
+		cs.wronglyLimited++
+	}
+	if class == Fallback {
+		return
+	}
+	rs := &j.perRule[p.rule]
+	ratio := float64(exact) / float64(p.limit)
+	if class == Enforced {
+		switch {
+		case wrongAllowed:
+			rs.overshoot[bucket(overshootBounds[:], ratio)]++
+			rs.overshootSum += ratio
+			j.fn.note(id, p.limit, ratio)
+		case wrongLimited:
+			j.fp.note(id, p.limit, ratio)
+		}
+	}
+	if source == FromLimiter && prior > 0 {
+		e := math.Abs(float64(p.estimate)-float64(prior)) / float64(prior)
+		rs.relErr[bucket(relErrBounds[:], e)]++
+		rs.relErrSum += e
+	}
+}
+
+// bucket returns the index of the first bound ≥ v, len(bounds) past them.
+func bucket(bounds []float64, v float64) int {
+	for i, b := range bounds {
+		if v <= b {
+			return i
+		}
+	}
+	return len(bounds)
+}
+
+// expire removes the keys whose last event is two of their windows behind
+// the latest judged time, except key keep.
+func (j *Judge) expire(keep int32) {
+	kt := &j.keys
+	for l := range kt.lists {
+		w := kt.lists[l].window
+		for {
+			i := kt.lists[l].head
+			if i < 0 || i == keep || kt.slab[i].last > j.frontier-2*w {
+				break
+			}
+			if h := kt.slab[i].last + w; h > j.forgotten {
+				j.forgotten = h
+			}
+			j.evict(i, evictIdle)
+		}
+	}
+}
+
+// bound evicts the least recently active keys while the logs hold more than
+// MaxLogEntries entries, sparing key keep.
+func (j *Judge) bound(keep int32) {
+	for j.keys.entries > j.cfg.MaxLogEntries {
+		i := j.keys.oldest(keep)
+		if i < 0 {
+			return
+		}
+		j.evict(i, evictMaxEntries)
+	}
+}
+
+func (j *Judge) evict(i int32, reason int) {
+	j.keys.remove(i)
+	j.evicted[reason]++
+}

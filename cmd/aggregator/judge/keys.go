@@ -1,0 +1,170 @@
+package judge
+
+import "github.com/poplimit/poplimit/window"
+
+// keyID identifies a key: its hash and its rule (the hash already mixes in
+// the rule; the rule keeps two rules' keys apart all the same).
+type keyID struct {
+	hash uint64
+	rule uint32
+}
+
+// keyState is one key's exact history. Block keys use attempts only.
+type keyState struct {
+	id       keyID
+	admitted window.SlidingLogState // units of allowed decisions
+	attempts window.SlidingLogState // units of every decision
+	last     int64                  // latest event time judged, Unix ns
+	entries  int                    // log entries as last accounted
+	prev     int32                  // neighbours on its list, -1: none
+	next     int32
+	list     int32 // index into keyTable.lists
+}
+
+// wlist is the list of the keys of one window length, least recently active
+// first. Events are judged in time order (late ones do not move their key),
+// so appending a key when it is judged keeps each list ordered by last: the
+// head is the first to expire, and among the heads the oldest is the least
+// recently active key.
+type wlist struct {
+	window     int64 // ns
+	head, tail int32
+}
+
+// keyTable holds the keys' states in a slab addressed by index, so that the
+// map and the lists hold no pointers.
+type keyTable struct {
+	index     map[keyID]int32
+	slab      []keyState
+	free      []int32
+	lists     []wlist         // a list with head -1 is free
+	listIndex map[int64]int32 // window → its list
+	freeLists []int32
+	entries   int // log entries, all keys
+}
+
+func newKeyTable() keyTable {
+	return keyTable{index: make(map[keyID]int32), listIndex: make(map[int64]int32)}
+}
+
+func (kt *keyTable) len() int { return len(kt.index) }
+
+// listFor returns the index of the list of keys with window w, adding it.
+// An empty list is freed (see unlink), so there are never more lists than
+// keys, nor more than distinct windows among them.
+func (kt *keyTable) listFor(w int64) int32 {
+	if l, ok := kt.listIndex[w]; ok {
+		return l
+	}
+	var l int32
+	if n := len(kt.freeLists); n > 0 {
+		l = kt.freeLists[n-1]
+		kt.freeLists = kt.freeLists[:n-1]
+	} else {
+		kt.lists = append(kt.lists, wlist{})
+		l = int32(len(kt.lists) - 1)
+	}
+	kt.lists[l] = wlist{window: w, head: -1, tail: -1}
+	kt.listIndex[w] = l
+	return l
+}
+
+// add creates the state of id on the list of window w, as the most recently
+// active, and returns its index.
+func (kt *keyTable) add(id keyID, w, t int64) int32 {
+	var i int32
+	if n := len(kt.free); n > 0 {
+		i = kt.free[n-1]
+		kt.free = kt.free[:n-1]
+	} else {
+		kt.slab = append(kt.slab, keyState{})
+		i = int32(len(kt.slab) - 1)
+	}
+	kt.slab[i] = keyState{id: id, last: t, prev: -1, next: -1}
+	kt.index[id] = i
+	kt.pushBack(i, kt.listFor(w))
+	return i
+}
+
+// touch records that key i was judged at t under window w: it becomes the
+// most recently active of its window's list.
+func (kt *keyTable) touch(i int32, w, t int64) {
+	st := &kt.slab[i]
+	st.last = t
+	l := st.list
+	if kt.lists[l].window != w {
+		kt.unlink(i)
+		kt.pushBack(i, kt.listFor(w))
+		return
+	}
+	if kt.lists[l].tail == i {
+		return
+	}
+	kt.unlink(i)
+	kt.pushBack(i, l)
+}
+
+func (kt *keyTable) pushBack(i, l int32) {
+	st := &kt.slab[i]
+	lst := &kt.lists[l]
+	st.list, st.prev, st.next = l, lst.tail, -1
+	if lst.tail >= 0 {
+		kt.slab[lst.tail].next = i
+	} else {
+		lst.head = i
+	}
+	lst.tail = i
+}
+
+func (kt *keyTable) unlink(i int32) {
+	st := &kt.slab[i]
+	lst := &kt.lists[st.list]
+	if st.prev >= 0 {
+		kt.slab[st.prev].next = st.next
+	} else {
+		lst.head = st.next
+	}
+	if st.next >= 0 {
+		kt.slab[st.next].prev = st.prev
+	} else {
+		lst.tail = st.prev
+	}
+	st.prev, st.next = -1, -1
+	if lst.head < 0 {
+		delete(kt.listIndex, lst.window)
+		kt.freeLists = append(kt.freeLists, st.list)
+	}
+}
+
+// remove deletes key i and frees its logs.
+func (kt *keyTable) remove(i int32) {
+	kt.unlink(i)
+	st := &kt.slab[i]
+	kt.entries -= st.entries
+	delete(kt.index, st.id)
+	*st = keyState{}
+	kt.free = append(kt.free, i)
+}
+
+// account brings the entry total up to date with key i's logs.
+func (kt *keyTable) account(i int32) {
+	st := &kt.slab[i]
+	n := st.admitted.Len() + st.attempts.Len()
+	kt.entries += n - st.entries
+	st.entries = n
+}
+
+// oldest returns the least recently active key other than except, or -1.
+func (kt *keyTable) oldest(except int32) int32 {
+	best := int32(-1)
+	for l := range kt.lists {
+		i := kt.lists[l].head
+		if i == except && i >= 0 {
+			i = kt.slab[i].next
+		}
+		if i >= 0 && (best < 0 || kt.slab[i].last < kt.slab[best].last) {
+			best = i
+		}
+	}
+	return best
+}

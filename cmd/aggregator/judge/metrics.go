@@ -1,0 +1,121 @@
+package judge
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const (
+	namespace = "poplimit"
+	subsystem = "aggregator"
+)
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, name), help, labels, nil)
+}
+
+// The Judge's metrics. Ratios are left to PromQL: e.g. the wrongly decided
+// ratio over an hour is
+//
+//	sum(rate(poplimit_aggregator_decisions_total{class="enforced",verdict!="correct"}[1h]))
+//	/ sum(rate(poplimit_aggregator_decisions_total{class="enforced"}[1h]))
+//
+// Label values are bounded: rule and edge by MaxRules and MaxEdges, the
+// others by their enumerations. No key is ever a label.
+var (
+	descEvents = desc("events_total",
+		"Decision events given to the judge, judged or not.")
+	descInvalid = desc("invalid_events_total",
+		"Events that cannot be judged (limit or window 0).")
+	descDecisions = desc("decisions_total",
+		"Judged decisions, by rule, edge, mode (async, sync), source (limiter, block_cache), "+
+			"class (enforced, shadow, fallback) and verdict (correct, wrongly_allowed, wrongly_limited).",
+		"rule", "edge", "mode", "source", "class", "verdict")
+	descLate = desc("late_events_total",
+		"Events not judged because they arrived after their key judged a later event (out_of_order) "+
+			"or after state that might have covered them expired (forgotten).", "edge", "reason")
+	descOverflow = desc("buffer_overflow_events_total",
+		"Events judged before the watermark passed them because the buffer was full.")
+	descBuffered = desc("buffered_events", "Events waiting for the watermark.")
+	descKeys     = desc("keys", "Keys (rule, key hash) with exact state.")
+	descEntries  = desc("log_entries", "Sliding-log entries held, all keys.")
+	descEvicted  = desc("keys_evicted_total",
+		"Key states removed: idle (two windows without events, nothing lost), "+
+			"max_keys and max_log_entries (bounds reached; the key's history is lost).", "reason")
+	descWrongKeys = desc("wrong_keys_total",
+		"Distinct keys with a wrongly decided enforced decision, by kind (false_negative: wrongly allowed, "+
+			"false_positive: wrongly limited).", "kind")
+	descOvershoot = desc("overshoot_ratio",
+		"Exact count over the limit at each wrongly allowed enforced decision.", "rule")
+	descRelErr = desc("estimate_relative_error_ratio",
+		"|estimate − exact| / exact of limiter decisions (enforced and shadow) with an exact count > 0; "+
+			"rate(_sum)/rate(_count) is the mean relative error.", "rule")
+	descWatermark = desc("watermark_timestamp_seconds",
+		"Latest event time seen minus the allowed lateness, Unix seconds.")
+)
+
+var verdictNames = [3]string{"correct", "wrongly_allowed", "wrongly_limited"}
+
+// collector exports a Judge's counts at scrape time, so that judging an
+// event touches no metric.
+type collector struct{ j *Judge }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descEvents, descInvalid, descDecisions, descLate, descOverflow,
+		descBuffered, descKeys, descEntries, descEvicted, descWrongKeys, descOvershoot, descRelErr, descWatermark} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	j := c.j
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter(descEvents, j.events)
+	counter(descInvalid, j.invalid)
+	counter(descOverflow, j.overflows)
+	gauge(descBuffered, float64(j.buf.len()))
+	gauge(descKeys, float64(j.keys.len()))
+	gauge(descEntries, float64(j.keys.entries))
+	if j.seen {
+		gauge(descWatermark, float64(j.maxSeen-j.lateness)/1e9)
+	}
+	for i, n := range j.evicted {
+		counter(descEvicted, n, evictReasonNames[i])
+	}
+	counter(descWrongKeys, j.fn.distinct, "false_negative")
+	counter(descWrongKeys, j.fp.distinct, "false_positive")
+	for lc, n := range j.late {
+		counter(descLate, n, edgeName(lc.edge), lateReasonNames[lc.reason])
+	}
+	for k, cs := range j.cells {
+		rule, edge, mode, source, class := j.ruleNames[k.rule], edgeName(k.edge), k.mode.String(), k.source.String(), k.class.String()
+		correct := cs.allowed + cs.limited - cs.wronglyAllowed - cs.wronglyLimited
+		for v, n := range [3]int64{correct, cs.wronglyAllowed, cs.wronglyLimited} {
+			counter(descDecisions, n, rule, edge, mode, source, class, verdictNames[v])
+		}
+	}
+	for i := range j.perRule {
+		rs := &j.perRule[i]
+		ch <- constHistogram(descOvershoot, overshootBounds[:], rs.overshoot[:], rs.overshootSum, j.ruleNames[i])
+		ch <- constHistogram(descRelErr, relErrBounds[:], rs.relErr[:], rs.relErrSum, j.ruleNames[i])
+	}
+}
+
+// constHistogram builds a histogram from per-bucket counts (the last past
+// every bound).
+func constHistogram(d *prometheus.Desc, bounds []float64, n []int64, sum float64, labels ...string) prometheus.Metric {
+	cum := make(map[float64]uint64, len(bounds))
+	var total uint64
+	for i, b := range bounds {
+		total += uint64(n[i])
+		cum[b] = total
+	}
+	total += uint64(n[len(bounds)])
+	return prometheus.MustNewConstHistogram(d, total, sum, cum, labels...)
+}

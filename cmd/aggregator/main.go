@@ -1,0 +1,142 @@
+// Command aggregator measures how accurate the edge tier's rate limiting
+// really is. It consumes the decision events that every edge streams to
+// Kafka, as a member of a consumer group, judges each decision against the
+// exact sliding-window truth (package judge beside it: per rule and key, in
+// event-time order across edges, with a watermark and an allowed lateness),
+// and publishes what it found: Prometheus metrics on /metrics (namespace
+// poplimit, subsystem aggregator, with the consumer's under subsystem
+// pipeline) and a JSON report on /report that the load-test tool reads at
+// the end of a replay (GET /report?flush=1 first judges what still waits for
+// the watermark). /healthz answers 200 while it runs.
+//
+// With no -brokers it serves an embedded Kafka-protocol broker (franz-go's
+// kfake) on a loopback address, default 127.0.0.1:9392, with the topic
+// created (-partitions), and logs the address for the edges' -brokers. So
+// `go run ./cmd/aggregator` works alone, and logs every default it took.
+// The embedded broker keeps its log and the group's offsets in memory
+// unless -embedded-data-dir names a directory: without one, its events and
+// offsets end with the process. With -brokers it joins that cluster, where
+// the topic must exist.
+//
+// # Stopping, restarting and crashing
+//
+// On SIGTERM or SIGINT it stops consuming after the batch in hand, which the
+// consumer commits; then it judges every event still buffered for the
+// watermark; then it stops serving and, last, stops the embedded broker. A
+// new aggregator in the same group resumes from the committed offsets, so
+// across a graceful stop every event is judged exactly once. A crash (kill
+// -9, power loss) is different: the consumer commits a batch once the judge
+// has taken it, before it is judged, so what a crash loses is what was
+// buffered for the watermark at that moment — about the allowed lateness's
+// worth of events (-lateness, at most -max-buffered events) — and, since a
+// batch applied but not yet committed is replayed, it may judge one batch
+// twice. A restarted aggregator also lacks each key's history from before
+// it started, so each key's first window after a restart is judged against
+// partial history.
+//
+// When no event has arrived for -idle-flush, it judges everything buffered,
+// so that a quiet stream (the end of a replay) is fully judged without new
+// events to move the watermark; events that arrive later and older than
+// what it judged are counted as late.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/poplimit/poplimit/cmd/aggregator/judge"
+	"github.com/poplimit/poplimit/pipeline"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// parseFlags parses args into the aggregator's config and the log level,
+// and returns the flags left at their defaults, for the log.
+func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, error) {
+	cfg := config{Consumer: pipeline.DefaultConsumerConfig(), Judge: judge.DefaultConfig()}
+	fs := flag.NewFlagSet("aggregator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:7080", "address for /metrics, /report and /healthz")
+	brokers := fs.String("brokers", "", "Kafka brokers host:port,... (default: serve an embedded broker)")
+	fs.StringVar(&cfg.Embedded, "embedded-broker", "127.0.0.1:9392", "loopback address of the embedded broker, without -brokers (port 0: any)")
+	fs.StringVar(&cfg.EmbeddedDataDir, "embedded-data-dir", "", "directory where the embedded broker keeps its log and offsets (default: memory only)")
+	fs.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic the embedded broker creates")
+	fs.StringVar(&cfg.Consumer.Topic, "topic", "poplimit.decisions", "Kafka topic of decision events")
+	fs.StringVar(&cfg.Consumer.GroupID, "group", "poplimit-aggregator", "Kafka consumer group")
+	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")
+	fs.DurationVar(&cfg.Judge.Resolution, "resolution", cfg.Judge.Resolution, "event times are floored to this step")
+	fs.IntVar(&cfg.Judge.MaxKeys, "max-keys", cfg.Judge.MaxKeys, "keys with exact state at most")
+	fs.IntVar(&cfg.Judge.MaxLogEntries, "max-log-entries", cfg.Judge.MaxLogEntries, "sliding-log entries at most, all keys (16 bytes each)")
+	fs.IntVar(&cfg.Judge.MaxBuffered, "max-buffered", cfg.Judge.MaxBuffered, "events waiting for the watermark at most")
+	fs.IntVar(&cfg.Judge.TopKeys, "top-keys", cfg.Judge.TopKeys, "keys listed per kind in /report")
+	fs.DurationVar(&cfg.IdleFlush, "idle-flush", time.Second, "judge everything buffered after this long without events (0: never)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time to stop serving on SIGTERM")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return config{}, 0, nil, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, 0, nil, fmt.Errorf("aggregator: unexpected arguments %q", fs.Args())
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return config{}, 0, nil, fmt.Errorf("aggregator: -log-level %q: %w", *logLevel, err)
+	}
+	for _, b := range strings.Split(*brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			cfg.Brokers = append(cfg.Brokers, b)
+		}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var defaults []any
+	fs.VisitAll(func(f *flag.Flag) {
+		if !set[f.Name] {
+			defaults = append(defaults, slog.String(f.Name, f.Value.String()))
+		}
+	})
+	return cfg, level, defaults, cfg.validate()
+}
+
+// run starts the aggregator from args, serves until ctx ends or the
+// consumer fails, then stops it (see the package doc for the order).
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	cfg, level, defaults, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if len(defaults) > 0 {
+		log.Info("aggregator: flags at their defaults", defaults...)
+	}
+	a, err := start(cfg, log)
+	if err != nil {
+		return err
+	}
+	var failed error
+	select {
+	case <-ctx.Done():
+		log.Info("aggregator: stopping: committing the batch in hand and judging what is buffered")
+	case failed = <-a.Failed():
+		log.Error("aggregator: consumer stopped", "err", failed)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	return errors.Join(failed, a.Stop(sctx))
+}

@@ -1,0 +1,386 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/poplimit/poplimit/loadtest"
+	"github.com/valyala/fasthttp"
+)
+
+// demoRules are the PoP's rules unless -rules names a file: a block rule
+// that only the abuser and the heaviest clients trip, a strict sync rule on
+// logins, and a per-client throttle. Every matching rule applies, in order;
+// the first refusal answers, so the block rule comes first to count every
+// attempt.
+const demoRules = `
+match: all
+rules:
+  - name: abuse-block
+    limit: 300
+    window: 10s
+    action: block
+    timeout: 30s
+  - name: login
+    path_prefix: /login
+    methods: [POST]
+    limit: 5
+    window: 1m
+    mode: sync
+    fail: closed
+  - name: per-client
+    limit: 100
+    window: 10s
+`
+
+type options struct {
+	shards     string
+	edges      string
+	origin     string
+	aggregator string
+	broker     string
+	prometheus string
+	rules      string
+	rate       float64
+	duration   time.Duration
+	exit       bool
+	dir        string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("pop", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.shards, "memcache-ports", "11311,11312,11313", "loopback ports of the memcached shards")
+	fs.StringVar(&o.edges, "edge-ports", "7070,7072", "loopback ports of the edges (each admin listener on the next port)")
+	fs.StringVar(&o.origin, "origin", "127.0.0.1:7060", "address of the tiny origin behind the edges")
+	fs.StringVar(&o.aggregator, "aggregator", "127.0.0.1:7080", "address of the aggregator's /report and /metrics")
+	fs.StringVar(&o.broker, "broker", "127.0.0.1:9392", "address of the aggregator's embedded Kafka broker")
+	fs.StringVar(&o.prometheus, "prometheus", "127.0.0.1:9390", "address of Prometheus, when installed")
+	fs.StringVar(&o.rules, "rules", "", "rules file for the edges (default: built-in demo rules)")
+	fs.Float64Var(&o.rate, "rate", 2000, "requests per second of the built-in replay")
+	fs.DurationVar(&o.duration, "duration", 20*time.Second, "length of the built-in replay")
+	fs.BoolVar(&o.exit, "exit", false, "stop after the replay instead of serving until Ctrl-C")
+	fs.StringVar(&o.dir, "dir", "", "working directory for binaries, configs and logs (default: a new temporary one)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func ports(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		p, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || p <= 0 || p > 65535 {
+			return nil, fmt.Errorf("bad port %q in %q", f, list)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	shardPorts, err := ports(o.shards)
+	if err != nil {
+		return fmt.Errorf("-memcache-ports: %w", err)
+	}
+	edgePorts, err := ports(o.edges)
+	if err != nil {
+		return fmt.Errorf("-edge-ports: %w", err)
+	}
+	if o.dir == "" {
+		if o.dir, err = os.MkdirTemp("", "poplimit-pop-"); err != nil {
+			return err
+		}
+	}
+	say := func(format string, a ...any) { fmt.Fprintf(stdout, "pop: "+format+"\n", a...) }
+	say("working directory %s (binaries, configs, logs)", o.dir)
+
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	say("building edge, aggregator")
+	for _, c := range []string{"edge", "aggregator"} {
+		b := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(o.dir, c), "./cmd/"+c)
+		b.Dir, b.Stdout, b.Stderr = root, stderr, stderr
+		if err := b.Run(); err != nil {
+			return fmt.Errorf("go build ./cmd/%s: %w", c, err)
+		}
+	}
+	rulesPath := o.rules
+	if rulesPath == "" {
+		rulesPath = filepath.Join(o.dir, "rules.yaml")
+		if err := os.WriteFile(rulesPath, []byte(demoRules), 0o644); err != nil {
+			return err
+		}
+	}
+
+	var procs procSet
+	defer procs.stop(stdout)
+
+	// Memcached shards, or a loud fallback.
+	var memcache []string
+	if bin, err := exec.LookPath("memcached"); err != nil {
+		fmt.Fprintln(stderr, "pop: WARNING: memcached is not installed (apt-get install memcached):")
+		fmt.Fprintln(stderr, "pop: WARNING: each edge falls back to its own in-memory store, so limits do NOT hold across edges")
+	} else {
+		for _, p := range shardPorts {
+			addr := "127.0.0.1:" + strconv.Itoa(p)
+			args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(p), "-U", "0", "-m", "256", "-t", "2"}
+			if os.Geteuid() == 0 {
+				args = append(args, "-u", "root")
+			}
+			if err := procs.start(ctx, o.dir, "memcached-"+strconv.Itoa(p), bin, args...); err != nil {
+				return err
+			}
+			if err := waitTCP(ctx, addr); err != nil {
+				return fmt.Errorf("memcached on %s: %w (is the port taken? see -memcache-ports)", addr, err)
+			}
+			memcache = append(memcache, addr)
+		}
+		say("memcached shards on %s", strings.Join(memcache, ", "))
+	}
+
+	// The aggregator and its embedded broker.
+	if err := procs.start(ctx, o.dir, "aggregator", filepath.Join(o.dir, "aggregator"),
+		"-listen", o.aggregator, "-embedded-broker", o.broker, "-partitions", "4", "-lateness", "2s"); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, "http://"+o.aggregator+"/healthz"); err != nil {
+		return fmt.Errorf("aggregator: %w (log: %s)", err, procs.log("aggregator"))
+	}
+	say("aggregator on http://%s (report: /report), embedded Kafka broker on %s", o.aggregator, o.broker)
+
+	// The origin.
+	origin := &fasthttp.Server{Handler: func(c *fasthttp.RequestCtx) { c.WriteString("origin ok\n") }, NoDefaultServerHeader: true}
+	oln, err := net.Listen("tcp", o.origin)
+	if err != nil {
+		return fmt.Errorf("origin: %w", err)
+	}
+	go origin.Serve(oln)
+	defer origin.Shutdown()
+
+	// The edges.
+	var targets, admins []string
+	for i, p := range edgePorts {
+		addr, admin := "127.0.0.1:"+strconv.Itoa(p), "127.0.0.1:"+strconv.Itoa(p+1)
+		args := []string{"-listen", addr, "-admin", admin, "-mode", "proxy", "-upstream", o.origin,
+			"-rules", rulesPath, "-edge-id", strconv.Itoa(i + 1), "-brokers", o.broker,
+			"-trusted-proxies", "127.0.0.0/8", "-log-level", "warn"}
+		if len(memcache) > 0 {
+			args = append(args, "-memcache", strings.Join(memcache, ","))
+		}
+		name := "edge-" + strconv.Itoa(i+1)
+		if err := procs.start(ctx, o.dir, name, filepath.Join(o.dir, "edge"), args...); err != nil {
+			return err
+		}
+		if err := waitHTTP(ctx, "http://"+admin+"/healthz"); err != nil {
+			return fmt.Errorf("%s: %w (log: %s)", name, err, procs.log(name))
+		}
+		targets, admins = append(targets, addr), append(admins, admin)
+	}
+	say("edges on %s (proxy mode, origin %s)", strings.Join(targets, ", "), o.origin)
+
+	// Prometheus, when installed.
+	promURL := ""
+	if bin, err := exec.LookPath("prometheus"); err == nil {
+		cfg, err := writePrometheusConfig(o.dir, root, admins, o.aggregator)
+		if err != nil {
+			return err
+		}
+		args := []string{"--config.file", cfg, "--storage.tsdb.path", filepath.Join(o.dir, "prometheus-data"),
+			"--web.listen-address", o.prometheus, "--web.enable-lifecycle"}
+		args = append(args, consoleArgs(root)...)
+		if err := procs.start(ctx, o.dir, "prometheus", bin, args...); err != nil {
+			return err
+		}
+		if err := waitHTTP(ctx, "http://"+o.prometheus+"/-/ready"); err != nil {
+			return fmt.Errorf("prometheus: %w (log: %s)", err, procs.log("prometheus"))
+		}
+		promURL = "http://" + o.prometheus
+		say("prometheus on %s", promURL)
+	} else {
+		say("prometheus is not installed (apt-get install prometheus): no dashboards this time")
+	}
+
+	// The built-in replay through both edges.
+	say("replaying %v of traffic at %.0f requests/s through both edges: Zipf clients, an abuser, credential stuffing", o.duration, o.rate)
+	rep, err := replay(ctx, o, targets)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	if err := rep.WriteText(stdout); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	say("look at:")
+	for i, a := range admins {
+		say("  edge-%d metrics   http://%s/metrics", i+1, a)
+	}
+	say("  accuracy report  http://%s/report", o.aggregator)
+	if promURL != "" {
+		say("  dashboards       %s/consoles/poplimit-overview.html", promURL)
+	}
+	if o.exit {
+		return nil
+	}
+	say("serving until Ctrl-C")
+	<-ctx.Done()
+	return nil
+}
+
+// replay runs the built-in mix through the edges and fetches the
+// aggregator's report at the end.
+func replay(ctx context.Context, o *options, targets []string) (*loadtest.Report, error) {
+	zipf, err := loadtest.Zipf(loadtest.ZipfConfig{Seed: 1, Clients: 2000, Rate: o.rate * 0.9, Duration: o.duration})
+	if err != nil {
+		return nil, err
+	}
+	abuser, err := loadtest.Abuser(loadtest.AbuserConfig{Seed: 2, Rate: max(60, o.rate*0.05), Duration: o.duration})
+	if err != nil {
+		return nil, err
+	}
+	perIP := o.rate * 0.05 / 3 // new addresses per second, 3 attempts each
+	stuffing, err := loadtest.Stuffing(loadtest.StuffingConfig{Seed: 3, Rate: perIP, Attempts: 3,
+		Gap: time.Second, IPs: max(1, int(perIP*o.duration.Seconds()))})
+	if err != nil {
+		return nil, err
+	}
+	cfg := loadtest.ReplayConfig{Targets: targets, AggregatorURL: "http://" + o.aggregator + "/report",
+		AggregatorWait: 4 * time.Second}
+	if isTerminal(os.Stderr) {
+		cfg.Progress = os.Stderr
+	}
+	return loadtest.Replay(ctx, cfg, loadtest.Mix(zipf, abuser, stuffing))
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// moduleRoot returns the directory of the module's go.mod.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("run pop from the poplimit module (go run ./deploy/pop)")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+func waitTCP(ctx context.Context, addr string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return errors.New("not accepting after 10s")
+}
+
+func waitHTTP(ctx context.Context, url string) error {
+	c := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := c.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s not answering 200 after 20s", url)
+}
+
+// procSet is the processes pop started; stop ends them in reverse order.
+type procSet struct {
+	procs []*proc
+}
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+func (ps *procSet) start(ctx context.Context, dir, name, bin string, args ...string) error {
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C reaches pop alone; pop stops them in order
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { cmd.Wait(); f.Close(); close(p.done) }()
+	ps.procs = append(ps.procs, p)
+	return nil
+}
+
+func (ps *procSet) log(name string) string {
+	for _, p := range ps.procs {
+		if p.name == name {
+			return p.log
+		}
+	}
+	return ""
+}
+
+// stop sends SIGTERM to each process, newest first (edges flush their
+// counters before the shards go), and SIGKILL to any still running after
+// 10 seconds.
+func (ps *procSet) stop(w io.Writer) {
+	for i := len(ps.procs) - 1; i >= 0; i-- {
+		p := ps.procs[i]
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	if len(ps.procs) > 0 {
+		fmt.Fprintf(w, "pop: stopped %d processes\n", len(ps.procs))
+	}
+}
