@@ -155,20 +155,39 @@ func New(cfg Config, store Store) (*Limiter, error) {
 	return l, nil
 }
 
+// maxFlushBackoff bounds how long the flusher waits between attempts while
+// every operation of its flushes fails.
+const maxFlushBackoff = time.Second
+
 // Start runs the background flusher until Close. It flushes every
-// FlushInterval, at the limiter clock's time.
+// FlushInterval, at the limiter clock's time. While a store is down (every
+// operation of a flush failed) it backs off, doubling the wait up to one
+// second, so a dead store does not make every edge spin on retries; pending
+// increments wait meanwhile and go out with the first flush that succeeds.
 func (l *Limiter) Start() {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
 		t := time.NewTicker(l.cfg.FlushInterval)
 		defer t.Stop()
+		var backoff time.Duration
+		var next time.Time
 		for {
 			select {
 			case <-l.done:
 				return
-			case <-t.C:
-				l.Flush(context.Background(), l.cfg.Clock.Now())
+			case now := <-t.C:
+				if now.Before(next) {
+					continue
+				}
+				st := l.Flush(context.Background(), l.cfg.Clock.Now())
+				if st.Ops > 0 && st.Failed == st.Ops {
+					backoff = min(max(2*backoff, l.cfg.FlushInterval), maxFlushBackoff)
+					next = now.Add(backoff)
+					l.m.flushBackoffs.Inc()
+				} else {
+					backoff, next = 0, time.Time{}
+				}
 			}
 		}
 	}()

@@ -525,3 +525,30 @@ rules:
 		t.Errorf("per-edge algorithms sent %d store operations, want 0", n)
 	}
 }
+
+// TestFlusherBacksOffWhileTheStoreIsDown runs the real flusher against a
+// store that fails everything: it must not retry every FlushInterval.
+func TestFlusherBacksOffWhileTheStoreIsDown(t *testing.T) {
+	store := &countingStore{Store: NewMemStore(nil)}
+	store.fail.Store(true)
+	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond})
+	r := mustRules(t, perMinute).Rules[0]
+	now := time.Now()
+	for i := 0; i < 100; i++ {
+		l.Decide(context.Background(), now, r, r.Hash([]byte{byte(i)}), r.Limit, 1)
+	}
+	l.Start()
+	time.Sleep(300 * time.Millisecond)
+	// Backing off 1, 2, 4 … ms, 300 ms hold about 9 attempts; without the
+	// backoff there would be about 300.
+	if n := store.incrs.Load() / 100; n > 30 {
+		t.Errorf("%d flush attempts in 300 ms against a dead store, want a backoff (about 9)", n)
+	}
+	store.fail.Store(false)
+	time.Sleep(1200 * time.Millisecond) // the longest backoff
+	ops := []Op{{Key: r.Hash([]byte{7}), Start: windowStart(now.UnixNano(), int64(time.Minute)) / 1e6}}
+	store.Store.Do(context.Background(), ops)
+	if ops[0].Value != 1 {
+		t.Errorf("counter after the store came back = %d, want the 1 pending increment", ops[0].Value)
+	}
+}

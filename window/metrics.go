@@ -16,6 +16,7 @@ type metrics struct {
 	evictions      prometheus.Counter
 	flushOps       prometheus.Histogram
 	flushSeconds   prometheus.Histogram
+	flushBackoffs  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
@@ -37,6 +38,8 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 			Name: "evictions_total", Help: "Local key views evicted because the key table was full."}),
 		flushOps: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 			Name: "flush_ops", Help: "Store operations per non-empty flush.", Buckets: prometheus.ExponentialBuckets(1, 4, 9)}),
+		flushBackoffs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "flush_backoffs_total", Help: "Flushes whose every operation failed, after which the flusher waited longer."}),
 		flushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 			Name: "flush_duration_seconds", Help: "Time one flush waited for the store.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14)}),
 	}
@@ -45,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 	}
 	keys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "keys", Help: "Keys with a local view in the limiter."}, func() float64 { return float64(l.Keys()) })
-	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, keys} {
+	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, keys} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
