@@ -318,11 +318,11 @@ func TestAggregatorReportEmbedded(t *testing.T) {
 			http.NotFound(w, r)
 			return
 		}
-		fmt.Fprint(w, `{"wrongly_allowed_ratio": 0.00003, "rules": {"api": {"decisions": 10}}}`)
+		fmt.Fprint(w, `{"judged": 10, "enforced": {"decisions": 10, "wrongly_allowed": 1, "wrong_ratio": 0.1}, "mean_relative_error": 0.06}`)
 	}))
 	defer agg.Close()
 	for _, tt := range []struct{ path, wantJSON, wantErr string }{
-		{"/report", `"aggregator":{"wrongly_allowed_ratio":0.00003,"rules":{"api":{"decisions":10}}}`, ""},
+		{"/report", `"aggregator":{"judged":10,"enforced":{"decisions":10,"wrongly_allowed":1,"wrong_ratio":0.1},"mean_relative_error":0.06}`, ""},
 		{"/missing", "", "404"},
 	} {
 		rep, err := loadtest.Replay(context.Background(), loadtest.ReplayConfig{Targets: []string{addr}, AggregatorURL: agg.URL + tt.path}, steady(2, time.Millisecond))
@@ -338,8 +338,12 @@ func TestAggregatorReportEmbedded(t *testing.T) {
 		}
 		var text bytes.Buffer
 		rep.WriteText(&text)
-		if !strings.Contains(text.String(), "aggregator") {
-			t.Errorf("%s: text report lacks the aggregator:\n%s", tt.path, text.String())
+		want := "wrongly allowed 1, wrongly limited 0, wrong 10.0000%"
+		if tt.wantErr != "" {
+			want = "aggregator   unavailable"
+		}
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("%s: text report lacks %q:\n%s", tt.path, want, text.String())
 		}
 	}
 }

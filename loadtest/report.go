@@ -14,7 +14,8 @@ import (
 )
 
 // WriteText writes the report for an operator: throughput, latency,
-// decisions, and the aggregator's report indented as it came.
+// decisions, and the headline of the aggregator's accuracy report (the
+// whole of it is in the JSON form).
 func (r *Report) WriteText(w io.Writer) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "replay: %d requests due over %s to %s (%s), speed %g×, stopped: %s\n",
@@ -52,9 +53,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	case r.AggregatorError != "":
 		fmt.Fprintf(&b, "  aggregator   unavailable: %s\n", r.AggregatorError)
 	case len(r.Aggregator) > 0:
-		var ind bytes.Buffer
-		json.Indent(&ind, r.Aggregator, "    ", "  ")
-		fmt.Fprintf(&b, "  aggregator\n    %s\n", ind.String())
+		writeAccuracy(&b, r.Aggregator)
 	}
 	_, err := w.Write(b.Bytes())
 	return err
@@ -150,4 +149,33 @@ func (s ImportSummary) WriteText(w io.Writer) error {
 	}
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// accuracy is the part of the aggregator's /report that the text summary
+// shows; the field names are the aggregator's JSON.
+type accuracy struct {
+	Judged   int64 `json:"judged"`
+	Late     int64 `json:"late"`
+	Enforced struct {
+		Decisions      int64   `json:"decisions"`
+		WronglyAllowed int64   `json:"wrongly_allowed"`
+		WronglyLimited int64   `json:"wrongly_limited"`
+		WrongRatio     float64 `json:"wrong_ratio"`
+	} `json:"enforced"`
+	MeanRelativeError float64 `json:"mean_relative_error"`
+	FalseNegativeKeys int64   `json:"false_negative_keys"`
+	FalsePositiveKeys int64   `json:"false_positive_keys"`
+}
+
+func writeAccuracy(b *bytes.Buffer, raw json.RawMessage) {
+	var a accuracy
+	if err := json.Unmarshal(raw, &a); err != nil {
+		fmt.Fprintf(b, "  aggregator   report not understood: %v\n", err)
+		return
+	}
+	e := a.Enforced
+	fmt.Fprintf(b, "  accuracy     %d decisions judged (%d late): wrongly allowed %d, wrongly limited %d, wrong %.4f%%\n",
+		e.Decisions, a.Late, e.WronglyAllowed, e.WronglyLimited, 100*e.WrongRatio)
+	fmt.Fprintf(b, "               mean relative error of the estimate %.2f%%; keys wrongly allowed %d, wrongly limited %d\n",
+		100*a.MeanRelativeError, a.FalseNegativeKeys, a.FalsePositiveKeys)
 }

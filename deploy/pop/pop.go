@@ -202,13 +202,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Prometheus, when installed.
 	promURL := ""
 	if bin, err := exec.LookPath("prometheus"); err == nil {
-		cfg, err := writePrometheusConfig(o.dir, root, admins, o.aggregator)
+		cfg, err := preparePrometheus(o.dir, root, admins, o.aggregator)
 		if err != nil {
 			return err
 		}
 		args := []string{"--config.file", cfg, "--storage.tsdb.path", filepath.Join(o.dir, "prometheus-data"),
 			"--web.listen-address", o.prometheus, "--web.enable-lifecycle"}
-		args = append(args, consoleArgs(root)...)
+		args = append(args, consoleArgs(cfg)...)
 		if err := procs.start(ctx, o.dir, "prometheus", bin, args...); err != nil {
 			return err
 		}

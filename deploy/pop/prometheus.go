@@ -7,40 +7,30 @@ import (
 	"strings"
 )
 
-// writePrometheusConfig writes a scrape config for this PoP that loads the
-// project's recording and alerting rules, and returns its path.
-func writePrometheusConfig(dir, root string, admins []string, aggregator string) (string, error) {
-	rules, _ := filepath.Glob(filepath.Join(root, "deploy", "prometheus", "rules", "*.yml"))
-	var b strings.Builder
-	b.WriteString("global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n")
-	if len(rules) > 0 {
-		b.WriteString("rule_files:\n")
-		for _, r := range rules {
-			fmt.Fprintf(&b, "  - %q\n", r)
+// preparePrometheus copies the project's Prometheus setup (deploy/prometheus:
+// the scrape config, recording and alerting rules, consoles) into dir and
+// points its file_sd targets at this PoP's edges and aggregator, so the PoP
+// runs the very configuration the project ships. It returns the config path.
+func preparePrometheus(dir, root string, admins []string, aggregator string) (string, error) {
+	src := filepath.Join(root, "deploy", "prometheus")
+	dst := filepath.Join(dir, "prometheus")
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		return "", fmt.Errorf("copy %s: %w", src, err)
+	}
+	targets := func(addrs ...string) string {
+		return "- targets: [\"" + strings.Join(addrs, "\", \"") + "\"]\n"
+	}
+	for name, body := range map[string]string{"edges.yml": targets(admins...), "aggregator.yml": targets(aggregator)} {
+		if err := os.WriteFile(filepath.Join(dst, "targets", name), []byte(body), 0o644); err != nil {
+			return "", err
 		}
 	}
-	b.WriteString("scrape_configs:\n")
-	b.WriteString("  - job_name: poplimit-edge\n    static_configs:\n      - targets: [")
-	for i, a := range admins {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%q", a)
-	}
-	b.WriteString("]\n")
-	fmt.Fprintf(&b, "  - job_name: poplimit-aggregator\n    static_configs:\n      - targets: [%q]\n", aggregator)
-	path := filepath.Join(dir, "prometheus.yml")
-	return path, os.WriteFile(path, []byte(b.String()), 0o644)
+	return filepath.Join(dst, "prometheus.yml"), nil
 }
 
-// consoleArgs serves the project's console templates, with Debian's
-// console libraries when present.
-func consoleArgs(root string) []string {
-	args := []string{"--web.console.templates", filepath.Join(root, "deploy", "prometheus", "consoles")}
-	for _, lib := range []string{"/usr/share/prometheus/console_libraries", "/etc/prometheus/console_libraries"} {
-		if st, err := os.Stat(lib); err == nil && st.IsDir() {
-			return append(args, "--web.console.libraries", lib)
-		}
-	}
-	return args
+// consoleArgs serves the copied console templates and libraries.
+func consoleArgs(cfg string) []string {
+	d := filepath.Dir(cfg)
+	return []string{"--web.console.templates", filepath.Join(d, "consoles"),
+		"--web.console.libraries", filepath.Join(d, "console_libraries")}
 }
