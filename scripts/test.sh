@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Go.
 #
-# It installs what the tests start for real (memcached, nutcracker) with apt
-# when run as root and they are missing; otherwise it names exactly what to
-# install and stops. Then it vets the code and runs every package's tests
+# It installs what the tests start for real (memcached, nutcracker, and
+# prometheus for promtool and the consoles) with apt when run as root and
+# they are missing; otherwise it names exactly what to install and stops. Then it vets the code and runs every package's tests
 # with the race detector. Extra arguments go to `go test` (e.g. -run Edge).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v memcached >/dev/null 2>&1 || need+=(memcached)
 command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || need+=(nutcracker)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -24,8 +25,8 @@ if [ ${#need[@]} -gt 0 ]; then
     exit 2
   fi
 fi
-# nutcracker installs as a service that may start on the default port; the
-# tests start their own on free ports and do not need it.
+# The packages install services that may start on their default ports; the
+# tests start their own on free ports and do not need them.
 command -v go >/dev/null 2>&1 || { echo "test.sh: Go is not on PATH (https://go.dev/doc/install)" >&2; exit 2; }
 
 echo "test.sh: go vet ./..."
