@@ -411,7 +411,13 @@ rules:
 		}
 	}
 	shards[0].Kill()
-	time.Sleep(300 * time.Millisecond) // flushes fail, the shard is ejected
+	// The edge learns that the store died from its own traffic: the
+	// flushes of these fail, and the shard is ejected.
+	deadline := time.Now().Add(3 * time.Second)
+	for e.srv.Ready() && time.Now().Before(deadline) {
+		get(t, e.addr, "/open")
+		time.Sleep(20 * time.Millisecond)
+	}
 	for _, tc := range []struct {
 		path string
 		want int
