@@ -3,9 +3,11 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/pipeline"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -41,6 +43,12 @@ type OfflineConfig struct {
 	// OnDecision, when not nil, is called with each request's decision, in
 	// trace order, on Offline's goroutine.
 	OnDecision func(OfflineDecision)
+	// OnEvent, when not nil, is called with the decision event of every
+	// rule that decided a request, exactly as an edge emits it (Edge 0), on
+	// Offline's goroutine; the event is valid during the call. Fed to the
+	// aggregator's judge, it measures the algorithm's own accuracy with no
+	// distribution at all.
+	OnEvent func(*pipeline.Event)
 }
 
 // OfflineDecision is what the edge would have answered one request.
@@ -104,6 +112,9 @@ type OfflineReport struct {
 	Absolute  bool         `json:"absolute"`  // Origin came from the trace or the config
 	SpanMs    float64      `json:"span_ms"`   // offset of the last request
 	Rules     []RuleReport `json:"rules"`
+	// Accuracy is the aggregator judge's report over the decisions, when
+	// the caller judged them (cmd/loadtest offline -judge).
+	Accuracy json.RawMessage `json:"accuracy,omitempty"`
 }
 
 // Offline runs rules over a trace with the window package's own Limiter
@@ -220,6 +231,7 @@ type offline struct {
 	req        fasthttp.Request // scratch, to read paths, queries and cookies as the edge does
 	key, ub    []byte
 	rules      []ruleStats
+	ev         pipeline.Event // scratch for OnEvent
 }
 
 // maxBlocks bounds the simulated block cache, as the edge's
@@ -309,6 +321,7 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 			if rule.Action == window.Block {
 				o.lim.Record(now, rule, h, cost)
 			}
+			o.event(t, rule, h, limit, cost, pipeline.Limited, true, window.Decision{})
 			st.limited++
 			st.fromCache++
 			o.limitedKey(st, h, key, at)
@@ -316,6 +329,11 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 			return d
 		}
 		dec := o.lim.Decide(context.Background(), now, rule, h, limit, cost)
+		verdict := pipeline.Limited
+		if dec.Allowed {
+			verdict = pipeline.Allowed
+		}
+		o.event(t, rule, h, limit, cost, verdict, false, dec)
 		switch {
 		case dec.Allowed:
 			st.allowed++
@@ -342,6 +360,18 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 		}
 	}
 	return d
+}
+
+// event hands one rule's decision to OnEvent, shaped as the edge's.
+func (o *offline) event(t int64, r *window.Rule, h, limit, cost uint64, d pipeline.Decision, fromCache bool, dec window.Decision) {
+	if o.cfg.OnEvent == nil {
+		return
+	}
+	o.ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
+		WindowMillis: uint32(r.Window / time.Millisecond), Estimate: float32(dec.Estimate),
+		Decision: d, Mode: pipeline.Mode(r.Mode), Action: pipeline.Action(r.Action),
+		FromBlockCache: fromCache, Shadow: r.Shadow, Fallback: dec.Fallback != window.FallbackNone}
+	o.cfg.OnEvent(&o.ev)
 }
 
 // block records a refused key until releaseAt; it never shortens a block.

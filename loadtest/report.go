@@ -107,6 +107,9 @@ func (r *OfflineReport) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, ": allowed %d, limited %d (%.2f%%), denied %d, no rule %d, bad trace lines %d\n",
 		r.Allowed, r.Limited, pct(r.Limited, r.Requests), r.Denied, r.Unmatched, r.BadLines)
+	if len(r.Accuracy) > 0 {
+		writeAccuracy(&b, r.Accuracy)
+	}
 	for _, rr := range r.Rules {
 		shadow := ""
 		if rr.Shadow {

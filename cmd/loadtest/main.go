@@ -18,6 +18,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/poplimit/poplimit/cmd/aggregator/judge"
+	"github.com/poplimit/poplimit/pipeline"
 	"io"
 	"net/netip"
 	"os"
@@ -329,6 +331,7 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.DurationVar(&cfg.FlushInterval, "flush-interval", 5*time.Millisecond, "the simulated edge's flush interval")
 	fs.StringVar(&cfg.CheckPrefix, "check-prefix", "/check", "path prefix stripped before matching, as the edge's")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	judgeIt := fs.Bool("judge", false, "judge every decision with the aggregator's judge: the algorithm's own accuracy, undistributed")
 	if err := parse(fs, args, 0); err != nil {
 		return err
 	}
@@ -362,9 +365,24 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	if err != nil {
 		return err
 	}
+	var j *judge.Judge
+	if *judgeIt {
+		jc := judge.DefaultConfig()
+		jc.Hold = 0 // simulated time: events arrive in order, at once
+		if j, err = judge.New(jc, nil); err != nil {
+			return err
+		}
+		cfg.OnEvent = func(e *pipeline.Event) { j.Add(e.Time, *e) }
+	}
 	rep, err := loadtest.Offline(ctx, cfg, tr)
 	if rep == nil {
 		return err
+	}
+	if j != nil {
+		j.Flush()
+		if rep.Accuracy, err = json.Marshal(j.Report()); err != nil {
+			return err
+		}
 	}
 	if werr := writeReport(stdout, *asJSON, rep, rep.WriteText); err == nil {
 		err = werr
