@@ -45,11 +45,13 @@ type dashboardExpr struct {
 
 // consoleExprs renders every console with every consoleParams and returns
 // the expressions evaluated by the templates and those of the graphs.
-func consoleExprs(t *testing.T) []dashboardExpr {
+func consoleExprs(t *testing.T) []dashboardExpr { return consoleExprsFor(t, consoleParams) }
+
+func consoleExprsFor(t *testing.T, paramSets []map[string]string) []dashboardExpr {
 	t.Helper()
 	var exprs []dashboardExpr
 	for _, page := range consolePages(t) {
-		for _, params := range consoleParams {
+		for _, params := range paramSets {
 			p, err := deploytest.RenderConsole(consolesDir, librariesDir, page, params)
 			if err != nil {
 				t.Fatalf("%s?%v: %v", page, params, err)
@@ -65,7 +67,9 @@ func consoleExprs(t *testing.T) []dashboardExpr {
 	return exprs
 }
 
-func grafanaExprs(t *testing.T) []dashboardExpr {
+func grafanaExprs(t *testing.T) []dashboardExpr { return grafanaExprsFor(t, "api") }
+
+func grafanaExprsFor(t *testing.T, rule string) []dashboardExpr {
 	t.Helper()
 	d, err := deploytest.ReadDashboard(grafanaFile)
 	if err != nil {
@@ -74,7 +78,7 @@ func grafanaExprs(t *testing.T) []dashboardExpr {
 	var exprs []dashboardExpr
 	for _, p := range d.AllPanels() {
 		for _, tg := range p.Targets {
-			exprs = append(exprs, dashboardExpr{fmt.Sprintf("grafana panel %d %q %s", p.ID, p.Title, tg.RefID), deploytest.GrafanaExpr(tg.Expr, "api")})
+			exprs = append(exprs, dashboardExpr{fmt.Sprintf("grafana panel %d %q %s", p.ID, p.Title, tg.RefID), deploytest.GrafanaExpr(tg.Expr, rule)})
 		}
 	}
 	for _, v := range d.Templating.List {

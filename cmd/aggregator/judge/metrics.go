@@ -90,8 +90,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(descWrongKeys, j.fn.distinct, "false_negative")
 	counter(descWrongKeys, j.fp.distinct, "false_positive")
-	for lc, n := range j.late {
-		counter(descLate, n, edgeName(lc.edge), lateReasonNames[lc.reason])
+	// Late events of every edge that decided anything, zeros included, so
+	// that dashboards and alerts see a series before anything is late.
+	seenEdge := make(map[int32]bool)
+	for k := range j.cells {
+		seenEdge[k.edge] = true
+	}
+	for lc := range j.late {
+		seenEdge[lc.edge] = true
+	}
+	for e := range seenEdge {
+		for r := range uint8(numLateReasons) {
+			counter(descLate, j.late[lateCell{edge: e, reason: r}], edgeName(e), lateReasonNames[r])
+		}
 	}
 	for k, cs := range j.cells {
 		rule, edge, mode, source, class := j.ruleNames[k.rule], edgeName(k.edge), k.mode.String(), k.source.String(), k.class.String()
