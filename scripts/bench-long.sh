@@ -6,10 +6,10 @@
 #      varies (0 = sync mode, 1, 5, 20 ms): the standard workload replayed
 #      through 2 edges, judged by the aggregator. The accuracy-for-cost curve.
 #
-# usage: scripts/bench-long.sh [-duration S] [-rate R]
+# usage: scripts/bench-long.sh [-duration S] [-rate R] [-trace-duration D]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DUR=10 RATE=500 TRACE_DUR=30s
+DUR=10 RATE=2000 TRACE_DUR=30s
 while [ $# -gt 0 ]; do
   case "$1" in -duration) DUR=$2; shift 2 ;; -rate) RATE=$2; shift 2 ;; -trace-duration) TRACE_DUR=$2; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;; esac
@@ -29,14 +29,15 @@ shards=()
 for i in 1 2 3; do p=$(port); memcached -l 127.0.0.1 -p "$p" -U 0 -m 1024 -t 1 -u root & pids+=($!); wait_port "$p"; shards+=("127.0.0.1:$p"); done
 MC=$(IFS=,; echo "${shards[*]}")
 
-echo "== A. throughput and edge memory by active keys (wrk -t1 -c64 -d${DUR}s, uniform keys)"
+echo "== A. throughput and edge memory by active keys (wrk -t1 -c64, uniform keys; ${DUR}s, 6x as long for 10^6 so most keys are touched)"
 printf 'rules:\n  - name: keys\n    key: ["header:X-API-Key"]\n    limit: 1000000\n    window: 1m\n' > "$tmp/keys.yaml"
 printf "%10s %10s %12s %12s %10s\n" keys req/s edge_rss_MB local_keys p99_us
 for n in 1000 100000 1000000; do
   e=$(port); a=$(port)
   "$tmp/edge" -listen "127.0.0.1:$e" -admin "127.0.0.1:$a" -rules "$tmp/keys.yaml" -memcache "$MC" -log-level warn -max-keys 2000000 & ep=$!
   wait_port "$e"
-  out=$(WRK_KEYS=$n WRK_ZIPF_S=0 WRK_PATH=/ wrk -t1 -c64 -d"${DUR}s" --latency -s loadtest/wrk/zipf.lua "http://127.0.0.1:$e" 2>&1)
+  d=$DUR; [ "$n" -ge 1000000 ] && d=$((DUR * 6))
+  out=$(WRK_KEYS=$n WRK_ZIPF_S=0 WRK_PATH=/ wrk -t1 -c64 -d"${d}s" --latency -s loadtest/wrk/zipf.lua "http://127.0.0.1:$e" 2>&1)
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   p99=$(echo "$out" | awk '/ 99%/ {v=$2; if (v ~ /ms$/) v=v*1000; else if (v ~ /us$/) v=v+0; print v}')
   rss=$(metric "127.0.0.1:$a" process_resident_memory_bytes); keys=$(metric "127.0.0.1:$a" poplimit_window_keys)
