@@ -1,10 +1,12 @@
 package shardproxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,9 +53,10 @@ type Op struct {
 // Client is a memcached counter store sharded over a ketama ring that
 // agrees with nutcracker's. It is safe for concurrent use.
 //
-// Each shard has its own gomemcache client over a one-address selector, so a
-// failure is charged to the shard that served the call even when the ring
-// changes meanwhile, and each shard's connection pool has its own lock.
+// Each shard has its own gomemcache client over a one-address selector, and
+// its own pool of pipeline connections, so a failure is charged to the
+// shard that served the call even when the ring changes meanwhile, and each
+// shard's connection pools have their own locks.
 type Client struct {
 	cfg    Config // defaults applied
 	base   *Ring  // every server live; WithLive derives the others
@@ -77,8 +80,9 @@ type Client struct {
 // shard is one memcached server and its health.
 type shard struct {
 	addr  string
-	mc    *memcache.Client
-	slots chan struct{} // one token per round trip in flight; cap MaxConnsPerShard
+	mc    *memcache.Client // single commands
+	pipes pipePool         // pipelines
+	slots chan struct{}    // one token per connection in use, of either kind; cap MaxConnsPerShard
 
 	fails   atomic.Int32 // consecutive failed calls; 0 after a success
 	retryAt atomic.Int64 // Unix ns when an ejected shard returns; 0 while in the ring. Written under Client.mu.
@@ -107,7 +111,12 @@ func New(cfg Config, reg prometheus.Registerer) (*Client, error) {
 		mc := memcache.NewFromSelector(fixedSelector{tcpAddr(s.Addr)})
 		mc.Timeout = cfg.Timeout
 		mc.MaxIdleConns = cfg.MaxConnsPerShard
-		c.shards[i] = &shard{addr: s.Addr, mc: mc, slots: make(chan struct{}, cfg.MaxConnsPerShard)}
+		c.shards[i] = &shard{
+			addr:  s.Addr,
+			mc:    mc,
+			pipes: pipePool{addr: s.Addr, maxIdle: cfg.MaxConnsPerShard},
+			slots: make(chan struct{}, cfg.MaxConnsPerShard),
+		}
 	}
 	c.ring.Store(base)
 	return c, nil
@@ -144,37 +153,20 @@ func (c *Client) Get(ctx context.Context, key uint64, starts ...int64) ([]uint64
 	return vals, err
 }
 
-// task is one unit of work for a worker: one write op, or one multi-get of
-// up to maxKeysPerGet reads on one shard. The worker writes only the result
-// fields and reports the task on the call's done channel; Do reads them only
-// after receiving it. ops never reaches a worker.
-type task struct {
-	kind  opKind
-	shard int
-
-	// Input.
-	op    int      // write: index in ops
-	key   string   // write: memcached key
-	delta uint64   // write: magnitude of Delta
-	ttl   int32    // incr: expiry in seconds of a counter it creates
-	reads []int    // read: indexes in ops (read by Do only)
-	keys  []string // read: memcached keys, aligned with reads
-
-	// Results.
-	value  uint64
-	miss   bool
-	err    error    // the whole task's error, wrapped
-	values []uint64 // read: aligned with keys
-	misses []bool   // read: aligned with keys
-	errs   []error  // read: per key, nil when none failed
-}
-
-// Do performs every op and sets each op's Value or Err (see Op). Ops in one
-// call run concurrently and in no particular order; reads of one shard share
-// one multi-get. Do returns when every op has finished, when ctx is done, or
-// at the latest BatchTimeout after it was called; ops unfinished then fail
-// with ctx's error or ErrTimeout. It keeps no reference to ops after it
-// returns, and is safe for concurrent use.
+// Do performs every op and sets each op's Value or Err (see Op). Do
+// returns when every op has finished, when ctx is done, or at the latest
+// BatchTimeout after it was called; ops unfinished then fail with ctx's
+// error or ErrTimeout. It keeps no reference to ops after it returns, and
+// is safe for concurrent use.
+//
+// Ops on one counter (one Key and Start) take effect in the order given,
+// and each sees the ones before it, so each op's Value is what applying
+// the ops one by one would give; ops on different counters run
+// concurrently, in no particular order. A shard that has one command to
+// run (an incr or decr, or one multi-get of up to 128 reads) runs it
+// through gomemcache; a shard with more runs them as pipelines on its own
+// connections: see the package doc. Two ops on one counter cost a round
+// trip each; the edge sends at most one write per counter in a call.
 //
 // An increment of a missing counter creates it with its TTL in whole
 // seconds, rounded up, at least 1 (a TTL over 30 days is an error: memcached
@@ -194,97 +186,362 @@ func (c *Client) Do(ctx context.Context, ops []Op) {
 		}
 		return
 	}
-	tasks := c.plan(ring, ops)
-	if len(tasks) == 0 {
+	b := getBatch()
+	b.plan(c, ring, ops)
+	if len(b.units) == 0 {
+		b.release()
 		return
 	}
-
-	b := &batch{parent: ctx, tasks: tasks, done: make(chan int, len(tasks))}
+	b.parent = ctx
 	var cancel context.CancelFunc
 	b.ctx, cancel = context.WithDeadline(ctx, now.Add(c.cfg.BatchTimeout))
 	defer cancel()
-	b.queues = queuesOf(tasks, ring.Len())
 	workers := 0
 	for i := range b.queues {
-		workers += min(len(b.queues[i].tasks), c.cfg.Parallelism)
+		workers += min(int(b.queues[i].n), c.cfg.Parallelism)
 	}
 
 	c.closeMu.RLock()
 	if c.closed {
 		c.closeMu.RUnlock()
-		for i := range tasks {
-			c.abandon(ops, &tasks[i], ErrClosed)
+		for u := range b.units {
+			b.abandon(c, ops, int32(u), ErrClosed)
 		}
+		b.count(c)
+		b.release()
 		return
 	}
 	c.wg.Add(workers)
 	c.closeMu.RUnlock()
+	b.refs.Add(int32(workers))
 	for i := range b.queues {
-		for range min(len(b.queues[i].tasks), c.cfg.Parallelism) {
+		for range min(int(b.queues[i].n), c.cfg.Parallelism) {
 			go c.work(b, &b.queues[i])
 		}
 	}
 
-	got := make([]bool, len(tasks))
-	for n := 0; n < len(tasks); n++ {
+	got := b.got[:len(b.units)]
+	for n := 0; n < len(b.units); n++ {
 		select {
-		case i := <-b.done:
-			got[i] = true
-			c.finish(ops, &tasks[i])
+		case u := <-b.done:
+			got[u] = true
+			b.finish(ops, u)
 		case <-b.ctx.Done():
 			for drained := false; !drained; {
 				select {
-				case i := <-b.done:
-					got[i] = true
-					c.finish(ops, &tasks[i])
+				case u := <-b.done:
+					got[u] = true
+					b.finish(ops, u)
 				default:
 					drained = true
 				}
 			}
 			late := c.lateErr(b.parent)
-			for i := range tasks {
-				if !got[i] {
-					c.abandon(ops, &tasks[i], late)
+			for u := range b.units {
+				if !got[u] {
+					b.abandon(c, ops, int32(u), late)
 				}
 			}
-			return
+			n = len(b.units)
 		}
 	}
+	b.count(c)
+	b.release()
 }
 
-// batch is the state of one Do call that its workers share. A worker may
-// outlive the call (while a round trip finishes); it then writes only to
-// tasks, which nobody reads any more, and to done, which has room for every
-// task.
+// opState is an op as the workers see it: plan copies what they need of
+// the caller's op, so that no worker touches ops, and a worker writes the
+// outcome here for Do to copy back.
+type opState struct {
+	// Input, written by plan.
+	kind   opKind
+	phase  int32  // writes to the same counter before this op in the call
+	unit   int32  // index in batch.units; -1: settled by plan
+	ttl    int32  // incr: expiry in seconds of a counter it creates
+	keyAt  int32  // its memcached key is batch.keys[keyAt:keyEnd]
+	keyEnd int32  //
+	delta  uint64 // magnitude of Delta
+	hash   uint64 // of the counter, picks the unit among its shard's
+
+	// Output, written by the worker that runs the unit.
+	value uint64
+	miss  bool  // the counter was missing: created (incr) or read as 0
+	done  bool  // value, miss and err are the op's outcome
+	err   error // wrapped
+}
+
+// reset forgets an outcome the worker no longer trusts.
+func (st *opState) reset() { st.value, st.miss, st.done, st.err = 0, false, false, nil }
+
+// unit is the work of one connection in a batch: ops of one shard, either
+// one command through gomemcache or a pipeline. All the ops on one counter
+// are in one unit.
+type unit struct {
+	shard  int32
+	lo, hi int32 // its ops are batch.order[lo:hi]: by phase, reads first in each
+	reads  int32 // while planning: ops that read, then the next read's slot
+	writes int32 // while planning: ops that write, then the next write's slot
+	phases bool  // some op has a phase > 0
+	pipe   bool
+}
+
+// queue is the units of one shard in a batch, which its own workers take
+// in turn, so a hung shard holds up only its own ops.
+type queue struct {
+	first, n int32        // the units are batch.units[first:first+n]
+	next     atomic.Int32 // index in the queue of the next one to run
+	failed   atomic.Bool  // a unit failed: the shard's one failure of this batch is counted
+}
+
+// batch is the state of one Do call that its workers share. It is pooled:
+// Do and each worker hold a reference, and the last to drop its reference
+// puts it back, so a worker that outlives the call (while a round trip
+// finishes) writes only to a batch that nobody reads any more and nobody
+// reuses yet.
 type batch struct {
 	parent context.Context // the caller's
 	ctx    context.Context // parent with the BatchTimeout deadline
-	tasks  []task
-	queues []queue  // the tasks of each shard that has some
-	done   chan int // indexes of finished tasks; cap len(tasks)
+	refs   atomic.Int32    // Do's and the workers'
+	done   chan int32      // indexes of finished units; cap at least len(units)
+
+	ops    []opState // aligned with Do's ops
+	keys   []byte    // the ops' memcached keys, end to end
+	order  []int32   // op indexes, grouped by unit
+	units  []unit
+	queues []queue
+	got    []bool // per unit: reported on done
+
+	// Planning scratch.
+	perShard   []int32 // ops per shard, then its first unit
+	shardUnits []int32 // units per shard
+	seen       []seenEntry
+	gen        uint32 // marks seen's entries of this call
+	counts     [numKinds][numResults]int32
 }
 
-// queue is the tasks of one shard in a batch. Each shard has its own
-// workers, so a hung shard holds up only its own ops.
-type queue struct {
-	tasks []int32      // indexes in batch.tasks
-	next  atomic.Int32 // index in tasks of the next one to run
+// seenEntry counts the writes to one counter in a call.
+type seenEntry struct {
+	key    uint64
+	start  int64
+	gen    uint32
+	writes int32
 }
 
-// queuesOf groups tasks by shard, in order of first appearance.
-func queuesOf(tasks []task, nshards int) []queue {
-	at := make([]int32, nshards) // per shard: 1 + its queue's index, 0 for none
-	var qs []queue
-	for i := range tasks {
-		s := tasks[i].shard
-		if at[s] == 0 {
-			qs = append(qs, queue{})
-			at[s] = int32(len(qs))
-		}
-		q := &qs[at[s]-1]
-		q.tasks = append(q.tasks, int32(i))
+var batchPool = sync.Pool{New: func() any { return new(batch) }}
+
+// maxPooledOps caps the ops of a batch that goes back to the pool, so one
+// huge call does not pin its memory.
+const maxPooledOps = 8192
+
+func getBatch() *batch {
+	b := batchPool.Get().(*batch)
+	b.refs.Store(1)
+	return b
+}
+
+// release drops a reference; the last one puts b back in the pool.
+func (b *batch) release() {
+	if b.refs.Add(-1) != 0 {
+		return
 	}
-	return qs
+	for len(b.done) > 0 {
+		<-b.done
+	}
+	b.parent, b.ctx = nil, nil
+	if cap(b.ops) > maxPooledOps {
+		return
+	}
+	clear(b.ops) // drop error values
+	batchPool.Put(b)
+}
+
+// key returns op i's memcached key.
+func (b *batch) key(i int32) []byte { st := &b.ops[i]; return b.keys[st.keyAt:st.keyEnd] }
+
+// grow returns s with length n, reusing its array when it has room.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// plan places every op on ring and splits them into units, one queue of
+// units per shard. Ops it rejects outright (a TTL memcached cannot take)
+// are settled here.
+func (b *batch) plan(c *Client, ring *Ring, ops []Op) {
+	n := len(ops)
+	b.ops = grow(b.ops, n)
+	b.keys = b.keys[:0]
+	nshards := ring.Len()
+	perShard := grow(b.perShard, nshards)
+	b.perShard = perShard
+	clear(perShard)
+	b.newSeen(n)
+	mask := uint64(len(b.seen) - 1)
+	for i := range ops {
+		op := &ops[i]
+		op.Value, op.Err = 0, nil
+		st := &b.ops[i]
+		*st = opState{kind: kindOf(op.Delta)}
+		at := len(b.keys)
+		b.keys = AppendCounterKey(b.keys, op.Key, op.Start)
+		st.keyAt, st.keyEnd = int32(at), int32(len(b.keys))
+		sh := ring.Lookup(b.keys[at:])
+		switch st.kind {
+		case kindIncr:
+			ttl, err := ttlSeconds(op.TTL)
+			if err != nil {
+				c.settle(op, kindIncr, false, fmt.Errorf("shardproxy: incr %s: %w", c.shards[sh].addr, err))
+				st.unit = -1
+				continue
+			}
+			st.ttl, st.delta = ttl, uint64(op.Delta)
+		case kindDecr:
+			st.delta = uint64(-op.Delta) // also right for math.MinInt64
+		}
+		// The writes to this counter so far are the op's phase.
+		st.hash = counterHash(op.Key, op.Start)
+		e := &b.seen[st.hash&mask]
+		for j := st.hash; e.gen == b.gen && (e.key != op.Key || e.start != op.Start); {
+			j++
+			e = &b.seen[j&mask]
+		}
+		if e.gen != b.gen {
+			*e = seenEntry{key: op.Key, start: op.Start, gen: b.gen}
+		}
+		st.phase = e.writes
+		if st.kind != kindGet {
+			e.writes++
+		}
+		st.unit = int32(sh) // the shard, until units are made
+		perShard[sh]++
+	}
+
+	// Units: a shard's ops in pieces of at most maxPipelineOps, split by
+	// counter so that each counter's ops stay in order on one connection.
+	b.units = b.units[:0]
+	b.shardUnits = grow(b.shardUnits, nshards)
+	nq := 0
+	for sh, cnt := range perShard {
+		k := (cnt + maxPipelineOps - 1) / maxPipelineOps
+		b.shardUnits[sh] = k
+		if k == 0 {
+			continue
+		}
+		nq++
+		perShard[sh] = int32(len(b.units))
+		for range k {
+			b.units = append(b.units, unit{shard: int32(sh), pipe: k > 1})
+		}
+	}
+	b.queues = grow(b.queues, nq)
+	for q, u := 0, 0; u < len(b.units); q++ {
+		first := u
+		for u < len(b.units) && b.units[u].shard == b.units[first].shard {
+			u++
+		}
+		b.queues[q].first, b.queues[q].n = int32(first), int32(u-first)
+		b.queues[q].next.Store(0)
+		b.queues[q].failed.Store(false)
+	}
+	for i := range b.ops {
+		st := &b.ops[i]
+		if st.unit < 0 {
+			continue
+		}
+		sh := st.unit
+		u := perShard[sh]
+		if k := b.shardUnits[sh]; k > 1 {
+			u += int32(st.hash % uint64(k)) // by counter
+		}
+		st.unit = u
+		un := &b.units[u]
+		if st.kind == kindGet {
+			un.reads++
+		} else {
+			un.writes++
+		}
+		un.phases = un.phases || st.phase > 0
+	}
+	var off int32
+	for u := range b.units {
+		un := &b.units[u]
+		un.lo = off
+		off += un.reads + un.writes
+		un.hi = off
+		gets := (un.reads + maxKeysPerGet - 1) / maxKeysPerGet
+		un.pipe = un.pipe || un.writes+gets > 1
+		un.reads, un.writes = un.lo, un.lo+un.reads // now the next slot of each
+	}
+	b.order = grow(b.order, int(off))
+	for i := range b.ops {
+		st := &b.ops[i]
+		if st.unit < 0 {
+			continue
+		}
+		un := &b.units[st.unit]
+		if st.kind == kindGet {
+			b.order[un.reads] = int32(i)
+			un.reads++
+		} else {
+			b.order[un.writes] = int32(i)
+			un.writes++
+		}
+	}
+	for u := range b.units {
+		if un := &b.units[u]; un.phases {
+			b.sortPhases(b.order[un.lo:un.hi])
+		}
+	}
+	if cap(b.done) < len(b.units) {
+		b.done = make(chan int32, max(len(b.units), 8))
+	}
+	b.got = grow(b.got, len(b.units))
+	clear(b.got)
+}
+
+// sortPhases orders a unit's ops by phase and, within a phase, reads
+// before writes, keeping the call's order otherwise.
+func (b *batch) sortPhases(order []int32) {
+	rank := func(i int32) int64 {
+		st := &b.ops[i]
+		r := int64(st.phase) * 2
+		if st.kind != kindGet {
+			r++
+		}
+		return r
+	}
+	slices.SortStableFunc(order, func(i, j int32) int { return cmp.Compare(rank(i), rank(j)) })
+}
+
+// newSeen readies the table of counters seen for a call of n ops: a power
+// of two at least twice n, its entries of earlier calls told apart by gen.
+func (b *batch) newSeen(n int) {
+	size := 16
+	for size < 2*n {
+		size *= 2
+	}
+	if len(b.seen) < size {
+		b.seen = make([]seenEntry, size)
+		b.gen = 0
+	}
+	b.gen++
+	if b.gen == 0 { // wrapped: entries of 2³² calls ago would look current
+		clear(b.seen)
+		b.gen = 1
+	}
+}
+
+// counterHash mixes a counter's key and window start (splitmix64's
+// finaliser).
+func counterHash(key uint64, start int64) uint64 {
+	h := key ^ uint64(start)*0x9e3779b97f4a7c15
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	return h ^ h>>31
 }
 
 // kindOf returns the kind of an op with the given delta.
@@ -298,53 +555,6 @@ func kindOf(delta int64) opKind {
 	return kindGet
 }
 
-// plan places every op on ring and returns the tasks that perform them.
-// Ops it rejects outright (a TTL memcached cannot take) are settled here.
-func (c *Client) plan(ring *Ring, ops []Op) []task {
-	var buf [MaxCounterKeyLen]byte
-	tasks := make([]task, 0, len(ops))
-	var group []int32 // per shard: index in tasks of its open multi-get, or -1
-	for i := range ops {
-		op := &ops[i]
-		op.Value, op.Err = 0, nil
-		key := AppendCounterKey(buf[:0], op.Key, op.Start)
-		sh := ring.Lookup(key)
-		kind := kindOf(op.Delta)
-		switch kind {
-		case kindGet:
-			if group == nil {
-				group = make([]int32, ring.Len())
-				for j := range group {
-					group[j] = -1
-				}
-			}
-			g := group[sh]
-			if g < 0 || len(tasks[g].keys) == maxKeysPerGet {
-				g = int32(len(tasks))
-				group[sh] = g
-				tasks = append(tasks, task{kind: kindGet, shard: sh})
-			}
-			tasks[g].reads = append(tasks[g].reads, i)
-			tasks[g].keys = append(tasks[g].keys, string(key))
-		default:
-			t := task{kind: kind, shard: sh, op: i, key: string(key)}
-			if kind == kindIncr {
-				t.delta = uint64(op.Delta)
-				ttl, err := ttlSeconds(op.TTL)
-				if err != nil {
-					c.settle(op, kind, false, fmt.Errorf("shardproxy: incr %s: %w", c.shards[sh].addr, err))
-					continue
-				}
-				t.ttl = ttl
-			} else {
-				t.delta = uint64(-op.Delta) // also right for math.MinInt64
-			}
-			tasks = append(tasks, t)
-		}
-	}
-	return tasks
-}
-
 // ttlSeconds converts a counter's TTL to memcached's relative expiry: whole
 // seconds rounded up, at least 1, at most 30 days.
 func ttlSeconds(ttl time.Duration) (int32, error) {
@@ -355,95 +565,173 @@ func ttlSeconds(ttl time.Duration) (int32, error) {
 	return max(s, 1), nil
 }
 
-// work runs the tasks of q until none is left or b.ctx is done, reporting
+// work runs the units of q until none is left or b.ctx is done, reporting
 // each on b.done.
 func (c *Client) work(b *batch, q *queue) {
 	defer c.wg.Done()
+	defer b.release()
 	for {
-		n := int(q.next.Add(1)) - 1
-		if n >= len(q.tasks) || b.ctx.Err() != nil {
+		n := q.next.Add(1) - 1
+		if n >= q.n || b.ctx.Err() != nil {
 			return
 		}
-		i := int(q.tasks[n])
-		c.run(b, &b.tasks[i])
-		b.done <- i
+		u := q.first + n
+		c.run(b, q, u)
+		b.done <- u
 	}
 }
 
-// run performs one task on its shard, with one of the shard's connection
-// slots, and updates the shard's health.
-func (c *Client) run(b *batch, t *task) {
-	s := c.shards[t.shard]
+// run performs one unit on its shard, with one of the shard's connection
+// slots, and updates the shard's health: a failure (a connection error, a
+// timeout, a reply that is not memcached's) counts once per shard per
+// batch, however many ops it fails.
+func (c *Client) run(b *batch, q *queue, u int32) {
+	un := &b.units[u]
+	s := c.shards[un.shard]
+	order := b.order[un.lo:un.hi]
 	select {
 	case s.slots <- struct{}{}:
 	case <-b.ctx.Done():
-		t.err = fmt.Errorf("shardproxy: %s %s: %w", t.kind, s.addr, c.lateErr(b.parent))
+		b.fail(order, s.addr, c.lateErr(b.parent))
 		return
 	}
 	begin := time.Now()
-	err := protect(s, func() error { return c.call(s, t) })
-	<-s.slots
-	c.m.latency[t.kind].Observe(time.Since(begin).Seconds())
-	if err != nil {
-		t.err = wrapErr(t.kind, s.addr, err)
-		if !answered(err) {
-			c.failed(t.shard, time.Now())
-			return
+	var failure error
+	if un.pipe {
+		if failure = c.pipeline(b, s, order); failure != nil {
+			b.fail(order, s.addr, failure)
+		} else if b.pending(order) {
+			b.fail(order, s.addr, c.lateErr(b.parent)) // the batch ended before them
 		}
+	} else {
+		if err := protect(s, func() error { return c.call(b, s, order) }); err != nil {
+			b.fail(order, s.addr, err)
+			if !answered(err) {
+				failure = err
+			}
+		}
+	}
+	<-s.slots
+	var kinds [numKinds]bool
+	for _, i := range order {
+		kinds[b.ops[i].kind] = true
+	}
+	took := time.Since(begin).Seconds()
+	for k, ok := range kinds {
+		if ok {
+			c.m.latency[k].Observe(took)
+		}
+	}
+	if failure != nil {
+		if q.failed.CompareAndSwap(false, true) {
+			c.failed(int(un.shard), time.Now())
+		}
+		return
 	}
 	c.succeeded(s)
 }
 
-// call sends the task's commands. It returns the first error of a round
-// trip; a missing counter is not an error but sets t.miss.
-func (c *Client) call(s *shard, t *task) error {
-	switch t.kind {
-	case kindIncr:
-		v, err := s.mc.Increment(t.key, t.delta)
-		if err != memcache.ErrCacheMiss {
-			t.value = v
-			return err
-		}
-		t.miss = true
-		err = s.mc.Add(&memcache.Item{Key: t.key, Value: strconv.AppendUint(nil, t.delta, 10), Expiration: t.ttl})
-		if err != memcache.ErrNotStored {
-			t.value = t.delta
-			return err
-		}
-		// Another client created the counter between our incr and add.
-		t.miss = false
-		t.value, err = s.mc.Increment(t.key, t.delta)
-		return err
-	case kindDecr:
-		v, err := s.mc.Decrement(t.key, t.delta)
-		if err == memcache.ErrCacheMiss {
-			t.miss = true
-			return nil
-		}
-		t.value = v
-		return err
-	}
-	items, err := s.mc.GetMulti(t.keys)
+// pipeline runs a unit's ops as pipelines on one of the shard's
+// connections. It returns the connection's failure, if any, after closing
+// it (and the shard's idle ones: a server that broke one has likely broken
+// them all).
+func (c *Client) pipeline(b *batch, s *shard, order []int32) error {
+	pc, err := s.pipes.get(c.cfg.Timeout)
 	if err != nil {
 		return err
 	}
-	t.values = make([]uint64, len(t.keys))
-	t.misses = make([]bool, len(t.keys))
-	for j, k := range t.keys {
-		it, ok := items[k]
+	x := exchange{b: b, pc: pc, addr: s.addr, timeout: c.cfg.Timeout}
+	if err := x.run(order); err != nil {
+		pc.nc.Close()
+		s.pipes.drain(false)
+		return err
+	}
+	s.pipes.put(pc)
+	return nil
+}
+
+// pending reports whether an op of order has no outcome yet.
+func (b *batch) pending(order []int32) bool {
+	for _, i := range order {
+		if !b.ops[i].done {
+			return true
+		}
+	}
+	return false
+}
+
+// fail gives err to every op of order that has no outcome yet, wrapped
+// once per kind of op.
+func (b *batch) fail(order []int32, addr string, err error) {
+	var wrapped [numKinds]error
+	for _, i := range order {
+		st := &b.ops[i]
+		if st.done {
+			continue
+		}
+		if wrapped[st.kind] == nil {
+			wrapped[st.kind] = wrapErr(st.kind, addr, err)
+		}
+		st.value, st.miss, st.done, st.err = 0, false, true, wrapped[st.kind]
+	}
+}
+
+// call sends a unit's one command through gomemcache: an incr (with its
+// add, and its second incr if it lost the add race), a decr, or a
+// multi-get. It returns the first error of a round trip; a missing counter
+// is not an error but sets miss.
+func (c *Client) call(b *batch, s *shard, order []int32) error {
+	st := &b.ops[order[0]]
+	switch st.kind {
+	case kindIncr:
+		key := string(b.key(order[0]))
+		v, err := s.mc.Increment(key, st.delta)
+		if err != memcache.ErrCacheMiss {
+			st.value, st.done = v, err == nil
+			return err
+		}
+		st.miss = true
+		err = s.mc.Add(&memcache.Item{Key: key, Value: strconv.AppendUint(nil, st.delta, 10), Expiration: st.ttl})
+		if err != memcache.ErrNotStored {
+			st.value, st.done = st.delta, err == nil
+			return err
+		}
+		// Another client created the counter between our incr and add.
+		st.miss = false
+		v, err = s.mc.Increment(key, st.delta)
+		st.value, st.done = v, err == nil
+		return err
+	case kindDecr:
+		v, err := s.mc.Decrement(string(b.key(order[0])), st.delta)
+		if err == memcache.ErrCacheMiss {
+			st.miss, st.done = true, true
+			return nil
+		}
+		st.value, st.done = v, err == nil
+		return err
+	}
+	keys := make([]string, len(order))
+	for j, i := range order {
+		keys[j] = string(b.key(i))
+	}
+	items, err := s.mc.GetMulti(keys)
+	if err != nil {
+		return err
+	}
+	for j, i := range order {
+		st := &b.ops[i]
+		st.done = true
+		it, ok := items[keys[j]]
 		if !ok {
-			t.misses[j] = true
+			st.miss = true
 			continue
 		}
 		v, err := parseCounter(it.Value)
 		if err != nil {
-			if t.errs == nil {
-				t.errs = make([]error, len(t.keys))
-			}
-			t.errs[j] = fmt.Errorf("shardproxy: get %s: %s: %w", s.addr, k, err)
+			st.err = fmt.Errorf("shardproxy: get %s: %s: %w", s.addr, keys[j], err)
 			continue
 		}
-		t.values[j] = v
+		st.value = v
 	}
 	return nil
 }
@@ -451,8 +739,8 @@ func (c *Client) call(s *shard, t *task) error {
 // parseCounter reads a counter's value: decimal digits, which memcached may
 // pad with trailing spaces after a decr shortens them in place.
 func parseCounter(b []byte) (uint64, error) {
-	v, err := strconv.ParseUint(strings.TrimRight(string(b), " "), 10, 64)
-	if err != nil {
+	v, ok := parseDigits(b)
+	if !ok {
 		return 0, fmt.Errorf("value %.40q is not a counter", b)
 	}
 	return v, nil
@@ -526,37 +814,44 @@ func (c *Client) lateErr(parent context.Context) error {
 	return fmt.Errorf("%w: no reply within %v", ErrTimeout, c.cfg.BatchTimeout)
 }
 
-// finish copies a finished task's results into ops and counts them.
-func (c *Client) finish(ops []Op, t *task) {
-	if t.kind != kindGet {
-		c.settle(&ops[t.op], t.kind, t.miss, t.err)
-		if t.err == nil {
-			ops[t.op].Value = t.value
+// finish copies a finished unit's outcomes into ops and counts them.
+func (b *batch) finish(ops []Op, u int32) {
+	un := &b.units[u]
+	for _, i := range b.order[un.lo:un.hi] {
+		st := &b.ops[i]
+		op := &ops[i]
+		op.Value, op.Err = 0, st.err
+		if st.err == nil {
+			op.Value = st.value
 		}
-		return
-	}
-	for j, i := range t.reads {
-		switch {
-		case t.err != nil:
-			c.settle(&ops[i], kindGet, false, t.err)
-		case t.errs != nil && t.errs[j] != nil:
-			c.settle(&ops[i], kindGet, false, t.errs[j])
-		default:
-			c.settle(&ops[i], kindGet, t.misses[j], nil)
-			ops[i].Value = t.values[j]
-		}
+		b.counts[st.kind][classify(st.err, st.miss)]++
 	}
 }
 
-// abandon fails the ops of a task that Do stops waiting for, with err.
-func (c *Client) abandon(ops []Op, t *task, err error) {
-	err = fmt.Errorf("shardproxy: %s %s: %w", t.kind, c.shards[t.shard].addr, err)
-	if t.kind != kindGet {
-		c.settle(&ops[t.op], t.kind, false, err)
-		return
+// abandon fails the ops of a unit that Do stops waiting for, with err.
+func (b *batch) abandon(c *Client, ops []Op, u int32, err error) {
+	un := &b.units[u]
+	addr := c.shards[un.shard].addr
+	var wrapped [numKinds]error
+	for _, i := range b.order[un.lo:un.hi] {
+		k := b.ops[i].kind
+		if wrapped[k] == nil {
+			wrapped[k] = fmt.Errorf("shardproxy: %s %s: %w", k, addr, err)
+		}
+		ops[i].Value, ops[i].Err = 0, wrapped[k]
+		b.counts[k][classify(wrapped[k], false)]++
 	}
-	for _, i := range t.reads {
-		c.settle(&ops[i], kindGet, false, err)
+}
+
+// count adds the outcomes finish and abandon counted to the metrics.
+func (b *batch) count(c *Client) {
+	for k := range b.counts {
+		for r, n := range b.counts[k] {
+			if n > 0 {
+				c.m.ops[k][r].Add(float64(n))
+				b.counts[k][r] = 0
+			}
+		}
 	}
 }
 
@@ -594,7 +889,7 @@ func (c *Client) Close() error {
 	c.wg.Wait()
 	var errs []error
 	for _, s := range c.shards {
-		if err := s.mc.Close(); err != nil {
+		if err := errors.Join(s.mc.Close(), s.pipes.drain(true)); err != nil {
 			errs = append(errs, fmt.Errorf("shardproxy: close %s: %w", s.addr, err))
 		}
 	}

@@ -235,19 +235,25 @@ func TestPlanGroupsReadsPerShard(t *testing.T) {
 		}
 	}
 	ops = append(ops, Op{Key: 1, Start: 0, Delta: 1, TTL: time.Second}, Op{Key: 2, Start: 0, Delta: -1})
-	tasks := c.plan(ring, ops)
+	b := getBatch()
+	defer b.release()
+	b.plan(c, ring, ops)
 	var reads, writes int
 	perShard := map[int]int{}
-	for _, tk := range tasks {
-		if tk.kind == kindGet {
-			reads++
-			perShard[tk.shard] += len(tk.keys)
-			if len(tk.keys) > maxKeysPerGet {
-				t.Errorf("multi-get of %d keys, want at most %d", len(tk.keys), maxKeysPerGet)
+	for _, un := range b.units {
+		n := 0
+		for _, i := range b.order[un.lo:un.hi] {
+			if got := ring.Lookup(b.key(i)); got != int(un.shard) {
+				t.Errorf("op %d: in a unit of shard %d, want shard %d", i, un.shard, got)
 			}
-		} else {
-			writes++
+			if b.ops[i].kind == kindGet {
+				n++
+			} else {
+				writes++
+			}
 		}
+		perShard[int(un.shard)] += n
+		reads += (n + maxKeysPerGet - 1) / maxKeysPerGet // multi-gets the unit sends
 	}
 	wantReads := 0
 	for s, n := range shards {
@@ -515,9 +521,16 @@ func TestGarbageReplies(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			addr := garbageServer(t, tt.reply)
-			c := newClient(t, Config{Servers: []Server{{Addr: addr}}, Timeout: slow})
+			c := newClient(t, Config{Servers: []Server{{Addr: addr}}, Timeout: slow, FailureLimit: 1000})
+			// One batch, which the shard runs as a pipeline, then each op
+			// alone, which it runs through gomemcache.
 			ops := []Op{{Key: 1, Delta: 1, TTL: time.Second}, {Key: 2, Delta: -1}, {Key: 3}, {Key: 4}}
 			c.Do(context.Background(), ops)
+			for i := range 3 {
+				single := []Op{{Key: ops[i].Key, Delta: ops[i].Delta, TTL: ops[i].TTL}}
+				c.Do(context.Background(), single)
+				ops = append(ops, single[0])
+			}
 			for _, op := range ops {
 				if op.Err == nil {
 					t.Errorf("op %+v: got nil error and value %d, want an error", op, op.Value)
@@ -690,6 +703,32 @@ func BenchmarkClientDoBatch(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		for j := range ops {
 			ops[j] = Op{Key: uint64(j), Start: int64(i % 4), Delta: int64(j % 2), TTL: time.Minute}
+		}
+		c.Do(context.Background(), ops)
+		if ops[0].Err != nil {
+			b.Fatal(ops[0].Err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ops)), "ns/op-in-batch")
+}
+
+// BenchmarkClientDoBatch256 is a flush as the edge sends it: 256 ops over 3
+// shards, mostly increments of keys that exist, some decrements and reads.
+func BenchmarkClientDoBatch256(b *testing.B) {
+	ps := startShards(b, 3)
+	c := newClient(b, Config{Servers: serversOf(ps)})
+	ops := make([]Op, 256)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range ops {
+			delta := int64(1 + j%3)
+			switch j % 16 {
+			case 5:
+				delta = -1
+			case 11, 13:
+				delta = 0
+			}
+			ops[j] = Op{Key: uint64(j) * 0x9e3779b97f4a7c15, Start: int64(i % 4), Delta: delta, TTL: time.Minute}
 		}
 		c.Do(context.Background(), ops)
 		if ops[0].Err != nil {

@@ -43,29 +43,37 @@ type Config struct {
 	Hash Hash
 
 	// Timeout bounds one round trip to a shard: the dial, and the write and
-	// read of one command (gomemcache's Timeout). It is also what a hung
+	// read of one command (gomemcache's Timeout) or of one round of a
+	// pipeline, however many commands it carries. It is also what a hung
 	// shard costs an op. Default 100ms, at most one minute.
 	Timeout time.Duration
 
 	// BatchTimeout bounds one Do call: ops without a reply by then fail with
 	// ErrTimeout. An increment of a missing counter takes up to three round
-	// trips (incr, add, incr), each bounded by Timeout; a call still running
-	// when Do returns finishes in the background and only updates the
-	// shard's health. Default Timeout + 50ms; not less than Timeout.
+	// trips (incr, add, incr), each bounded by Timeout, and so does each
+	// further write of a counter in the same call; a call still running
+	// when Do returns finishes its round trip in the background and only
+	// updates the shard's health. Default Timeout + 50ms; not less than
+	// Timeout.
 	BatchTimeout time.Duration
 
-	// MaxConnsPerShard caps the connections to one shard, in use and idle
-	// alike: it is both the number of round trips in flight to a shard and
-	// gomemcache's MaxIdleConns, so a busy client keeps its connections
-	// instead of redialling (gomemcache's own default keeps 2). Size it to
-	// the concurrency of the callers. Default 64, at most 4096.
+	// MaxConnsPerShard caps the connections in use to one shard, single
+	// commands and pipelines together: it is the number of round trips in
+	// flight to a shard. It is also how many idle connections each kind
+	// keeps (gomemcache's MaxIdleConns, whose own default keeps 2, and the
+	// pipelines' pool), so a busy client keeps its connections instead of
+	// redialling. A shard thus sees up to twice MaxConnsPerShard
+	// connections from a client; the edge's flusher keeps one pipeline per
+	// shard. Size it to the concurrency of the callers. Default 64, at most
+	// 4096.
 	MaxConnsPerShard int
 
-	// Parallelism caps the goroutines one Do call runs the ops of one shard
-	// on; each shard has its own, so a hung shard delays no other shard's
-	// ops. A call thus runs at most Parallelism × (shards it touches)
-	// goroutines, and never more than it has round trips to make. Default
-	// 8, at most 1024.
+	// Parallelism caps the goroutines, each with one connection, that one
+	// Do call runs the ops of one shard on; each shard has its own, so a
+	// hung shard delays no other shard's ops. A shard's ops take one
+	// pipeline per 512, so a call of up to 512 ops per shard runs one
+	// goroutine per shard it touches, and never more than Parallelism ×
+	// (shards it touches). Default 8, at most 1024.
 	Parallelism int
 
 	// FailureLimit is the number of consecutive failed calls (timeouts,

@@ -12,21 +12,26 @@ func (c *Client) succeeded(s *shard) {
 // failed records a failed call on shard i at now. The FailureLimit-th
 // consecutive failure ejects the shard for RetryTimeout (nutcracker's
 // server_failure with auto_eject_hosts): the ring is rebuilt without it and
-// its keys move to the other shards.
+// its keys move to the other shards. Its idle connections are closed, so
+// that when it comes back on probation its first call is not lost to a
+// connection its failure left behind.
 func (c *Client) failed(i int, now time.Time) {
 	s := c.shards[i]
 	if s.fails.Add(1) < int32(c.cfg.FailureLimit) {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if s.retryAt.Load() != 0 {
+		c.mu.Unlock()
 		return // already out: a call that was in flight when it was ejected
 	}
 	s.fails.Store(0)
 	s.retryAt.Store(now.Add(c.cfg.RetryTimeout).UnixNano())
 	c.m.ejections.Inc()
 	c.rebuildLocked()
+	c.mu.Unlock()
+	s.pipes.drain(false)
+	s.mc.Close()
 }
 
 // maybeRestore puts back every ejected shard whose RetryTimeout has passed at

@@ -59,7 +59,7 @@ func newMetrics(reg prometheus.Registerer, nshards int) (*metrics, error) {
 		}, []string{"op", "result"}),
 		latencyVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "op_duration_seconds",
-			Help:    "Time of one store call to a shard (an incr with its add, or one multi-get), by operation.",
+			Help:    "Time of one call to a shard, by operation: a single command (an incr with its add, a multi-get), or a pipeline, observed once for each operation it carries.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14), // 50µs … 410ms
 		}, []string{"op"}),
 		ejections: prometheus.NewCounter(prometheus.CounterOpts{
