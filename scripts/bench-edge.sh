@@ -73,6 +73,10 @@ args=(-listen "127.0.0.1:$edge" -admin "127.0.0.1:$admin" -rules "$tmp/rules.yam
 "$tmp/edge" "${args[@]}" & pids+=($!)
 wait_port "$bare"; wait_port "$edge"
 
+cpu_ticks() { # pid → user+system clock ticks so far
+  awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
+HZ=$(getconf CLK_TCK)
 run_wrk() { # target path conns → "rps p50_us p99_us non2xx"
   WRK_PATH=$2 wrk -t1 -c"$3" -d"${DUR}s" --latency -s loadtest/wrk/zipf.lua "http://127.0.0.1:$1" 2>&1 | awk '
     function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return v*1000; if (v ~ /s$/) return v*1000000; return v }
@@ -80,13 +84,25 @@ run_wrk() { # target path conns → "rps p50_us p99_us non2xx"
     END { printf "%.0f %.0f %.0f %d\n", rps, p50, p99, n }'
 }
 echo "bench-edge: $ROUNDS rounds of ${DUR}s, wrk -t1 -c$CONNS, 10,000 Zipf(1.1) keys; events: $([ -n "$brokers" ] && echo "to the embedded broker" || echo off)"
-printf "%-6s %-9s %10s %9s %9s %9s\n" round target req/s p50_us p99_us non2xx
-declare -A sum
+# CPU in cores over each run: the generator (wrk), the server under test,
+# and everything else (memcached, broker, aggregator) — what limited it.
+printf "%-6s %-9s %10s %9s %9s %9s %7s %7s %7s\n" round target req/s p50_us p99_us non2xx wrk srv rest
+bare_pid=${pids[-2]} edge_pid=${pids[-1]}
+total_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 for r in $(seq "$ROUNDS"); do
   for t in bare async sync blocked; do
-    case $t in bare) res=$(run_wrk "$bare" / "$CONNS") ;; *) res=$(run_wrk "$edge" "/$t/x" "$CONNS") ;; esac
+    srv=$edge_pid; [ $t = bare ] && srv=$bare_pid
+    s0=$(cpu_ticks "$srv"); a0=$(total_ticks)
+    start=$(date +%s.%N)
+    case $t in bare) res=$(/usr/bin/time -f "%U %S" -o "$tmp/wrkcpu" bash -c "$(declare -f run_wrk); DUR=$DUR; run_wrk $bare / $CONNS") ;;
+               *) res=$(/usr/bin/time -f "%U %S" -o "$tmp/wrkcpu" bash -c "$(declare -f run_wrk); DUR=$DUR; run_wrk $edge /$t/x $CONNS") ;; esac
+    secs=$(echo "$(date +%s.%N) - $start" | bc -l)
+    s1=$(cpu_ticks "$srv"); a1=$(total_ticks)
+    wcpu=$(awk -v d="$secs" '{ printf "%.2f", ($1 + $2) / d }' "$tmp/wrkcpu")
+    scpu=$(echo "($s1 - $s0) / $HZ / $secs" | bc -l)
+    rest=$(echo "($a1 - $a0) / $HZ / $secs - $scpu - $wcpu" | bc -l)
     read -r rps p50 p99 n <<<"$res"
-    printf "%-6s %-9s %10s %9s %9s %9s\n" "$r" "$t" "$rps" "$p50" "$p99" "$n"
+    printf "%-6s %-9s %10s %9s %9s %9s %7.2f %7.2f %7.2f\n" "$r" "$t" "$rps" "$p50" "$p99" "$n" "$wcpu" "$scpu" "$rest"
     echo "$r $t $rps $p50 $p99 $n" >> "$tmp/results"
   done
 done
