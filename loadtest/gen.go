@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"github.com/poplimit/poplimit/window"
 	"iter"
 	"math"
 	"math/rand/v2"
@@ -403,7 +404,7 @@ func Stuffing(cfg StuffingConfig) (Trace, error) {
 	if cfg.Gap <= 0 || cfg.Gap > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("loadtest: stuffing: Gap %v: must be above 0 and at most 24h", cfg.Gap))
 	}
-	if cfg.UserHeader != "" && (!isToken(cfg.UserHeader) || replayerHeader(cfg.UserHeader)) {
+	if cfg.UserHeader != "" && (!window.IsToken(cfg.UserHeader) || replayerHeader(cfg.UserHeader)) {
 		errs = append(errs, fmt.Errorf("loadtest: stuffing: UserHeader %q: not a header name the trace may set", cfg.UserHeader))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/poplimit/poplimit/window"
 	"io"
 	"math"
 	"net"
@@ -153,7 +154,7 @@ func (c ReplayConfig) Validate() error {
 	if c.Align < 0 || c.Align > 24*time.Hour {
 		bad("Align", c.Align, "must be between 0 and 24h")
 	}
-	if c.ClientIPHeader != "" && !isToken(c.ClientIPHeader) {
+	if c.ClientIPHeader != "" && !window.IsToken(c.ClientIPHeader) {
 		bad("ClientIPHeader", strconv.Quote(c.ClientIPHeader), "not a header name")
 	}
 	if c.PathPrefix != "" && (c.PathPrefix[0] != '/' || !printableASCII(c.PathPrefix)) {

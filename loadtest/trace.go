@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/poplimit/poplimit/window"
 	"io"
 	"iter"
 	"maps"
@@ -183,7 +184,7 @@ func parseTraceLine(line []byte) (Request, bool, *fieldError) {
 
 // checkRequest validates the fields that every trace source must get right.
 func checkRequest(r *Request) *fieldError {
-	if r.Method != "" && (len(r.Method) > maxMethod || !isToken(r.Method)) {
+	if r.Method != "" && (len(r.Method) > maxMethod || !window.IsToken(r.Method)) {
 		return badf(ReasonField, "method %s: not an HTTP method token", quoteShort(r.Method))
 	}
 	if r.Path != "" && (len(r.Path) > maxPath || r.Path[0] != '/' || !printableASCII(r.Path)) {
@@ -196,7 +197,7 @@ func checkRequest(r *Request) *fieldError {
 		return badf(ReasonField, "%d headers: at most %d", len(r.Headers), maxHeaders)
 	}
 	for k, v := range r.Headers {
-		if len(k) > maxHeaderName || !isToken(k) {
+		if len(k) > maxHeaderName || !window.IsToken(k) {
 			return badf(ReasonField, "header name %s: not a token", quoteShort(k))
 		}
 		if replayerHeader(k) {
@@ -217,19 +218,6 @@ func replayerHeader(name string) bool {
 		}
 	}
 	return false
-}
-
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 func printableASCII(s string) bool {

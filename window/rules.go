@@ -605,7 +605,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 			b(p+".max_cost", strconv.FormatInt(*y.MaxCost, 10), "applies only with cost_header")
 		}
 	}
-	if y.CostHeader != "" && !validToken(y.CostHeader) {
+	if y.CostHeader != "" && !IsToken(y.CostHeader) {
 		b(p+".cost_header", strconv.Quote(y.CostHeader), "is not a valid header name")
 	}
 	for tier, l := range y.Tiers {
@@ -658,7 +658,7 @@ func parseKeyPart(s string) (KeyPart, string) {
 		if !hasName || name == "" {
 			return KeyPart{}, `needs a name, as in "` + src + `:NAME"`
 		}
-		if !validToken(name) {
+		if !IsToken(name) {
 			return KeyPart{}, "name is not a valid token"
 		}
 		k := KeyPart{Name: name}
@@ -675,8 +675,9 @@ func parseKeyPart(s string) (KeyPart, string) {
 	return KeyPart{}, `must be "ip", "header:NAME", "query:NAME" or "cookie:NAME"`
 }
 
-// validToken reports whether s is an RFC 9110 token of at most 256 bytes.
-func validToken(s string) bool {
+// IsToken reports whether s is an RFC 9110 token (a header name, say) of
+// at most 256 bytes.
+func IsToken(s string) bool {
 	if s == "" || len(s) > 256 {
 		return false
 	}
