@@ -87,8 +87,11 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) uint32 {
 	i := s.alloc(l)
 	e := &s.slab[i]
 	w := int64(r.Window)
+	// A new entry starts unreferenced: only a second request marks it, so
+	// a flood of one-request keys is evicted on the hand's first pass and
+	// cannot push out the keys that come back (CLOCK's scan resistance).
 	*e = entry{key: key, start: windowStart(t, w), win: w, last: t,
-		flags: flagRef | flagNeedCurr | e.flags&flagQueued}
+		flags: flagNeedCurr | e.flags&flagQueued}
 	s.idx[key] = i
 	s.n.Add(1)
 	s.enqueue(i)
@@ -159,22 +162,40 @@ func (s *shard) alloc(l *Limiter) uint32 {
 		s.slab = append(s.slab, entry{})
 		return uint32(len(s.slab) - 1)
 	}
-	victim := -1
-	for k := 0; k < evictScan; k++ {
-		s.hand = (s.hand + 1) % len(s.slab)
-		e := &s.slab[s.hand]
-		if e.flags&flagRef != 0 {
-			e.flags &^= flagRef
-			continue
+	// CLOCK: the hand passes referenced entries, clearing their bit, and
+	// stops at the first unreferenced one with nothing unsent. An
+	// unreferenced entry with unsent increments is taken only when the scan
+	// finds nothing better, and the hand moves only to the victim, so a
+	// burst of new (queued) keys cannot make it race round the table
+	// clearing the bits of the keys that keep coming back.
+	n := len(s.slab)
+	victim, fallback := -1, -1
+	for k := 1; k <= evictScan; k++ {
+		i := (s.hand + k) % n
+		f := s.slab[i].flags
+		switch {
+		case f&flagRef != 0:
+		case f&flagQueued != 0:
+			if fallback < 0 {
+				fallback = i
+			}
+		default:
+			victim = i
 		}
-		victim = s.hand
-		if e.flags&flagQueued == 0 {
+		if victim >= 0 {
 			break
 		}
 	}
 	if victim < 0 {
-		victim = s.hand
+		victim = fallback
 	}
+	if victim < 0 {
+		victim = (s.hand + evictScan) % n // all referenced: take the last seen
+	}
+	for i := (s.hand + 1) % n; i != victim; i = (i + 1) % n {
+		s.slab[i].flags &^= flagRef
+	}
+	s.hand = victim
 	e := &s.slab[victim]
 	if lost := uint64(e.prevPend) + uint64(e.pend); lost > 0 {
 		l.m.pendingDropped.Add(float64(lost))
