@@ -317,6 +317,10 @@ func TestProduceConsume(t *testing.T) {
 				want = append(want, evs...)
 				cfg := fastProducerConfig(addr, "events")
 				cfg.Async = async
+				// Delivery, not outages, is under test: a write that times
+				// out on a starved machine is retried, and kafka-go has no
+				// idempotent producer, so a short timeout would duplicate.
+				cfg.WriteTimeout, cfg.MaxAttempts = 10*time.Second, 5
 				p, reg := newProducer(t, cfg)
 				regs[edge] = reg
 				wg.Go(func() { // one producer per edge, emitting concurrently
