@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"unsafe"
@@ -83,11 +84,9 @@ func parseIP(b []byte) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// KeySep separates the parts of a composite key.
-const KeySep = 0x1f
-
 // FallbackKeyTag starts a key built from the client IP because the rule's
-// own key was missing, so it never equals a key built from a header.
+// own key was missing. No key built from the request itself starts with a
+// NUL byte (see AppendKey), so a fallback key never equals one.
 const FallbackKeyTag = "\x00ip\x00"
 
 // AppendFallbackKey appends the key of a request whose rule's key is
@@ -100,16 +99,24 @@ func AppendFallbackKey(dst []byte, ip netip.Addr) []byte {
 // the edge builds it (the offline simulator builds it with this too, so the
 // hashes agree). ok is false when a part of the recipe is missing. It does
 // not allocate once dst has room.
+//
+// The encoding is injective, because a query value is percent-decoded and
+// may hold any byte: a key of one part is the value itself (so overrides
+// name API keys as they are), with a 0x01 put before a value that starts
+// with 0x00 or 0x01, so that no key starts with the NUL of FallbackKeyTag;
+// a key of several parts is each part preceded by its length (uvarint), so
+// no two splits of the same bytes meet.
 func AppendKey(dst []byte, req *fasthttp.Request, r *window.Rule, ip netip.Addr) (_ []byte, ok bool) {
-	for i, p := range r.Key {
-		if i > 0 {
-			dst = append(dst, KeySep)
-		}
+	single := len(r.Key) == 1
+	for _, p := range r.Key {
 		var v []byte
 		switch p.Source {
 		case window.KeyIP:
-			dst = ip.AppendTo(dst)
-			continue
+			if single {
+				return ip.AppendTo(dst), true
+			}
+			var a [64]byte
+			v = ip.AppendTo(a[:0])
 		case window.KeyHeader:
 			v = req.Header.Peek(p.Name)
 		case window.KeyQuery:
@@ -120,6 +127,13 @@ func AppendKey(dst []byte, req *fasthttp.Request, r *window.Rule, ip netip.Addr)
 		if len(v) == 0 {
 			return dst, false
 		}
+		if single {
+			if v[0] <= 0x01 {
+				dst = append(dst, 0x01)
+			}
+			return append(dst, v...), true
+		}
+		dst = binary.AppendUvarint(dst, uint64(len(v)))
 		dst = append(dst, v...)
 	}
 	return dst, true

@@ -9,7 +9,7 @@ import (
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/pipeline"
 	"sort"
-	"strings"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -417,22 +417,17 @@ func (o *offline) limitedKey(st *ruleStats, h uint64, key []byte, at time.Durati
 	st.keys[h] = &keyStat{key: displayKey(key), limited: 1, first: at}
 }
 
-// displayKey renders key material for a report.
+// displayKey renders key material for a report: a fallback key as
+// "ip-fallback:<address>", any other with its unprintable bytes escaped.
 func displayKey(k []byte) string {
-	var b strings.Builder
+	prefix := ""
 	if rest, ok := bytes.CutPrefix(k, []byte(edge.FallbackKeyTag)); ok {
-		b.WriteString("ip-fallback:")
-		k = rest
+		prefix, k = "ip-fallback:", rest
 	}
-	for i, part := range bytes.Split(k, []byte{edge.KeySep}) {
-		if i > 0 {
-			b.WriteString(" | ")
-		}
-		b.Write(part)
-	}
-	s := strings.ToValidUTF8(b.String(), "\uFFFD")
+	s := strconv.QuoteToASCII(string(k))
+	s = prefix + s[1:len(s)-1]
 	if len(s) > maxKeyDisplay {
-		s = strings.ToValidUTF8(s[:maxKeyDisplay], "") + "…"
+		s = s[:maxKeyDisplay] + "…"
 	}
 	return s
 }
