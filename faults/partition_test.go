@@ -1,0 +1,226 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/loadtest"
+	"github.com/poplimit/poplimit/pipeline"
+)
+
+// TestPartition splits two edges so that each reaches only part of the
+// shards, seed 002's "half the API servers see one copy, half see another":
+// edge 1 loses shard 2 and edge 2 loses shard 0 (their relays go silent;
+// both still reach shard 1), for 8 s here and 30 s in the full version, then
+// heals. Each edge ejects the shard it lost and counts that shard's keys on
+// the others, where the other edge does not look: a key of shard 0 or 2 is
+// counted in two places, and each edge admits it up to its limit. What every
+// client experienced is logged before, during and after; after the heal the
+// edges must converge by themselves (the shards return to both rings on
+// their retry timer) and decide as well as before.
+func TestPartition(t *testing.T) {
+	_, addrs := testenv.Shards(t, 3)
+	var relays [2][]*testenv.Relay
+	var edges []*inEdge
+	var targets []string
+	var rec recorder
+	const rules = `
+rules:
+  - {name: async, path_prefix: /a, limit: 10, window: 1s}
+  - {name: sync,  path_prefix: /s, limit: 10, window: 1s, mode: sync}
+`
+	for e := range 2 {
+		var ra []string
+		for _, a := range addrs {
+			r := testenv.NewRelay(t, a)
+			relays[e] = append(relays[e], r)
+			ra = append(ra, r.Addr)
+		}
+		// The same shard names through different addresses: both edges
+		// build the same ring.
+		ed := newEdge(t, edgeSpec{id: e + 1, rules: rules, servers: shardsNamed(ra...), events: &rec})
+		edges, targets = append(edges, ed), append(targets, serve(t, ed).addr)
+	}
+	servers := shardsNamed(addrs...)
+
+	const limit, win = 10, time.Second
+	warm, before := 2*win, 3*time.Second
+	split := pick(8*time.Second, 30*time.Second)
+	after := pick(10*time.Second, 20*time.Second)
+	total := warm + before + split + after
+	// 24 clients, half per rule, at 1.5 times the limit, alternating
+	// between the edges (a load balancer in front of the PoP).
+	var clients []client
+	home := map[uint64]int{}
+	keyOwner := map[uint64]int{}
+	for i := range 24 {
+		path, rule := "/a", "async"
+		if i%2 == 1 {
+			path, rule = "/s", "sync"
+		}
+		c := client{ip: clientIP(100 + i), path: path, rate: 15}
+		key := edges[0].rules.Lookup(rule).Hash(c.ip.AppendTo(nil))
+		home[key] = homeShard(t, servers, key)
+		keyOwner[key] = i
+		clients = append(clients, c)
+	}
+	reqs, _ := steady(clients, total, 2)
+
+	start := alignedStart(win)
+	var splitAt, healAt time.Time
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(time.Until(start.Add(warm + before)))
+		splitAt = time.Now()
+		relays[0][2].Hang()
+		relays[1][0].Hang()
+		time.Sleep(split)
+		healAt = time.Now()
+		relays[0][2].Forward()
+		relays[1][0].Forward()
+	}()
+	// Watch the rings heal.
+	var converged atomic.Int64 // Unix ns
+	go func() {
+		<-done
+		for time.Since(healAt) < 20*time.Second {
+			if edges[0].mc.Ring().Live() == 3 && edges[1].mc.Ring().Live() == 3 {
+				converged.Store(time.Now().UnixNano())
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	_, rep := replay(t, context.Background(), loadtest.ReplayConfig{Targets: targets, Spread: loadtest.RoundRobin, Align: win}, reqs)
+	<-done
+	waitFor(t, 20*time.Second, "both rings whole again", func() bool { return converged.Load() != 0 })
+	convergedAt := time.Unix(0, converged.Load())
+	t.Logf("replay: %d sent, %d completed, errors %v, statuses %v", rep.Sent, rep.Completed, rep.Errors, rep.Statuses)
+	t.Logf("partition at +%.2fs for %v; healed at +%.2fs; both rings whole at +%.2fs (%.2fs after the heal, no action taken)",
+		splitAt.Sub(start).Seconds(), split, healAt.Sub(start).Seconds(), convergedAt.Sub(start).Seconds(), convergedAt.Sub(healAt).Seconds())
+	if rep.Completed != rep.Sent || len(rep.Errors) > 0 {
+		t.Errorf("replay: %d sent, %d completed, errors %v: want every request answered", rep.Sent, rep.Completed, rep.Errors)
+	}
+
+	// Per client and phase: the "after" phase is split at the moment the
+	// rings were whole again plus one window (the counters split during the
+	// partition weigh in the sliding window for one more window).
+	settled := convergedAt.Add(win)
+	bounds := []time.Time{start.Add(warm), splitAt, healAt, settled, start.Add(total)}
+	phases := []string{"before", "partition", "healing", "healed"}
+	phaseOf := func(at int64) int {
+		for p := len(bounds) - 2; p >= 0; p-- {
+			if at >= bounds[p].UnixNano() {
+				return p
+			}
+		}
+		return -1
+	}
+	recs := rec.snapshot()
+	vs := exact(recs)
+	checkAgainstJudge(t, recs, vs)
+	per := make([][4]tally, len(clients))
+	admitted := make([][4]int, len(clients))
+	for i := range recs {
+		r := &recs[i]
+		ci := keyOwner[r.ev.KeyHash]
+		ph := phaseOf(r.at)
+		if ph < 0 {
+			continue
+		}
+		per[ci][ph].add(r, vs[i])
+		if r.ev.Decision == pipeline.Allowed {
+			admitted[ci][ph]++
+		}
+	}
+	rows := [][]string{{"client", "rule", "counters on", "reached by"}}
+	for _, p := range phases {
+		rows[0] = append(rows[0], p+": admitted/allowance, beyond limit, refused within")
+	}
+	for ci, c := range clients {
+		rule := "async"
+		if c.path == "/s" {
+			rule = "sync"
+		}
+		key := edges[0].rules.Lookup(rule).Hash(c.ip.AppendTo(nil))
+		reach := []string{"edge 1 only", "both edges", "edge 2 only"}[home[key]]
+		row := []string{c.ip.String(), rule, fmt.Sprintf("shard %d", home[key]), reach}
+		for ph := range phases {
+			allowance := limit * bounds[ph+1].Sub(bounds[ph]).Seconds() / win.Seconds()
+			g := per[ci][ph]
+			row = append(row, fmt.Sprintf("%d/%.0f, %d, %d", admitted[ci][ph], allowance, g.OverAdmitted, g.WronglyLimited))
+		}
+		rows = append(rows, row)
+	}
+	t.Logf("per client (counters on shard 0: edge 2 cannot reach them; shard 2: edge 1 cannot; shard 1: both can):%s", table(rows))
+
+	// Summary per class of client and phase.
+	type class struct {
+		rule   string
+		shared bool
+	}
+	sum := map[class]*[4]tally{}
+	over := map[class]*[4]float64{}
+	for ci, c := range clients {
+		rule := "async"
+		if c.path == "/s" {
+			rule = "sync"
+		}
+		key := edges[0].rules.Lookup(rule).Hash(c.ip.AppendTo(nil))
+		k := class{rule, home[key] == 1}
+		if sum[k] == nil {
+			sum[k], over[k] = &[4]tally{}, &[4]float64{}
+		}
+		for ph := range phases {
+			s := &sum[k][ph]
+			g := per[ci][ph]
+			s.Decisions += g.Decisions
+			s.Allowed += g.Allowed
+			s.OverAdmitted += g.OverAdmitted
+			s.WronglyLimited += g.WronglyLimited
+			s.MaxOvershoot = max(s.MaxOvershoot, g.MaxOvershoot)
+			over[k][ph] += float64(admitted[ci][ph]) - limit*bounds[ph+1].Sub(bounds[ph]).Seconds()/win.Seconds()
+		}
+	}
+	rows = [][]string{{"rule", "counters", "phase", "decisions", "admitted beyond limit (worst)", "admitted − allowance", "refused within limit"}}
+	for _, k := range []class{{"async", false}, {"async", true}, {"sync", false}, {"sync", true}} {
+		if sum[k] == nil {
+			continue
+		}
+		where := "on a shard one edge lost"
+		if k.shared {
+			where = "on the shard both reach"
+		}
+		for ph, p := range phases {
+			g := sum[k][ph]
+			rows = append(rows, []string{k.rule, where, p, fmt.Sprint(g.Decisions),
+				fmt.Sprintf("%d (%.1f%%, %.1f×)", g.OverAdmitted, pct(g.OverAdmitted, g.Decisions), g.MaxOvershoot),
+				fmt.Sprintf("%+.0f", over[k][ph]), fmt.Sprint(g.WronglyLimited)})
+		}
+	}
+	t.Logf("per class of client:%s", table(rows))
+
+	// Convergence: once healed, every class is decided as well as before.
+	if why := overloaded(rep); why != "" {
+		t.Logf("accuracy not judged: the machine was overloaded: %s", why)
+		return
+	}
+	for k, s := range sum {
+		b, h := s[0], s[3]
+		if h.Decisions == 0 {
+			t.Errorf("%+v: no decisions after the heal settled", k)
+			continue
+		}
+		if p, p0 := pct(h.OverAdmitted, h.Decisions), pct(b.OverAdmitted, b.Decisions); p > p0+5 || h.WronglyLimited > 0 {
+			t.Errorf("%+v after the heal settled: %v; before the partition %.1f%% admitted beyond the limit: want no worse", k, h, p0)
+		}
+		if ex := over[k][3] / (float64(h.Decisions) / 15); ex > limit/5 {
+			t.Errorf("%+v after the heal settled: %+.1f admitted over the allowance per client-second, want about none", k, ex)
+		}
+	}
+}
