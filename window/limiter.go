@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +41,18 @@ type Config struct {
 	// Shards is the number of independently locked parts of the key table,
 	// rounded up to a power of two.
 	Shards int // default 64
+	// MaxFlushOps bounds the store operations of one batch of a flush, and
+	// so the flush's memory whatever the number of keys queued.
+	MaxFlushOps int // default 4096
+	// NewKeyWait bounds how long a request waits for the shared count of a
+	// key that is new to this edge (a restarted or added edge, a view
+	// evicted or idle for a window). The first request of such a key is
+	// decided at once from this edge's count; those that follow before the
+	// first read answers wait for it (the flusher is woken to read it at
+	// once), unless this edge's count alone already refuses them, so a
+	// burst to a fresh edge is limited by what the other edges admitted. It
+	// applies once Start runs the flusher; negative never waits.
+	NewKeyWait time.Duration // default StoreTimeout
 	// Clock is the limiter's time source for its flusher.
 	Clock Clock // default SystemClock
 	// Registerer receives the limiter's metrics; nil registers none.
@@ -58,6 +71,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Shards == 0 {
 		c.Shards = 64
+	}
+	if c.MaxFlushOps == 0 {
+		c.MaxFlushOps = 4096
+	}
+	if c.NewKeyWait == 0 {
+		c.NewKeyWait = c.StoreTimeout
 	}
 	if c.Clock == nil {
 		c.Clock = SystemClock
@@ -78,6 +97,12 @@ func (c Config) Validate() error {
 	}
 	if c.Shards < 0 || c.Shards > 1<<12 {
 		errs = append(errs, fmt.Errorf("window: Shards %d: must be between 0 (default) and 4096", c.Shards))
+	}
+	if c.MaxFlushOps < 0 || c.MaxFlushOps > 1<<20 {
+		errs = append(errs, fmt.Errorf("window: MaxFlushOps %d: must be between 0 (default) and 2^20", c.MaxFlushOps))
+	}
+	if c.NewKeyWait > time.Minute {
+		errs = append(errs, fmt.Errorf("window: NewKeyWait %v: must be at most 1m (negative: never wait)", c.NewKeyWait))
 	}
 	return errors.Join(errs...)
 }
@@ -113,11 +138,18 @@ type Limiter struct {
 	// health is the store's own opinion, when it has one (shardproxy does).
 	health interface{ Healthy() bool }
 
-	ops   sync.Pool // *[]Op for flushes and sync decisions
-	m     *metrics
-	done  chan struct{}
-	wg    sync.WaitGroup
-	close sync.Once
+	ops sync.Pool // *[]Op for flushes and sync decisions
+
+	// flushed is closed and replaced after every batch a flush applies:
+	// requests waiting for a new key's first read watch it.
+	flushed atomic.Pointer[chan struct{}]
+	started atomic.Bool
+	poke    chan struct{} // wakes the flusher for a waiting request
+	timers  sync.Pool     // *time.Timer for those waits
+	m       *metrics
+	done    chan struct{}
+	wg      sync.WaitGroup
+	close   sync.Once
 }
 
 // New returns a Limiter over store. Call Start to run its flusher (Flush can
@@ -141,6 +173,7 @@ func New(cfg Config, store Store) (*Limiter, error) {
 		mask:   uint64(n - 1),
 		grace:  int64(cfg.FlushInterval + cfg.StoreTimeout),
 		done:   make(chan struct{}),
+		poke:   make(chan struct{}, 1),
 	}
 	l.health, _ = store.(interface{ Healthy() bool })
 	perShard := (cfg.MaxKeys + n - 1) / n
@@ -148,6 +181,8 @@ func New(cfg Config, store Store) (*Limiter, error) {
 		l.shards[i].init(perShard)
 	}
 	l.ops.New = func() any { s := make([]Op, 0, 64); return &s }
+	ch := make(chan struct{})
+	l.flushed.Store(&ch)
 	var err error
 	if l.m, err = newMetrics(cfg.Registerer, l); err != nil {
 		return nil, err
@@ -164,7 +199,10 @@ const maxFlushBackoff = time.Second
 // operation of a flush failed) it backs off, doubling the wait up to one
 // second, so a dead store does not make every edge spin on retries; pending
 // increments wait meanwhile and go out with the first flush that succeeds.
+// A request waiting for a new key's shared count (NewKeyWait) wakes it for
+// a flush at once.
 func (l *Limiter) Start() {
+	l.started.Store(true)
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
@@ -176,18 +214,20 @@ func (l *Limiter) Start() {
 			select {
 			case <-l.done:
 				return
-			case now := <-t.C:
-				if now.Before(next) {
-					continue
-				}
-				st := l.Flush(context.Background(), l.cfg.Clock.Now())
-				if st.Ops > 0 && st.Failed == st.Ops {
-					backoff = min(max(2*backoff, l.cfg.FlushInterval), maxFlushBackoff)
-					next = now.Add(backoff)
-					l.m.flushBackoffs.Inc()
-				} else {
-					backoff, next = 0, time.Time{}
-				}
+			case <-l.poke: // a request waits for a new key's read
+			case <-t.C:
+			}
+			now := time.Now()
+			if now.Before(next) {
+				continue // the store is down: waiting requests time out
+			}
+			st := l.Flush(context.Background(), l.cfg.Clock.Now())
+			if st.Ops > 0 && st.Failed == st.Ops {
+				backoff = min(max(2*backoff, l.cfg.FlushInterval), maxFlushBackoff)
+				next = now.Add(backoff)
+				l.m.flushBackoffs.Inc()
+			} else {
+				backoff, next = 0, time.Time{}
 			}
 		}
 	}()
@@ -234,9 +274,26 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit
 		l.m.fallbackClosed.Inc()
 		return l.closed(t, r, limit)
 	}
+	d, wait := l.decideShared(t, r, key, limit, cost, l.cfg.NewKeyWait > 0 && l.started.Load())
+	if wait {
+		select {
+		case l.poke <- struct{}{}:
+		default: // a flush is already due
+		}
+		l.awaitRead(ctx, key)
+		d, _ = l.decideShared(t, r, key, limit, cost, false)
+	}
+	return d
+}
+
+// decideShared decides an async request from the key's local view. When
+// mayWait and the view is of a key new here whose shared count is not known
+// yet, and the request would be admitted, it decides nothing and returns
+// wait: the caller waits for the read and asks again.
+func (l *Limiter) decideShared(t int64, r *Rule, key, limit, cost uint64, mayWait bool) (d Decision, wait bool) {
 	s := l.shardOf(key)
 	s.mu.Lock()
-	i := s.get(l, key, t, r)
+	i, created := s.get(l, key, t, r)
 	e := &s.slab[i]
 	prev, curr := e.view()
 	var v Verdict
@@ -247,16 +304,20 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit
 		v = sw.Decide(t, prev, curr, cost)
 	}
 	failed := e.flags&flagFailed != 0
+	if mayWait && v.Allowed && !failed && !created && e.flags&flagNeedCurr != 0 {
+		s.mu.Unlock()
+		return Decision{}, true
+	}
 	if v.Allowed || r.Action == Block {
 		s.count(i, cost)
 	}
 	s.mu.Unlock()
-	d := Decision{Verdict: v, Limit: limit}
+	d = Decision{Verdict: v, Limit: limit}
 	if failed {
 		// Decided on a view the store could not refresh.
 		if r.Fail == FailClosed {
 			l.m.fallbackClosed.Inc()
-			return l.closed(t, r, limit)
+			return l.closed(t, r, limit), false
 		}
 		l.m.fallbackOpen.Inc()
 		d.Fallback = FallbackOpen
@@ -264,7 +325,49 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit
 	if !v.Allowed && r.Action == Block {
 		d.ReleaseAt = t + int64(r.Timeout)
 	}
-	return d
+	return d, false
+}
+
+// wake tells the requests waiting for a read that a flush batch has been
+// applied.
+func (l *Limiter) wake() {
+	ch := make(chan struct{})
+	close(*l.flushed.Swap(&ch))
+}
+
+// awaitRead waits, at most NewKeyWait, until key's view holds the shared
+// count of its current window, its store operations fail, or it is gone.
+func (l *Limiter) awaitRead(ctx context.Context, key uint64) {
+	tm, _ := l.timers.Get().(*time.Timer)
+	if tm == nil {
+		tm = time.NewTimer(l.cfg.NewKeyWait)
+	} else {
+		tm.Reset(l.cfg.NewKeyWait)
+	}
+	defer func() { tm.Stop(); l.timers.Put(tm) }()
+	s := l.shardOf(key)
+	for {
+		ch := *l.flushed.Load() // before looking, so no wake-up is missed
+		s.mu.Lock()
+		e := s.lookup(key)
+		cold := e != nil && e.flags&(flagNeedCurr|flagFailed) == flagNeedCurr
+		s.mu.Unlock()
+		if !cold {
+			l.m.newKeyWaits[0].Inc()
+			return
+		}
+		select {
+		case <-ch:
+		case <-tm.C:
+			l.m.newKeyWaits[1].Inc()
+			return
+		case <-ctx.Done():
+			l.m.newKeyWaits[1].Inc()
+			return
+		case <-l.done:
+			return
+		}
+	}
 }
 
 func (l *Limiter) closed(t int64, r *Rule, limit uint64) Decision {
@@ -286,7 +389,8 @@ func (l *Limiter) Record(now time.Time, r *Rule, key, cost uint64) {
 	t := now.UnixNano()
 	s := l.shardOf(key)
 	s.mu.Lock()
-	s.count(s.get(l, key, t, r), cost)
+	i, _ := s.get(l, key, t, r)
+	s.count(i, cost)
 	s.mu.Unlock()
 }
 
@@ -297,7 +401,8 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Rule, key, limit, 
 	start := windowStart(t, w)
 	s := l.shardOf(key)
 	s.mu.Lock()
-	e := &s.slab[s.get(l, key, t, r)]
+	i, _ := s.get(l, key, t, r)
+	e := &s.slab[i]
 	needPrev := e.flags&flagPrevKnown == 0
 	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
 	s.mu.Unlock()
@@ -378,46 +483,70 @@ type FlushStats struct {
 }
 
 // Flush sends every key's coalesced increments as one increment per key and
-// window, reads the previous window of keys whose grace has passed, and
-// folds the replies into the local view. The flusher calls it every
-// FlushInterval; tests call it directly with simulated time. It may run
-// concurrently with decisions but not with itself.
+// window, reads the previous window of keys whose grace has passed (and the
+// current window of keys new here), and folds the replies into the local
+// view. The flusher calls it every FlushInterval; tests call it directly
+// with simulated time. It may run concurrently with decisions but not with
+// itself.
+//
+// The ops go to the store in batches of at most MaxFlushOps (a key's ops
+// are never split), one batch after the other, so the memory a flush holds
+// is bounded by the batch and not by the number of keys queued: a flood of
+// new keys that outruns the flusher makes flushes longer, not larger.
 func (l *Limiter) Flush(ctx context.Context, now time.Time) FlushStats {
 	t := now.UnixNano()
 	opsp := l.ops.Get().(*[]Op)
 	ops := (*opsp)[:0]
 	var st FlushStats
+	budget := l.cfg.MaxFlushOps
 	for i := range l.shards {
-		ops = l.shards[i].collect(l, t, ops, &st)
+		s := &l.shards[i]
+		q := s.take()
+		for k := 0; ; {
+			k, ops = s.collect(l, t, q, k, ops, budget, &st)
+			if len(ops) >= budget {
+				ops = l.send(ctx, t, ops, &st)
+			}
+			if k == len(q) {
+				break
+			}
+		}
 	}
-	if len(ops) == 0 {
-		*opsp = ops
-		l.ops.Put(opsp)
-		return st
+	if len(ops) > 0 {
+		ops = l.send(ctx, t, ops, &st)
 	}
+	*opsp = ops
+	l.ops.Put(opsp)
+	return st
+}
+
+// send performs one batch of a flush and folds its replies into the local
+// view; it returns ops emptied for the next batch.
+func (l *Limiter) send(ctx context.Context, t int64, ops []Op, st *FlushStats) []Op {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	begin := time.Now()
 	l.store.Do(ctx, ops)
 	l.m.flushSeconds.Observe(time.Since(begin).Seconds())
 	cancel()
 	// Ops are grouped by shard in collect's order.
+	failed := 0
 	for i := 0; i < len(ops); {
 		s := l.shardOf(ops[i].Key)
 		j := i
 		for j < len(ops) && l.shardOf(ops[j].Key) == s {
 			j++
 		}
-		st.Failed += s.apply(l, t, ops[i:j])
+		failed += s.apply(l, t, ops[i:j])
 		i = j
 	}
-	st.Ops = len(ops)
+	l.wake()
+	st.Ops += len(ops)
+	st.Failed += failed
 	l.m.flushOps.Observe(float64(len(ops)))
 	l.m.storeOps.Add(float64(len(ops)))
-	l.m.storeErrors.Add(float64(st.Failed))
+	l.m.storeErrors.Add(float64(failed))
 	clear(ops) // drop error values
-	*opsp = ops[:0]
-	l.ops.Put(opsp)
-	return st
+	return ops[:0]
 }
 
 // Keys returns the number of keys with a local view.

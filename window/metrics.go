@@ -17,13 +17,17 @@ type metrics struct {
 	flushOps       prometheus.Histogram
 	flushSeconds   prometheus.Histogram
 	flushBackoffs  prometheus.Counter
+	newKeyWaits    [2]prometheus.Counter // read, timeout
 }
 
 func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 	const ns, sub = "poplimit", "window"
 	fallbacks := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 		Name: "fallbacks_total", Help: "Decisions made by a rule's failure policy because the store failed, by policy."}, []string{"policy"})
+	waits := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "new_key_waits_total", Help: "Requests that waited for the shared count of a key new to this edge, by outcome: read (it came, or the store failed) or timeout."}, []string{"result"})
 	m := &metrics{
+		newKeyWaits: [2]prometheus.Counter{waits.WithLabelValues("read"), waits.WithLabelValues("timeout")},
 		storeOps: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "store_ops_total", Help: "Store operations sent by the limiter (flushes, reads, sync decisions)."}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -37,18 +41,18 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "evictions_total", Help: "Local key views evicted because the key table was full."}),
 		flushOps: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
-			Name: "flush_ops", Help: "Store operations per non-empty flush.", Buckets: prometheus.ExponentialBuckets(1, 4, 9)}),
+			Name: "flush_ops", Help: "Store operations per flush batch (a flush sends at most MaxFlushOps at a time).", Buckets: prometheus.ExponentialBuckets(1, 4, 9)}),
 		flushBackoffs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "flush_backoffs_total", Help: "Flushes whose every operation failed, after which the flusher waited longer."}),
 		flushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
-			Name: "flush_duration_seconds", Help: "Time one flush waited for the store.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14)}),
+			Name: "flush_duration_seconds", Help: "Time one flush batch waited for the store.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14)}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	keys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "keys", Help: "Keys with a local view in the limiter."}, func() float64 { return float64(l.Keys()) })
-	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, keys} {
+	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, waits, keys} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -71,8 +71,8 @@ func (s *shard) lookup(key uint64) *entry {
 }
 
 // get returns the slab index of key's entry, rolled to the window
-// containing t, creating it if needed. s.mu must be held.
-func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) uint32 {
+// containing t, creating it if needed (created). s.mu must be held.
+func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) (i uint32, created bool) {
 	if i, ok := s.idx[key]; ok {
 		e := &s.slab[i]
 		if t >= e.start+e.win {
@@ -82,9 +82,9 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) uint32 {
 			e.last = t
 		}
 		e.flags |= flagRef
-		return i
+		return i, false
 	}
-	i := s.alloc(l)
+	i = s.alloc(l)
 	e := &s.slab[i]
 	w := int64(r.Window)
 	// A new entry starts unreferenced: only a second request marks it, so
@@ -95,7 +95,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) uint32 {
 	s.idx[key] = i
 	s.n.Add(1)
 	s.enqueue(i)
-	return i
+	return i, true
 }
 
 // roll moves entry i to the window containing t. s.mu must be held.
@@ -209,15 +209,28 @@ func (s *shard) alloc(l *Limiter) uint32 {
 // sweepPerFlush bounds the entries one flush checks for idleness per shard.
 const sweepPerFlush = 256
 
-// collect appends to ops the increments and reads due for this shard's
-// queued entries, marks the increments in flight, and frees a bounded number
-// of idle entries. It locks s.mu.
-func (s *shard) collect(l *Limiter, t int64, ops []Op, st *FlushStats) []Op {
+// take swaps out the shard's flush queue: the entries to visit in this
+// flush. Entries queued meanwhile go into a fresh queue, for the next flush.
+// It locks s.mu.
+func (s *shard) take() []uint32 {
+	s.mu.Lock()
+	q := s.queue
+	s.queue, s.spare = s.spare[:0], nil
+	s.mu.Unlock()
+	return q
+}
+
+// collect appends to ops the increments and reads due for the entries
+// q[k:], marking the increments in flight, until ops holds budget ops or
+// more; it returns the index of the first entry not visited. When it reaches
+// the end of q it gives q back for reuse and frees a bounded number of idle
+// entries. Entries not yet visited keep their queued flag, so the request
+// path does not queue them twice. It locks s.mu.
+func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget int, st *FlushStats) (int, []Op) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	q := s.queue
-	s.queue = s.spare[:0]
-	for _, i := range q {
+	for ; k < len(q) && len(ops) < budget; k++ {
+		i := q[k]
 		e := &s.slab[i]
 		if e.flags&flagQueued == 0 {
 			continue
@@ -234,7 +247,8 @@ func (s *shard) collect(l *Limiter, t int64, ops []Op, st *FlushStats) []Op {
 			e.prevPend = 0
 			sent = true
 		}
-		if e.pend > 0 {
+		incrCurr := e.pend > 0
+		if incrCurr {
 			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6, Delta: int64(e.pend), TTL: durationOf(ttl)})
 			e.infl = sat32(uint64(e.infl) + uint64(e.pend))
 			e.pend = 0
@@ -243,22 +257,29 @@ func (s *shard) collect(l *Limiter, t int64, ops []Op, st *FlushStats) []Op {
 		if sent {
 			st.Keys++
 		}
+		if e.flags&flagNeedCurr != 0 && !incrCurr {
+			// A key new here with nothing to send: read its current
+			// window now, so that its next decision counts what the
+			// other edges admitted (an increment's reply does as much).
+			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6})
+			l.m.storeReads.Inc()
+		}
 		if e.flags&flagPrevKnown == 0 {
 			if t < e.start+l.grace {
 				s.enqueue(i) // other edges' last flushes may still land
 				continue
 			}
 			ops = append(ops, Op{Key: e.key, Start: (e.start - e.win) / 1e6})
-			if e.flags&flagNeedCurr != 0 {
-				ops = append(ops, Op{Key: e.key, Start: e.start / 1e6})
-			}
 			l.m.storeReads.Inc()
 		}
+	}
+	if k < len(q) {
+		return k, ops
 	}
 	s.spare = q[:0]
 	s.sweepLocal(t, sweepPerFlush)
 	// Free entries idle for two of their windows with nothing in flight.
-	for k := 0; k < sweepPerFlush && len(s.slab) > 0; k++ {
+	for n := 0; n < sweepPerFlush && len(s.slab) > 0; n++ {
 		s.sweep = (s.sweep + 1) % len(s.slab)
 		e := &s.slab[s.sweep]
 		if t-e.last <= 2*e.win || e.flags&flagQueued != 0 || e.infl != 0 || e.prevInfl != 0 {
@@ -272,7 +293,7 @@ func (s *shard) collect(l *Limiter, t int64, ops []Op, st *FlushStats) []Op {
 		e.key, e.last = 0, 0
 		s.free = append(s.free, uint32(s.sweep))
 	}
-	return ops
+	return k, ops
 }
 
 // apply folds the replies to this shard's ops into the local view and
@@ -308,7 +329,10 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 				e.pend = sat32(uint64(e.pend) + uint64(d))
 				s.enqueue(i)
 			} else {
+				// The reply is the global count: what the other edges
+				// admitted is known here from now on.
 				e.curr = max(e.curr, sat32(op.Value))
+				e.flags &^= flagNeedCurr
 			}
 		case op.Delta > 0 && isPrev:
 			d := uint32(op.Delta)

@@ -52,6 +52,7 @@ type options struct {
 	storeTimeout    time.Duration
 	flushInterval   time.Duration
 	maxKeys         int
+	newKeyWait      time.Duration
 	blockEntries    int
 	brokers, topic  string
 	sample          float64
@@ -84,6 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.storeTimeout, "store-timeout", 100*time.Millisecond, "timeout of one store operation")
 	fs.DurationVar(&o.flushInterval, "flush-interval", 5*time.Millisecond, "how often coalesced increments go to the store")
 	fs.IntVar(&o.maxKeys, "max-keys", 1<<20, "keys with a local view at most")
+	fs.DurationVar(&o.newKeyWait, "new-key-wait", 0, "how long a request waits for the shared count of a key new to this edge (0: the store timeout; negative: never)")
 	fs.IntVar(&o.blockEntries, "block-cache-entries", 1<<20, "blocked keys remembered at most")
 	fs.StringVar(&o.brokers, "brokers", "", "Kafka brokers host:port,... for decision events (default: none)")
 	fs.StringVar(&o.topic, "topic", "poplimit.decisions", "Kafka topic of decision events")
@@ -166,7 +168,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready chan<- [2]s
 	} else {
 		store = window.NewMemStore(nil)
 	}
-	lim, err := window.New(window.Config{FlushInterval: o.flushInterval, StoreTimeout: o.storeTimeout, MaxKeys: o.maxKeys, Registerer: reg}, store)
+	lim, err := window.New(window.Config{FlushInterval: o.flushInterval, StoreTimeout: o.storeTimeout, MaxKeys: o.maxKeys, NewKeyWait: o.newKeyWait, Registerer: reg}, store)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,164 @@
+package window
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestNewEdgeBurstIsLimitedBySharedCount: a client has 90 of its 100
+// admitted on one edge; a burst of 40 at once to an edge that has never seen
+// it gets 10, not 40: the first request is decided from this edge's count of
+// zero, the others wait for the read of the shared count (one flush).
+func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
+	clock := newSimClock(t0.Add(30 * time.Second))
+	store := NewMemStore(clock)
+	r := mustRules(t, perMinute).Rules[0]
+	key := r.Hash([]byte("k"))
+	a := newTestLimiter(t, clock, store, Config{})
+	for range 90 {
+		a.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+	}
+	a.Flush(context.Background(), clock.Now())
+
+	reg := prometheus.NewRegistry()
+	b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, Registerer: reg})
+	b.Start()
+	var allowed, fallbacks atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			d := b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+			if d.Allowed {
+				allowed.Add(1)
+			}
+			if d.Fallback != FallbackNone {
+				fallbacks.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if allowed.Load() != 10 || fallbacks.Load() != 0 {
+		t.Errorf("a fresh edge admitted %d of a burst of 40 (%d fallbacks) after 90 elsewhere, want 10 (0)", allowed.Load(), fallbacks.Load())
+	}
+	waited := testutil.ToFloat64(b.m.newKeyWaits[0])
+	timedOut := testutil.ToFloat64(b.m.newKeyWaits[1])
+	t.Logf("burst of 40: %d admitted; %v waited for the read, %v timed out", allowed.Load(), waited, timedOut)
+	if timedOut != 0 {
+		t.Errorf("%v waits timed out on a working store", timedOut)
+	}
+}
+
+// TestNewKeyRefusedLocallyDoesNotWait: when this edge's own count already
+// refuses a request, the shared count cannot change that, so the request is
+// refused at once, even while the store hangs: a flood of keys that each try
+// twice is not slowed to the store's pace.
+func TestNewKeyRefusedLocallyDoesNotWait(t *testing.T) {
+	store := &hangingStore{}
+	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond, StoreTimeout: time.Second, NewKeyWait: time.Second})
+	l.Start()
+	r := mustRules(t, "rules: [{name: login, limit: 1, window: 1m}]").Rules[0]
+	key := r.Hash([]byte("k"))
+	if d := l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1); !d.Allowed {
+		t.Fatal("first request of a new key refused")
+	}
+	begin := time.Now()
+	d := l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	if took := time.Since(begin); d.Allowed || took > 500*time.Millisecond {
+		t.Errorf("second request: allowed %v after %v, want refused at once (the store hangs for 1 s)", d.Allowed, took)
+	}
+	if n := testutil.ToFloat64(l.m.newKeyWaits[0]) + testutil.ToFloat64(l.m.newKeyWaits[1]); n != 0 {
+		t.Errorf("%v requests waited, want none", n)
+	}
+}
+
+// TestNewKeyWaitIsBounded: with the store hung, a request that would wait
+// for a new key's read waits at most NewKeyWait, and is then decided by the
+// rule's failure policy once the store's timeout has marked the key failed,
+// or from this edge's count.
+func TestNewKeyWaitIsBounded(t *testing.T) {
+	store := &hangingStore{}
+	reg := prometheus.NewRegistry()
+	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond, StoreTimeout: time.Second,
+		NewKeyWait: 30 * time.Millisecond, Registerer: reg})
+	l.Start()
+	r := mustRules(t, perMinute).Rules[0]
+	key := r.Hash([]byte("k"))
+	l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	begin := time.Now()
+	d := l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	took := time.Since(begin)
+	if !d.Allowed || took < 30*time.Millisecond || took > 900*time.Millisecond {
+		t.Errorf("second request: allowed %v after %v, want admitted after the 30ms wait, well before the store's 1s timeout", d.Allowed, took)
+	}
+	if n := testutil.ToFloat64(l.m.newKeyWaits[1]); n != 1 {
+		t.Errorf("timed-out waits = %v, want 1", n)
+	}
+}
+
+// hangingStore answers nothing until the call's context ends, as a shard
+// that stopped answering without closing its connections.
+type hangingStore struct{}
+
+func (hangingStore) Do(ctx context.Context, ops []Op) {
+	<-ctx.Done()
+	for i := range ops {
+		ops[i].Err = ctx.Err()
+	}
+}
+
+// batchStore records the largest batch it was handed.
+type batchStore struct {
+	Store
+	mu      sync.Mutex
+	calls   int
+	largest int
+}
+
+func (s *batchStore) Do(ctx context.Context, ops []Op) {
+	s.mu.Lock()
+	s.calls++
+	s.largest = max(s.largest, len(ops))
+	s.mu.Unlock()
+	s.Store.Do(ctx, ops)
+}
+
+// TestFlushBatchesAreBounded: 10,000 keys queued for one flush go to the
+// store in batches of at most MaxFlushOps (plus the rest of one key's ops),
+// and every increment arrives.
+func TestFlushBatchesAreBounded(t *testing.T) {
+	clock := newSimClock(t0.Add(30 * time.Second))
+	mem := NewMemStore(clock)
+	store := &batchStore{Store: mem}
+	l := newTestLimiter(t, clock, store, Config{MaxFlushOps: 100, Shards: 4})
+	r := mustRules(t, perMinute).Rules[0]
+	const keys = 10000
+	for i := range keys {
+		l.Decide(context.Background(), clock.Now(), r, uint64(i)*0x9e3779b97f4a7c15, r.Limit, 1)
+	}
+	st := l.Flush(context.Background(), clock.Now())
+	if st.Keys != keys || st.Failed != 0 {
+		t.Errorf("flush: %+v, want %d keys, none failed", st, keys)
+	}
+	if store.largest > 102 || store.calls < st.Ops/102 {
+		t.Errorf("%d ops in %d batches, the largest %d: want at most 100 + 2 each", st.Ops, store.calls, store.largest)
+	}
+	for i := range keys {
+		ops := []Op{{Key: uint64(i) * 0x9e3779b97f4a7c15, Start: t0.UnixMilli()}}
+		mem.Do(context.Background(), ops)
+		if ops[0].Value != 1 {
+			t.Fatalf("key %d: store counter %d, want 1", i, ops[0].Value)
+		}
+	}
+	t.Logf("%d keys: %d ops in %d batches of at most %d", keys, st.Ops, store.calls, store.largest)
+}
