@@ -503,8 +503,10 @@ func TestDecodeErrorsSkipped(t *testing.T) {
 }
 
 // TestBrokerOutage stops the broker under a running producer, checks that
-// Emit stays fast and that losses are counted, then starts a new broker on
-// the same port and checks that events flow again.
+// Emit stays fast, that the producer pauses and keeps the events of its
+// failed writes, and that only what the full queue refused is lost (and
+// counted); then starts a new broker on the same port and checks that the
+// producer resumes by itself and delivers everything it held.
 func TestBrokerOutage(t *testing.T) {
 	t.Parallel()
 	port := testenv.FreePort(t)
@@ -551,8 +553,8 @@ func TestBrokerOutage(t *testing.T) {
 	if slowest > time.Second {
 		t.Errorf("slowest Emit while the broker is down: got %v, want < 1s", slowest)
 	}
-	waitFor(t, 10*time.Second, "write failures counted", func() bool {
-		return metric(t, reg, "poplimit_pipeline_events_failed_total", "reason", "write") > 0
+	waitFor(t, 10*time.Second, "the producer paused, holding its failed writes", func() bool {
+		return metric(t, reg, "poplimit_pipeline_paused") == 1 && metric(t, reg, "poplimit_pipeline_events_retried_total") > 0
 	})
 	down := producerOutcomes(t, reg)
 	if got := metric(t, reg, "poplimit_pipeline_events_dropped_total", "reason", "queue_full"); got == 0 {
@@ -570,9 +572,9 @@ func TestBrokerOutage(t *testing.T) {
 		p.Emit(&e)
 		return producerOutcomes(t, reg).delivered > recovered+10
 	})
-	// What was queued during the outage drains to the new broker.
-	waitFor(t, 15*time.Second, "the queue to drain", func() bool {
-		return metric(t, reg, "poplimit_pipeline_queue_length") == 0
+	// What was queued or kept during the outage drains to the new broker.
+	waitFor(t, 15*time.Second, "the queue and the retry buffer to drain", func() bool {
+		return metric(t, reg, "poplimit_pipeline_queue_length") == 0 && metric(t, reg, "poplimit_pipeline_retry_length") == 0
 	})
 	want := testEvents(2, 20, 10, 1_000_000)
 	for i := range want {
@@ -586,6 +588,11 @@ func TestBrokerOutage(t *testing.T) {
 	if !o.balanced() {
 		t.Errorf("outcomes: got %+v, want emitted = sampled out + dropped + delivered + failed", o)
 	}
+	if o.failed != 0 {
+		t.Errorf("%v events failed: want none, the outage carried by the queue and the retry buffer", o.failed)
+	}
+	t.Logf("retried %v events of failed writes; %v pauses",
+		metric(t, reg, "poplimit_pipeline_events_retried_total"), metric(t, reg, "poplimit_pipeline_pauses_total"))
 
 	var col collector
 	cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)

@@ -94,6 +94,15 @@ type ProducerConfig struct {
 	// MetadataTTL is how long the cluster layout is cached between
 	// refreshes. Default 5 s.
 	MetadataTTL time.Duration
+	// RetryBuffer is how many events whose every attempt failed are kept
+	// to be sent again once the broker answers. Meanwhile the producer
+	// pauses: it takes nothing more from the queue, and probes the broker
+	// (an ApiVersions request) at WriteBackoffMin doubling to WriteBackoffMax,
+	// so an outage is carried by the queue and this buffer instead of
+	// being spent on writes that fail. Events beyond it fail, counted.
+	// 0 retries nothing (every failed write is lost, counted). Default
+	// 65536.
+	RetryBuffer int
 }
 
 // DefaultProducerConfig returns the defaults documented on ProducerConfig,
@@ -116,6 +125,7 @@ func DefaultProducerConfig() ProducerConfig {
 		MaxWritesInFlight: 8,
 		DialTimeout:       2 * time.Second,
 		MetadataTTL:       5 * time.Second,
+		RetryBuffer:       1 << 16,
 	}
 }
 
@@ -174,6 +184,9 @@ func (c *ProducerConfig) Validate() error {
 	if c.MetadataTTL <= 0 {
 		bad("MetadataTTL", c.MetadataTTL, "must be positive")
 	}
+	if c.RetryBuffer < 0 {
+		bad("RetryBuffer", c.RetryBuffer, "must be at least 0")
+	}
 	return errors.Join(errs...)
 }
 
@@ -215,6 +228,15 @@ type Producer struct {
 	writes   atomic.Int64  // WriteMessages calls with events lacking an outcome
 	progress chan struct{} // capacity 1: a write has finished
 	aborted  atomic.Bool   // set (before runCtx is cancelled) when Close's deadline passed
+	closing  atomic.Bool   // set by Close: failed writes are no longer retried
+
+	// failing is set when a write's every attempt failed: the goroutine
+	// pauses until a probe of the broker succeeds.
+	failing atomic.Bool
+	// rmu protects retry: messages of failed writes, to send again.
+	rmu   sync.Mutex
+	retry []kafka.Message
+	probe *kafka.Client
 
 	// mu protects closed. Emit holds it shared while it sends on queue, so
 	// once Close has set closed, nothing more enters the queue.
@@ -284,6 +306,7 @@ func newProducer(cfg ProducerConfig, reg prometheus.Registerer) (*Producer, erro
 		ClientID:       cfg.ClientID,
 		Context:        trCtx,
 	}
+	p.probe = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Timeout: cfg.WriteTimeout, Transport: p.tr}
 	p.w = &kafka.Writer{
 		Addr:            kafka.TCP(cfg.Brokers...),
 		Topic:           cfg.Topic,
@@ -351,6 +374,7 @@ func (p *Producer) Close(ctx context.Context) error {
 		p.mu.Lock()
 		p.closed = true
 		p.mu.Unlock()
+		p.closing.Store(true)
 		aborted := make(chan struct{})
 		stop := context.AfterFunc(ctx, func() {
 			defer close(aborted)
@@ -378,7 +402,9 @@ func (p *Producer) run() {
 }
 
 // next waits for room for a write (Async) and for events, writes a batch of
-// them and reports whether to go on: false once Close was called.
+// them and reports whether to go on: false once Close was called. While the
+// broker fails it waits for it to answer, and then sends the events of the
+// failed writes before any newer ones.
 func (p *Producer) next() bool {
 	if p.full() {
 		select {
@@ -387,6 +413,13 @@ func (p *Producer) next() bool {
 		case <-p.quit:
 			return false
 		}
+	}
+	if p.failing.Load() && !p.awaitBroker() {
+		return false
+	}
+	if msgs := p.takeRetry(); len(msgs) > 0 {
+		p.send(msgs)
+		return true
 	}
 	select {
 	case e := <-p.queue:
@@ -418,19 +451,27 @@ func (p *Producer) take(first Event) []Event {
 	return b
 }
 
-// flush writes what is left in the queue after Close, until the queue is
-// empty or Close's deadline passes, then closes the writer.
+// flush writes what is left in the retry buffer and the queue after Close,
+// until both are empty or Close's deadline passes, then closes the writer.
+// Writes that fail now are not retried (closing is set).
 func (p *Producer) flush() {
 	ctx := p.runCtx
 	// Emit can no longer add to the queue, so a non-empty queue cannot block
 	// the receive below.
-	for ctx.Err() == nil && len(p.queue) > 0 {
+	for ctx.Err() == nil {
 		if p.full() {
 			select {
 			case <-p.progress:
 			case <-ctx.Done():
 			}
 			continue
+		}
+		if msgs := p.takeRetry(); len(msgs) > 0 {
+			p.send(msgs)
+			continue
+		}
+		if len(p.queue) == 0 {
+			break
 		}
 		p.write(p.take(<-p.queue))
 	}
@@ -439,6 +480,11 @@ func (p *Producer) flush() {
 		<-p.queue
 		n++
 	}
+	p.rmu.Lock()
+	n += len(p.retry)
+	p.m.retryLen.Set(0)
+	p.retry = nil
+	p.rmu.Unlock()
 	p.m.failedClosed.Add(float64(n))
 	// Writer.Close sends kafka-go's partial batches and waits for every
 	// outcome; after an abort they fail fast. It returns no error of its own
@@ -486,7 +532,6 @@ func (p *Producer) write(evs []Event) {
 		size += 8 + EncodedLen(&evs[i])
 	}
 	buf := make([]byte, 0, size)
-	call := &writeCall{start: time.Now()}
 	msgs := p.msgs[:0]
 	for i := range evs {
 		e := &evs[i]
@@ -499,19 +544,30 @@ func (p *Producer) write(evs []Event) {
 			continue
 		}
 		m := kafka.Message{
-			Key:        buf[start : start+8 : start+8],
-			Value:      buf[start+8 : len(buf) : len(buf)],
-			WriterData: call,
+			Key:   buf[start : start+8 : start+8],
+			Value: buf[start+8 : len(buf) : len(buf)],
 		}
 		if e.Time != 0 { // else kafka-go stamps the write time
 			m.Time = time.Unix(0, e.Time)
 		}
 		msgs = append(msgs, m)
 	}
+	p.msgs = msgs
 	if len(msgs) == 0 {
 		return
 	}
-	call.n = len(msgs)
+	p.send(msgs)
+	clear(msgs)
+	p.msgs = msgs[:0]
+}
+
+// send hands msgs, as one call, to the writer, which holds them until their
+// batches complete.
+func (p *Producer) send(msgs []kafka.Message) {
+	call := &writeCall{start: time.Now(), n: len(msgs)}
+	for i := range msgs {
+		msgs[i].WriterData = call
+	}
 	p.inflight.Add(int64(call.n))
 	p.writes.Add(1)
 	timeout := p.cfg.WriteTimeout // Async: only the metadata lookup waits
@@ -526,10 +582,8 @@ func (p *Producer) write(evs []Event) {
 		// kafka-go failed before it took the messages (metadata, closed
 		// writer), or stopped waiting for them: complete has not counted
 		// some of them, and now will not.
-		p.abandon(call)
+		p.abandon(call, msgs)
 	}
-	clear(msgs)
-	p.msgs = msgs[:0]
 }
 
 // complete is the writer's Completion callback, called from kafka-go's
@@ -548,32 +602,108 @@ func (p *Producer) complete(msgs []kafka.Message, err error) {
 			j++
 		}
 		if call, ok := msgs[i].WriterData.(*writeCall); ok {
-			p.settle(call, j-i, err)
+			p.settle(call, msgs[i:j], err)
 		}
 		i = j
 	}
+	if err != nil && !p.aborted.Load() {
+		p.failing.Store(true)
+	}
 }
 
-// settle counts the outcome of n messages of call.
-func (p *Producer) settle(call *writeCall, n int, err error) {
+// settle counts the outcome of msgs, all of call: delivered, or failed, or,
+// when the write failed and the producer is not closing, kept to be sent
+// again as far as the retry buffer has room.
+func (p *Producer) settle(call *writeCall, msgs []kafka.Message, err error) {
 	call.mu.Lock()
 	if call.finished {
 		call.mu.Unlock()
 		return
 	}
+	n := len(msgs)
 	call.settled += n
 	call.finished = call.settled >= call.n
 	finished := call.finished
 	call.mu.Unlock()
 
-	p.count(n, err)
+	kept := 0
+	if err != nil && !p.closing.Load() && !p.aborted.Load() {
+		kept = p.keep(msgs)
+	}
+	p.inflight.Add(-int64(kept))
+	p.count(n-kept, err)
 	if finished {
 		p.finish()
 	}
 }
 
-// abandon counts every message of call not yet settled as failed.
-func (p *Producer) abandon(call *writeCall) {
+// keep adds what room allows of msgs to the retry buffer and returns how
+// many it took. The messages' bytes are never reused (see write), so they
+// are kept as they are.
+func (p *Producer) keep(msgs []kafka.Message) int {
+	p.rmu.Lock()
+	defer p.rmu.Unlock()
+	n := min(len(msgs), p.cfg.RetryBuffer-len(p.retry))
+	for _, m := range msgs[:n] {
+		p.retry = append(p.retry, kafka.Message{Key: m.Key, Value: m.Value, Time: m.Time})
+	}
+	p.m.retried.Add(float64(n))
+	p.m.retryLen.Set(float64(len(p.retry)))
+	return n
+}
+
+// takeRetry returns up to BatchSize kept messages, oldest first.
+func (p *Producer) takeRetry() []kafka.Message {
+	p.rmu.Lock()
+	defer p.rmu.Unlock()
+	if len(p.retry) == 0 {
+		return nil
+	}
+	n := min(len(p.retry), p.cfg.BatchSize)
+	msgs := make([]kafka.Message, n)
+	copy(msgs, p.retry)
+	p.retry = append(p.retry[:0], p.retry[n:]...)
+	if len(p.retry) == 0 {
+		p.retry = nil // let the old messages' buffers go
+	}
+	p.m.retryLen.Set(float64(len(p.retry)))
+	return msgs
+}
+
+// awaitBroker pauses the goroutine while the broker fails: it probes it
+// with an ApiVersions request, waiting WriteBackoffMin, doubling
+// up to WriteBackoffMax, between probes, and returns true once one
+// succeeds, or false when Close is called.
+func (p *Producer) awaitBroker() bool {
+	p.m.paused.Set(1)
+	defer p.m.paused.Set(0)
+	p.m.pauses.Inc()
+	wait := p.cfg.WriteBackoffMin
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.quit:
+			return false
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(p.runCtx, p.cfg.WriteTimeout)
+		// Not a metadata request: the transport answers those from its
+		// cache. ApiVersions goes to a broker every time.
+		res, err := p.probe.ApiVersions(ctx, &kafka.ApiVersionsRequest{})
+		cancel()
+		if err == nil && res.Error == nil {
+			p.failing.Store(false)
+			return true
+		}
+		wait = min(2*wait, p.cfg.WriteBackoffMax)
+		t.Reset(wait)
+	}
+}
+
+// abandon counts every message of call not yet settled as failed, or keeps
+// them all to be sent again when none was settled.
+func (p *Producer) abandon(call *writeCall, msgs []kafka.Message) {
 	call.mu.Lock()
 	if call.finished {
 		call.mu.Unlock()
@@ -581,13 +711,25 @@ func (p *Producer) abandon(call *writeCall) {
 	}
 	call.finished = true
 	n := call.n - call.settled
+	untouched := call.settled == 0
 	call.mu.Unlock()
 
-	p.count(n, ErrClosed)
+	kept := 0
+	if untouched && !p.closing.Load() && !p.aborted.Load() {
+		// Nothing of the call was written (the broker's metadata could
+		// not be had): all of it can be sent again.
+		kept = p.keep(msgs)
+		p.failing.Store(true)
+	}
+	p.inflight.Add(-int64(kept))
+	p.count(n-kept, ErrClosed)
 	p.finish()
 }
 
 func (p *Producer) count(n int, err error) {
+	if n == 0 {
+		return
+	}
 	p.inflight.Add(-int64(n))
 	switch {
 	case err == nil:
@@ -639,6 +781,8 @@ type producerMetrics struct {
 	emitted, sampledOut, delivered             prometheus.Counter
 	droppedFull, droppedClosed, droppedInvalid prometheus.Counter
 	failedWrite, failedClosed                  prometheus.Counter
+	retried, pauses                            prometheus.Counter
+	retryLen, paused                           prometheus.Gauge
 	latency                                    prometheus.Histogram
 	collectors                                 []prometheus.Collector
 }
@@ -677,7 +821,19 @@ func newProducerMetrics(p *Producer) producerMetrics {
 		Namespace: namespace, Subsystem: subsystem,
 		Name: "in_flight_events", Help: "Events handed to the Kafka writer without an outcome yet.",
 	}, func() float64 { return float64(p.inflight.Load()) })
+	retried := prometheus.NewCounter(counterOpts("events_retried_total",
+		"Events of failed writes kept to be sent again once the broker answers (each is later counted delivered or failed)."))
+	pauses := prometheus.NewCounter(counterOpts("pauses_total",
+		"Times the producer paused because a write failed, until a probe of the broker succeeded."))
+	retryLen := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
+		Name: "retry_length", Help: "Events of failed writes waiting to be sent again."})
+	paused := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
+		Name: "paused", Help: "1 while the producer waits for a failing broker to answer; events wait in the queue."})
 	return producerMetrics{
+		retried:        retried,
+		pauses:         pauses,
+		retryLen:       retryLen,
+		paused:         paused,
 		emitted:        emitted,
 		sampledOut:     sampled,
 		delivered:      delivered,
@@ -687,7 +843,7 @@ func newProducerMetrics(p *Producer) producerMetrics {
 		failedWrite:    failed.WithLabelValues("write"),
 		failedClosed:   failed.WithLabelValues("closed"),
 		latency:        latency,
-		collectors:     []prometheus.Collector{emitted, sampled, delivered, dropped, failed, latency, queue, inflight},
+		collectors:     []prometheus.Collector{emitted, sampled, delivered, dropped, failed, latency, queue, inflight, retried, pauses, retryLen, paused},
 	}
 }
 
