@@ -78,7 +78,7 @@ func TestConsumerConfigValidate(t *testing.T) {
 			"RebalanceTimeout = 0s", "JoinGroupBackoff = 0s", "ReadBackoffMin = 0s", "MaxAttempts = 0",
 			"CommitTimeout = 0s", "StartOffset = 0", "DialTimeout = 0s",
 		}},
-		{"heartbeat not below session", func(c *pipeline.ConsumerConfig) { c.HeartbeatInterval = c.SessionTimeout }, []string{"HeartbeatInterval = 30s"}},
+		{"heartbeat not below session", func(c *pipeline.ConsumerConfig) { c.HeartbeatInterval = c.SessionTimeout }, []string{"HeartbeatInterval = 10s"}},
 		{"max bytes below min bytes", func(c *pipeline.ConsumerConfig) { c.MinBytes = 1 << 30 }, []string{"MaxBytes = 10485760"}},
 		{"offset 5", func(c *pipeline.ConsumerConfig) { c.StartOffset = 5 }, []string{"StartOffset = 5"}},
 	}

@@ -49,7 +49,12 @@ type ConsumerConfig struct {
 	MaxWait time.Duration
 	// HeartbeatInterval, SessionTimeout and RebalanceTimeout drive group
 	// membership (ReaderConfig fields of the same names). The broker bounds
-	// SessionTimeout (Kafka: 6 s to 30 min by default). Defaults 3 s, 30 s, 30 s.
+	// SessionTimeout (Kafka: 6 s to 30 min by default). Defaults 3 s, 10 s,
+	// 5 s. After a broker outage the group is formed again only when the
+	// coordinator's rebalance ends, so RebalanceTimeout is most of the time
+	// the aggregator takes to catch up (faults TestBrokerOutage: 25 s with
+	// 30 s, 6 s with 5 s); the judge commits and rejoins well within it.
+	// SessionTimeout is how long a dead aggregator's partitions wait.
 	HeartbeatInterval time.Duration
 	SessionTimeout    time.Duration
 	RebalanceTimeout  time.Duration
@@ -87,8 +92,8 @@ func DefaultConsumerConfig() ConsumerConfig {
 		MaxBytes:          10 << 20,
 		MaxWait:           500 * time.Millisecond,
 		HeartbeatInterval: 3 * time.Second,
-		SessionTimeout:    30 * time.Second,
-		RebalanceTimeout:  30 * time.Second,
+		SessionTimeout:    10 * time.Second,
+		RebalanceTimeout:  5 * time.Second,
 		JoinGroupBackoff:  time.Second,
 		ReadBackoffMin:    100 * time.Millisecond,
 		ReadBackoffMax:    time.Second,
