@@ -155,8 +155,9 @@ func TestEdgeRestart(t *testing.T) {
 	if got < 19 {
 		t.Errorf("the new edge admitted %d more, want about the 20 left", got)
 	}
-	// The same hand-over for a client that bursts: what the new edge
-	// decides before its first flush returns is decided from zero.
+	// The same hand-over for a client that bursts: the new edge decides
+	// the first request from its own count, and the others wait for the
+	// shared count (window.Config.NewKeyWait).
 	const burstIP = "198.18.1.2"
 	third := startEdgeProc(t, common...)
 	hc := &http.Client{Timeout: 5 * time.Second}
@@ -189,6 +190,9 @@ func TestEdgeRestart(t *testing.T) {
 	fourth := startEdgeProc(t, common...)
 	after := burst(fourth, 40)
 	t.Logf("the same with 40 requests at once to the new edge: %d admitted (after %d on the old edge; limit 50)", after, before)
+	if left := 50 - before; after > left+1 || after < left-1 {
+		t.Errorf("a burst of 40 to a new edge: %d admitted after %d on the old edge, want the %d left (±1)", after, before, left)
+	}
 	second.stop(t, syscall.SIGTERM, 15*time.Second)
 	fourth.stop(t, syscall.SIGTERM, 15*time.Second)
 }

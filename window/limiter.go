@@ -293,7 +293,7 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit
 func (l *Limiter) decideShared(t int64, r *Rule, key, limit, cost uint64, mayWait bool) (d Decision, wait bool) {
 	s := l.shardOf(key)
 	s.mu.Lock()
-	i, created := s.get(l, key, t, r)
+	i, fresh := s.get(l, key, t, r)
 	e := &s.slab[i]
 	prev, curr := e.view()
 	var v Verdict
@@ -304,7 +304,7 @@ func (l *Limiter) decideShared(t int64, r *Rule, key, limit, cost uint64, mayWai
 		v = sw.Decide(t, prev, curr, cost)
 	}
 	failed := e.flags&flagFailed != 0
-	if mayWait && v.Allowed && !failed && !created && e.flags&flagNeedCurr != 0 {
+	if mayWait && v.Allowed && !failed && !fresh && e.flags&flagNeedCurr != 0 {
 		s.mu.Unlock()
 		return Decision{}, true
 	}

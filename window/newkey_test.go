@@ -162,3 +162,21 @@ func TestFlushBatchesAreBounded(t *testing.T) {
 	}
 	t.Logf("%d keys: %d ops in %d batches of at most %d", keys, st.Ops, store.calls, store.largest)
 }
+
+// TestReturningKeyDoesNotWait: a key back after a window or more without
+// requests starts over like a new one: its first request is decided at
+// once, never waiting for the store.
+func TestReturningKeyDoesNotWait(t *testing.T) {
+	clock := newSimClock(t0)
+	l := newTestLimiter(t, clock, hangingStore{}, Config{FlushInterval: time.Millisecond, StoreTimeout: time.Second, NewKeyWait: time.Second})
+	l.Start()
+	r := mustRules(t, perMinute).Rules[0]
+	key := r.Hash([]byte("k"))
+	l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+	clock.Add(3 * time.Minute)
+	begin := time.Now()
+	d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+	if took := time.Since(begin); !d.Allowed || took > 500*time.Millisecond {
+		t.Errorf("first request after 3 idle windows: allowed %v after %v, want admitted at once (the store hangs for 1 s)", d.Allowed, took)
+	}
+}

@@ -71,18 +71,20 @@ func (s *shard) lookup(key uint64) *entry {
 }
 
 // get returns the slab index of key's entry, rolled to the window
-// containing t, creating it if needed (created). s.mu must be held.
-func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) (i uint32, created bool) {
+// containing t, creating it if needed. fresh reports a view that starts
+// over here: created, or reset after a window or more without requests.
+// s.mu must be held.
+func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) (i uint32, fresh bool) {
 	if i, ok := s.idx[key]; ok {
 		e := &s.slab[i]
 		if t >= e.start+e.win {
-			s.roll(l, i, t)
+			fresh = s.roll(l, i, t)
 		}
 		if t > e.last {
 			e.last = t
 		}
 		e.flags |= flagRef
-		return i, false
+		return i, fresh
 	}
 	i = s.alloc(l)
 	e := &s.slab[i]
@@ -98,8 +100,9 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) (i uint32, created
 	return i, true
 }
 
-// roll moves entry i to the window containing t. s.mu must be held.
-func (s *shard) roll(l *Limiter, i uint32, t int64) {
+// roll moves entry i to the window containing t and reports whether the
+// view was reset (idle for a whole window or more). s.mu must be held.
+func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 	e := &s.slab[i]
 	start := windowStart(t, e.win)
 	if start == e.start+e.win {
@@ -116,11 +119,13 @@ func (s *shard) roll(l *Limiter, i uint32, t int64) {
 		}
 		e.prev, e.prevInfl, e.prevPend = 0, 0, 0
 		e.flags |= flagNeedCurr
+		reset = true
 	}
 	e.curr, e.infl, e.pend = 0, 0, 0
 	e.start = start
 	e.flags &^= flagPrevKnown
 	s.enqueue(i)
+	return reset
 }
 
 // count adds cost units to entry i's unsent increments. s.mu must be held.
