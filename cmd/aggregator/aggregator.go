@@ -271,7 +271,7 @@ func (a *aggregator) Stop(ctx context.Context) error {
 		close(a.quit)
 		a.judge.Flush()
 		r := a.judge.Report()
-		a.log.Info("aggregator: judged everything consumed", "events", r.Events, "judged", r.Judged,
+		a.log.Info("aggregator: judged everything consumed", "events", r.Events, "duplicates", r.Duplicates, "judged", r.Judged,
 			"late", r.Late, "invalid", r.Invalid, "wrongly_allowed", r.Enforced.WronglyAllowed,
 			"wrongly_limited", r.Enforced.WronglyLimited, "wrong_ratio", r.Enforced.WrongRatio,
 			"mean_relative_error", r.MeanRelativeError)

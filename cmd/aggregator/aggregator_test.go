@@ -298,6 +298,35 @@ func TestKnownAnswer(t *testing.T) {
 	}
 }
 
+// TestCopiesJudgedOnce sends the known trace twice, as a producer that
+// retried every batch after losing its acknowledgements would: with -dedup
+// the aggregator drops the copies and reports the known answer; every copy
+// is counted.
+func TestCopiesJudgedOnce(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.Judge.AllowedLateness = time.Minute
+	cfg.Judge.Dedup = 1 << 12
+	a := startAggregator(t, cfg)
+	tr, want := knownTrace()
+	producers := map[uint16]*pipeline.Producer{1: newProducer(t, a.Brokers()), 2: newProducer(t, a.Brokers())}
+	tr.emit(t, producers)
+	tr.emit(t, producers)
+	for _, p := range producers {
+		closeProducer(t, p)
+	}
+	n := int64(len(tr.events))
+	waitFor(t, 30*time.Second, "every event and copy consumed", func() bool {
+		r := getReport(t, a, false)
+		return r.Events+r.Duplicates >= 2*n
+	})
+	r := getReport(t, a, true)
+	got := judge.Tally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
+	if r.Events != n || r.Duplicates != n || got != want {
+		t.Errorf("events %d, copies %d, enforced %+v; want %d, %d, %+v", r.Events, r.Duplicates, got, n, n, want)
+	}
+}
+
 // idOf identifies an event of the restart trace.
 type idOf struct {
 	edge uint16

@@ -46,13 +46,14 @@ func benchTrace(n, keys, edges, batch int, rate float64) []pipeline.Event {
 // and allocations per event (one op is one event).
 func BenchmarkAdd(b *testing.B) {
 	for _, bc := range []struct {
-		name string
-		keys int
-	}{{"keys=1k", 1000}, {"keys=100k", 100_000}} {
+		name  string
+		keys  int
+		dedup int
+	}{{"keys=1k", 1000, 0}, {"keys=100k", 100_000, 0}, {"keys=1k/dedup=256k", 1000, 1 << 18}} {
 		b.Run(bc.name, func(b *testing.B) {
 			const batch = 1000
 			trace := benchTrace(1<<20, bc.keys, 2, batch, 200_000)
-			j := newJudge(b, nil)
+			j := newJudge(b, func(c *Config) { c.Dedup = bc.dedup })
 			// Warm up: the keys, the logs and the buffer reach their
 			// steady size, as in a long-running aggregator.
 			for i := 0; i < len(trace); i += batch {

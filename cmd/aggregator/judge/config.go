@@ -52,6 +52,15 @@ type Config struct {
 	// "_other". Defaults 256 each.
 	MaxRules int
 	MaxEdges int
+	// Dedup is how many of the latest events the judge remembers (by a
+	// 64-bit fingerprint of every field, about 40 bytes each) to drop an
+	// exact copy of one of them: a batch that a producer wrote twice (its
+	// acknowledgement timed out and it retried) or that the consumer read
+	// twice (its commit was cut off). Edges stamp events to the
+	// nanosecond, so two real decisions are never identical. 0 keeps
+	// every event, for sources whose times are coarse, such as traces
+	// judged offline in milliseconds. Default 0; the aggregator sets it.
+	Dedup int
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -105,6 +114,9 @@ func (c *Config) Validate() error {
 	atLeast1("MaxEdges", c.MaxEdges)
 	if c.MaxKeys > 1<<30 {
 		bad("MaxKeys", c.MaxKeys, "must be at most 2^30")
+	}
+	if c.Dedup < 0 || c.Dedup > 1<<24 {
+		bad("Dedup", c.Dedup, "must be between 0 (off) and 2^24")
 	}
 	return errors.Join(errs...)
 }

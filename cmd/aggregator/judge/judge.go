@@ -138,6 +138,7 @@ type Judge struct {
 	evicted   [numEvictReasons]int64
 	events    int64
 	invalid   int64
+	dups      dedup
 	lateTotal int64
 	overflows int64
 	fn, fp    wrongKeys
@@ -162,6 +163,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 		late:     make(map[lateCell]int64),
 		fn:       newWrongKeys(cfg.MaxWrongKeys, true),
 		fp:       newWrongKeys(cfg.MaxWrongKeys, false),
+		dups:     newDedup(cfg.Dedup),
 	}
 	j.forgotten = math.MinInt64
 	if reg != nil {
@@ -217,6 +219,9 @@ func (j *Judge) Buffered() int {
 }
 
 func (j *Judge) add(now int64, e *pipeline.Event) {
+	if j.dups.seen(e) {
+		return
+	}
 	j.events++
 	if e.Limit == 0 || e.WindowMillis == 0 {
 		j.invalid++

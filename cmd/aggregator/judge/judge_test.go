@@ -570,7 +570,7 @@ func TestConfigValidate(t *testing.T) {
 // TestAddAllocs checks that judging a key's steady traffic allocates nothing
 // once its structures have grown.
 func TestAddAllocs(t *testing.T) {
-	j := newJudge(t, func(c *Config) { c.AllowedLateness = 50 * time.Millisecond })
+	j := newJudge(t, func(c *Config) { c.AllowedLateness = 50 * time.Millisecond; c.Dedup = 1 << 12 })
 	rule := []byte("api")
 	e := pipeline.Event{Rule: rule, Cost: 1, Limit: 1000, WindowMillis: 1000, Edge: 1}
 	now := t0

@@ -24,6 +24,8 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	descEvents = desc("events_total",
 		"Decision events given to the judge, judged or not.")
+	descDuplicates = desc("duplicate_events_total",
+		"Exact copies of a recent event (a batch produced or consumed twice), dropped before judging; not in events_total.")
 	descInvalid = desc("invalid_events_total",
 		"Events that cannot be judged (limit or window 0).")
 	descDecisions = desc("decisions_total",
@@ -60,7 +62,7 @@ var verdictNames = [3]string{"correct", "wrongly_allowed", "wrongly_limited"}
 type collector struct{ j *Judge }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descInvalid, descDecisions, descLate, descOverflow,
+	for _, d := range []*prometheus.Desc{descEvents, descDuplicates, descInvalid, descDecisions, descLate, descOverflow,
 		descBuffered, descKeys, descEntries, descEvicted, descWrongKeys, descOvershoot, descRelErr, descWatermark} {
 		ch <- d
 	}
@@ -78,6 +80,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(descEvents, j.events)
 	counter(descInvalid, j.invalid)
+	counter(descDuplicates, j.dups.count)
 	counter(descOverflow, j.overflows)
 	gauge(descBuffered, float64(j.buf.len()))
 	gauge(descKeys, float64(j.keys.len()))

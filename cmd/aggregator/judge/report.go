@@ -76,7 +76,8 @@ type Late struct {
 // judged (Enforced + Shadow + Fallback decisions) + Late + Invalid +
 // Buffered.
 type Report struct {
-	Events          int64 `json:"events"`           // given to Add
+	Events          int64 `json:"events"`           // given to Add, copies excluded
+	Duplicates      int64 `json:"duplicates"`       // exact copies dropped (Config.Dedup)
 	Judged          int64 `json:"judged"`           // decisions judged, all classes
 	Late            int64 `json:"late"`             // not judged: see the package doc
 	Invalid         int64 `json:"invalid"`          // Limit or WindowMillis 0
@@ -128,6 +129,7 @@ func (j *Judge) Report() Report {
 	defer j.mu.Unlock()
 	r := Report{
 		Events:          j.events,
+		Duplicates:      j.dups.count,
 		Late:            j.lateTotal,
 		Invalid:         j.invalid,
 		Buffered:        j.buf.len(),

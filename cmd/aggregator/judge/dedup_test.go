@@ -1,0 +1,62 @@
+package judge
+
+import (
+	"testing"
+)
+
+// TestDedupDropsCopies: a batch delivered twice (a produce retried after a
+// lost acknowledgement, or a batch consumed again after a lost commit) is
+// judged once with Dedup on, and its copies are counted apart; with Dedup
+// off the copies are judged as requests and make an honest client look
+// over its limit.
+func TestDedupDropsCopies(t *testing.T) {
+	// Key 1 at exactly its limit: 10 admitted in the window, all right.
+	batch := burst(0, 10, 100, 1, A)
+	// The producer retried the last five: they arrive again, later.
+	stream := cat(batch, burst(1000, 3, 100, 2, A), batch[5:])
+
+	j := newJudge(t, func(c *Config) { c.Dedup = 64 })
+	for _, e := range stream {
+		j.Add(0, e)
+	}
+	j.Flush()
+	r := j.Report()
+	if r.Events != 13 || r.Duplicates != 5 || r.Enforced.WronglyAllowed != 0 || r.Judged != 13 {
+		t.Errorf("dedup on: events %d, duplicates %d, judged %d, wrongly allowed %d; want 13, 5, 13, 0",
+			r.Events, r.Duplicates, r.Judged, r.Enforced.WronglyAllowed)
+	}
+
+	r = run(t, nil, stream) // Dedup 0
+	if r.Events != 18 || r.Duplicates != 0 || r.Enforced.WronglyAllowed != 5 {
+		t.Errorf("dedup off: events %d, duplicates %d, wrongly allowed %d; want 18, 0, 5 (the copies judged as requests)",
+			r.Events, r.Duplicates, r.Enforced.WronglyAllowed)
+	}
+}
+
+// TestDedupRemembersABoundedNumber: only the latest Dedup events are
+// remembered; a copy arriving after that many others is judged again, and
+// distinct events that differ in any one field are never taken for copies.
+func TestDedupRemembersABoundedNumber(t *testing.T) {
+	j := newJudge(t, func(c *Config) { c.Dedup = 4; c.AllowedLateness = 0 })
+	first := ev(0, 1, A)
+	j.Add(0, first)
+	for i := range 4 {
+		j.Add(0, ev(int64(1+i), 2, A))
+	}
+	j.Add(0, first) // 4 events later: forgotten, judged (here, late)
+	// Same key and time, one field different each: not copies.
+	base := ev(50, 3, A)
+	for _, o := range []opt{onEdge(2), estimate(3), cost(2), rule("other"), syncMode, shadow} {
+		e := base
+		o(&e)
+		j.Add(0, e)
+	}
+	j.Flush()
+	r := j.Report()
+	if r.Duplicates != 0 || r.Events != 12 {
+		t.Errorf("events %d, duplicates %d: want 12 and 0", r.Events, r.Duplicates)
+	}
+	if len(j.dups.set) != 4 {
+		t.Errorf("fingerprints remembered: %d, want 4", len(j.dups.set))
+	}
+}
