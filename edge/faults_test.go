@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestHungShardCostsNoMoreThanItsTimeout puts one of two memcached shards
@@ -56,41 +55,10 @@ rules:
 	// The failures are counted and the silent shard is ejected. (Whether a
 	// decision meets a key whose last flush failed, and counts a fallback,
 	// depends on timing; TestStoreDownFailOpenAndClosed counts them.)
-	for _, m := range []struct{ name, label, value string }{
-		{"poplimit_window_store_errors_total", "", ""},
-		{"poplimit_shardproxy_ejections_total", "", ""},
-	} {
-		if n := metricValue(t, e.reg, m.name, m.label, m.value); n == 0 {
-			t.Errorf("%s{%s=%q} = 0 after a shard hung", m.name, m.label, m.value)
+	for _, name := range []string{"poplimit_window_store_errors_total", "poplimit_shardproxy_ejections_total"} {
+		if n := testenv.MetricSum(t, e.reg, name); n == 0 {
+			t.Errorf("%s = 0 after a shard hung", name)
 		}
 	}
 	relay.Forward()
-}
-
-// metricValue returns the value of the counter or gauge name with the label
-// pair, summed over the other labels, from reg.
-func metricValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			match := label == ""
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					match = true
-				}
-			}
-			if match {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
 }

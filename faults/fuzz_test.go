@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/window"
 	"github.com/valyala/fasthttp"
@@ -87,7 +88,7 @@ func FuzzHostileRequestKey(f *testing.F) {
 		default:
 			t.Fatalf("path %q, XFF %q, key %q, query %q, cookie %q: status %d, want 200, 400 or 429", path, xff, key, query, cookie, status)
 		}
-		if p := gatherSum(t, e.reg, "poplimit_edge_panics_total"); p > 0 {
+		if p := testenv.MetricSum(t, e.reg, "poplimit_edge_panics_total"); p > 0 {
 			t.Fatalf("path %q, XFF %q, key %q, query %q, cookie %q: the handler panicked", path, xff, key, query, cookie)
 		}
 		// The header part of a key is the header's bytes, exactly.

@@ -98,7 +98,7 @@ rules:
 	}()
 	_, rep := replay(t, context.Background(), loadtest.ReplayConfig{Targets: targets, Spread: loadtest.RoundRobin, Align: win}, reqs)
 	<-done
-	waitFor(t, 20*time.Second, "both rings whole again", func() bool { return converged.Load() != 0 })
+	testenv.WaitFor(t, 20*time.Second, "both rings whole again", func() bool { return converged.Load() != 0 })
 	convergedAt := time.Unix(0, converged.Load())
 	t.Logf("replay: %d sent, %d completed, errors %v, statuses %v", rep.Sent, rep.Completed, rep.Errors, rep.Statuses)
 	t.Logf("partition at +%.2fs for %v; healed at +%.2fs; both rings whole at +%.2fs (%.2fs after the heal, no action taken)",

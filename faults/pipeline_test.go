@@ -14,7 +14,6 @@ import (
 	"github.com/poplimit/poplimit/loadtest"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -70,28 +69,6 @@ func (b *broker) stop() {
 	}
 }
 
-// topicSize returns the number of messages in the topic: the sum of its
-// partitions' high watermarks.
-func topicSize(t testing.TB, addr string) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var n int64
-	for p := range partitions {
-		conn, err := kafka.DialLeader(ctx, "tcp", addr, eventsTopic, p)
-		if err != nil {
-			t.Fatalf("partition %d: %v", p, err)
-		}
-		last, err := conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatalf("partition %d: last offset: %v", p, err)
-		}
-		n += last
-	}
-	return n
-}
-
 // pipelineEdges starts two in-process edges over one memcached shard whose
 // decisions go to Kafka through a producer each, configured as cmd/edge
 // configures them (pipeline.DefaultProducerConfig).
@@ -126,11 +103,11 @@ type producerCounts struct {
 func countsOf(t testing.TB, edges []*inEdge) producerCounts {
 	var c producerCounts
 	for _, e := range edges {
-		c.emitted += gatherSum(t, e.reg, "poplimit_pipeline_events_emitted_total")
-		c.delivered += gatherSum(t, e.reg, "poplimit_pipeline_events_delivered_total")
-		c.dropped += gatherSum(t, e.reg, "poplimit_pipeline_events_dropped_total")
-		c.failed += gatherSum(t, e.reg, "poplimit_pipeline_events_failed_total")
-		c.sampled += gatherSum(t, e.reg, "poplimit_pipeline_events_sampled_out_total")
+		c.emitted += testenv.MetricSum(t, e.reg, "poplimit_pipeline_events_emitted_total")
+		c.delivered += testenv.MetricSum(t, e.reg, "poplimit_pipeline_events_delivered_total")
+		c.dropped += testenv.MetricSum(t, e.reg, "poplimit_pipeline_events_dropped_total")
+		c.failed += testenv.MetricSum(t, e.reg, "poplimit_pipeline_events_failed_total")
+		c.sampled += testenv.MetricSum(t, e.reg, "poplimit_pipeline_events_sampled_out_total")
 	}
 	return c
 }
@@ -235,7 +212,7 @@ func TestBrokerOutage(t *testing.T) {
 	if lost == 0 && atStart.delivered == atStop.delivered && atStart.emitted-atStart.delivered < 1000 {
 		t.Errorf("the outage cost nothing and delivered nothing: want undelivered events queued, dropped or failed, and counted")
 	}
-	waitFor(t, 30*time.Second, "the producers delivering again", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the producers delivering again", func() bool {
 		return countsOf(t, edges).delivered > atStart.delivered+1000
 	})
 	for _, p := range prods {
@@ -258,9 +235,9 @@ func TestBrokerOutage(t *testing.T) {
 	}
 
 	// The aggregator catches up with everything in the topic.
-	logged := topicSize(t, b.addr())
+	logged := testenv.TopicSize(t, b.addr(), eventsTopic, partitions)
 	caught := time.Now()
-	waitFor(t, 60*time.Second, "the aggregator to catch up", func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the aggregator to catch up", func() bool {
 		r := agg.report(t, false)
 		return r.Events+r.Duplicates >= logged
 	})
@@ -331,8 +308,8 @@ func TestAggregatorRestart(t *testing.T) {
 		cancel()
 	}
 	c := countsOf(t, edges)
-	logged := topicSize(t, b.addr())
-	waitFor(t, 60*time.Second, "the second aggregator to take the rest", func() bool {
+	logged := testenv.TopicSize(t, b.addr(), eventsTopic, partitions)
+	testenv.WaitFor(t, 60*time.Second, "the second aggregator to take the rest", func() bool {
 		r := second.report(t, false)
 		return firstEvents+firstDups+r.Events+r.Duplicates >= logged
 	})

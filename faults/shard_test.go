@@ -139,7 +139,7 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 	}()
 	results, rep := replay(t, context.Background(), loadtest.ReplayConfig{Targets: targets, Spread: loadtest.RoundRobin, Align: win}, reqs)
 	// A returned shard is put back when its retry timeout (5 s) has passed.
-	waitFor(t, 15*time.Second, "the shard back in both rings", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "the shard back in both rings", func() bool {
 		return edges[0].mc.Ring().IsLive(1) && edges[1].mc.Ring().IsLive(1)
 	})
 	cancel()
@@ -301,8 +301,8 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 	}
 	var metricFallbacks, ejections float64
 	for _, e := range edges {
-		metricFallbacks += gatherSum(t, e.reg, "poplimit_window_fallbacks_total")
-		ejections += gatherSum(t, e.reg, "poplimit_shardproxy_ejections_total")
+		metricFallbacks += testenv.MetricSum(t, e.reg, "poplimit_window_fallbacks_total")
+		ejections += testenv.MetricSum(t, e.reg, "poplimit_shardproxy_ejections_total")
 	}
 	t.Logf("fallbacks: %d decisions by failure policy, poplimit_window_fallbacks_total %v; ejections %v", fallbacks, metricFallbacks, ejections)
 	if fallbacks == 0 || metricFallbacks != float64(fallbacks) {

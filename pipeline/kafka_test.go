@@ -89,45 +89,6 @@ func closeProducer(t testing.TB, p *pipeline.Producer) {
 	}
 }
 
-// metric returns the sum of the samples of the named metric whose labels
-// include labels (name=value pairs).
-func metric(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	samples:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue samples
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
-}
-
 // outcomes returns the producer's counters: every emitted event must end in
 // exactly one of the others.
 type outcomes struct {
@@ -136,27 +97,16 @@ type outcomes struct {
 
 func producerOutcomes(t testing.TB, g prometheus.Gatherer) outcomes {
 	return outcomes{
-		emitted:    metric(t, g, "poplimit_pipeline_events_emitted_total"),
-		sampledOut: metric(t, g, "poplimit_pipeline_events_sampled_out_total"),
-		dropped:    metric(t, g, "poplimit_pipeline_events_dropped_total"),
-		delivered:  metric(t, g, "poplimit_pipeline_events_delivered_total"),
-		failed:     metric(t, g, "poplimit_pipeline_events_failed_total"),
+		emitted:    testenv.MetricSum(t, g, "poplimit_pipeline_events_emitted_total"),
+		sampledOut: testenv.MetricSum(t, g, "poplimit_pipeline_events_sampled_out_total"),
+		dropped:    testenv.MetricSum(t, g, "poplimit_pipeline_events_dropped_total"),
+		delivered:  testenv.MetricSum(t, g, "poplimit_pipeline_events_delivered_total"),
+		failed:     testenv.MetricSum(t, g, "poplimit_pipeline_events_failed_total"),
 	}
 }
 
 func (o outcomes) balanced() bool {
 	return o.emitted == o.sampledOut+o.dropped+o.delivered+o.failed
-}
-
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // collector is an apply function that keeps copies of what it is given.
@@ -347,19 +297,19 @@ func TestProduceConsume(t *testing.T) {
 
 			var col collector
 			cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
-			waitFor(t, 20*time.Second, "every event consumed", func() bool { return col.len() >= len(want) })
+			testenv.WaitFor(t, 20*time.Second, "every event consumed", func() bool { return col.len() >= len(want) })
 			time.Sleep(200 * time.Millisecond) // room for a duplicate to show up
 			if err := cs.stop(); err != nil {
 				t.Errorf("Run: got %v, want nil", err)
 			}
 			checkExactlyOnce(t, col.snapshot(), want)
-			if got := metric(t, cs.reg, "poplimit_pipeline_events_consumed_total"); got != float64(len(want)) {
+			if got := testenv.MetricSum(t, cs.reg, "poplimit_pipeline_events_consumed_total"); got != float64(len(want)) {
 				t.Errorf("consumed: got %v, want %d", got, len(want))
 			}
-			if got := metric(t, cs.reg, "poplimit_pipeline_commit_errors_total"); got != 0 {
+			if got := testenv.MetricSum(t, cs.reg, "poplimit_pipeline_commit_errors_total"); got != 0 {
 				t.Errorf("commit errors: got %v, want 0", got)
 			}
-			if got := metric(t, cs.reg, "poplimit_pipeline_consumer_lag_messages"); got != 0 {
+			if got := testenv.MetricSum(t, cs.reg, "poplimit_pipeline_consumer_lag_messages"); got != 0 {
 				t.Errorf("lag after consuming everything: got %v, want 0", got)
 			}
 		})
@@ -405,7 +355,7 @@ func TestConsumerResumes(t *testing.T) {
 
 	var second collector
 	cs := startConsumer(t, cfg, second.apply)
-	waitFor(t, 20*time.Second, "the rest consumed", func() bool { return n1+second.len() >= len(want) })
+	testenv.WaitFor(t, 20*time.Second, "the rest consumed", func() bool { return n1+second.len() >= len(want) })
 	time.Sleep(200 * time.Millisecond)
 	if err := cs.stop(); err != nil {
 		t.Errorf("second Run: got %v, want nil", err)
@@ -458,7 +408,7 @@ func TestApplyErrorReplays(t *testing.T) {
 
 	var col collector
 	cs := startConsumer(t, cfg, col.apply)
-	waitFor(t, 20*time.Second, "every event consumed", func() bool { return col.len() >= len(want) })
+	testenv.WaitFor(t, 20*time.Second, "every event consumed", func() bool { return col.len() >= len(want) })
 	time.Sleep(200 * time.Millisecond)
 	_ = cs.stop()
 	checkExactlyOnce(t, col.snapshot(), want)
@@ -491,13 +441,13 @@ func TestDecodeErrorsSkipped(t *testing.T) {
 	}
 	var col collector
 	cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
-	waitFor(t, 20*time.Second, "events and garbage consumed", func() bool {
-		return metric(t, cs.reg, "poplimit_pipeline_decode_errors_total") >= float64(len(want))
+	testenv.WaitFor(t, 20*time.Second, "events and garbage consumed", func() bool {
+		return testenv.MetricSum(t, cs.reg, "poplimit_pipeline_decode_errors_total") >= float64(len(want))
 	})
-	waitFor(t, 5*time.Second, "every event consumed", func() bool { return col.len() >= len(want) })
+	testenv.WaitFor(t, 5*time.Second, "every event consumed", func() bool { return col.len() >= len(want) })
 	_ = cs.stop()
 	checkExactlyOnce(t, col.snapshot(), want)
-	if got := metric(t, cs.reg, "poplimit_pipeline_decode_errors_total"); got != float64(len(want)) {
+	if got := testenv.MetricSum(t, cs.reg, "poplimit_pipeline_decode_errors_total"); got != float64(len(want)) {
 		t.Errorf("decode errors: got %v, want %d", got, len(want))
 	}
 }
@@ -522,7 +472,7 @@ func TestBrokerOutage(t *testing.T) {
 		e.KeyHash = uint64(i)
 		p.Emit(&e)
 	}
-	waitFor(t, 10*time.Second, "the first events delivered", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the first events delivered", func() bool {
 		return producerOutcomes(t, reg).delivered == 100
 	})
 
@@ -553,11 +503,11 @@ func TestBrokerOutage(t *testing.T) {
 	if slowest > time.Second {
 		t.Errorf("slowest Emit while the broker is down: got %v, want < 1s", slowest)
 	}
-	waitFor(t, 10*time.Second, "the producer paused, holding its failed writes", func() bool {
-		return metric(t, reg, "poplimit_pipeline_paused") == 1 && metric(t, reg, "poplimit_pipeline_events_retried_total") > 0
+	testenv.WaitFor(t, 10*time.Second, "the producer paused, holding its failed writes", func() bool {
+		return testenv.MetricSum(t, reg, "poplimit_pipeline_paused") == 1 && testenv.MetricSum(t, reg, "poplimit_pipeline_events_retried_total") > 0
 	})
 	down := producerOutcomes(t, reg)
-	if got := metric(t, reg, "poplimit_pipeline_events_dropped_total", "reason", "queue_full"); got == 0 {
+	if got := testenv.MetricSum(t, reg, "poplimit_pipeline_events_dropped_total", "reason", "queue_full"); got == 0 {
 		t.Errorf("dropped (queue full) while the broker is down: got 0, want > 0")
 	}
 	t.Logf("while down: %+v", down)
@@ -567,14 +517,14 @@ func TestBrokerOutage(t *testing.T) {
 	_ = broker2
 	e.Edge = 1 // marks events sent after the broker came back
 	recovered := down.delivered
-	waitFor(t, 15*time.Second, "deliveries after the broker returned", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "deliveries after the broker returned", func() bool {
 		e.KeyHash++
 		p.Emit(&e)
 		return producerOutcomes(t, reg).delivered > recovered+10
 	})
 	// What was queued or kept during the outage drains to the new broker.
-	waitFor(t, 15*time.Second, "the queue and the retry buffer to drain", func() bool {
-		return metric(t, reg, "poplimit_pipeline_queue_length") == 0 && metric(t, reg, "poplimit_pipeline_retry_length") == 0
+	testenv.WaitFor(t, 15*time.Second, "the queue and the retry buffer to drain", func() bool {
+		return testenv.MetricSum(t, reg, "poplimit_pipeline_queue_length") == 0 && testenv.MetricSum(t, reg, "poplimit_pipeline_retry_length") == 0
 	})
 	want := testEvents(2, 20, 10, 1_000_000)
 	for i := range want {
@@ -592,11 +542,11 @@ func TestBrokerOutage(t *testing.T) {
 		t.Errorf("%v events failed: want none, the outage carried by the queue and the retry buffer", o.failed)
 	}
 	t.Logf("retried %v events of failed writes; %v pauses",
-		metric(t, reg, "poplimit_pipeline_events_retried_total"), metric(t, reg, "poplimit_pipeline_pauses_total"))
+		testenv.MetricSum(t, reg, "poplimit_pipeline_events_retried_total"), testenv.MetricSum(t, reg, "poplimit_pipeline_pauses_total"))
 
 	var col collector
 	cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
-	waitFor(t, 20*time.Second, "the events sent after recovery", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the events sent after recovery", func() bool {
 		n := 0
 		for _, e := range col.snapshot() {
 			if e.Edge == 2 {
@@ -632,7 +582,7 @@ func TestConsumerSurvivesBrokerRestart(t *testing.T) {
 
 	var col collector
 	cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
-	waitFor(t, 20*time.Second, "the events before the restart", func() bool { return col.len() >= len(before) })
+	testenv.WaitFor(t, 20*time.Second, "the events before the restart", func() bool { return col.len() >= len(before) })
 	broker.Close()
 	time.Sleep(500 * time.Millisecond)
 	startBroker(t, port, "events")
@@ -643,7 +593,7 @@ func TestConsumerSurvivesBrokerRestart(t *testing.T) {
 		p2.Emit(&after[i])
 	}
 	closeProducer(t, p2)
-	waitFor(t, 30*time.Second, "the events after the restart", func() bool { return col.len() >= len(before)+len(after) })
+	testenv.WaitFor(t, 30*time.Second, "the events after the restart", func() bool { return col.len() >= len(before)+len(after) })
 	select {
 	case err := <-cs.err:
 		t.Fatalf("Run ended during the restart: %v", err)
@@ -719,7 +669,7 @@ func TestCloseDeadline(t *testing.T) {
 			if o.emitted != 5000 || o.delivered != 0 || !o.balanced() {
 				t.Errorf("outcomes: got %+v, want 5000 emitted, none delivered, all accounted for", o)
 			}
-			if got := metric(t, reg, "poplimit_pipeline_events_failed_total", "reason", "closed"); got == 0 {
+			if got := testenv.MetricSum(t, reg, "poplimit_pipeline_events_failed_total", "reason", "closed"); got == 0 {
 				t.Errorf("failed (closed): got 0, want > 0")
 			}
 			if p.Emit(&e) {
@@ -777,13 +727,13 @@ func TestEmitDuringClose(t *testing.T) {
 	if o.emitted != 4*20_000 || !o.balanced() {
 		t.Errorf("outcomes: got %+v, want 80000 emitted, each counted once", o)
 	}
-	if got := metric(t, reg, "poplimit_pipeline_queue_length"); got != 0 {
+	if got := testenv.MetricSum(t, reg, "poplimit_pipeline_queue_length"); got != 0 {
 		t.Errorf("queue after Close: got %v events, want 0", got)
 	}
 	// What the producer counts as delivered is what the topic holds.
 	var col collector
 	cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
-	waitFor(t, 20*time.Second, "the delivered events", func() bool { return col.len() >= int(o.delivered) })
+	testenv.WaitFor(t, 20*time.Second, "the delivered events", func() bool { return col.len() >= int(o.delivered) })
 	time.Sleep(200 * time.Millisecond)
 	_ = cs.stop()
 	if got := col.len(); got != int(o.delivered) {
@@ -815,7 +765,7 @@ func TestSamplingEndToEnd(t *testing.T) {
 	}
 	var col collector
 	cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
-	waitFor(t, 20*time.Second, "the sampled events", func() bool { return col.len() >= len(want) })
+	testenv.WaitFor(t, 20*time.Second, "the sampled events", func() bool { return col.len() >= len(want) })
 	time.Sleep(200 * time.Millisecond)
 	_ = cs.stop()
 	checkExactlyOnce(t, col.snapshot(), want)
@@ -860,7 +810,7 @@ func TestMetricsLint(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("metric %s: %s", p.Metric, p.Text)
 	}
-	if got := metric(t, reg, "poplimit_pipeline_batch_write_duration_seconds"); got == 0 {
+	if got := testenv.MetricSum(t, reg, "poplimit_pipeline_batch_write_duration_seconds"); got == 0 {
 		t.Error("batch write latency: got no observation, want some")
 	}
 	// A second producer on the same registry is refused, not a panic.
@@ -898,7 +848,7 @@ func benchmarkEndToEnd(b *testing.B, async bool) {
 	startConsumer(b, fastConsumerConfig(addr, "events", "bench"), apply)
 	warm := pipeline.Event{Rule: []byte("warm-up")}
 	p.Emit(&warm)
-	waitFor(b, 20*time.Second, "the consumer to join", func() bool { return count() >= 1 })
+	testenv.WaitFor(b, 20*time.Second, "the consumer to join", func() bool { return count() >= 1 })
 
 	e := pipeline.Event{Time: 1, Rule: []byte("api"), Limit: 100, WindowMillis: 60_000, Cost: 1}
 	b.ReportAllocs()
@@ -910,7 +860,7 @@ func benchmarkEndToEnd(b *testing.B, async bool) {
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
-	waitFor(b, time.Minute, "every event consumed", func() bool { return count() >= b.N+1 })
+	testenv.WaitFor(b, time.Minute, "every event consumed", func() bool { return count() >= b.N+1 })
 	elapsed := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "events/s")

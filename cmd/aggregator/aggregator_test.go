@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/cmd/aggregator/judge"
+	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -133,17 +133,6 @@ func getReport(t testing.TB, a *aggregator, flush bool) judge.Report {
 	return r
 }
 
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // trace builds scripted traces: decisions of two edges, alternating, so
 // every key's events come from both.
 type trace struct {
@@ -238,7 +227,7 @@ func TestKnownAnswer(t *testing.T) {
 	for _, p := range producers {
 		closeProducer(t, p)
 	}
-	waitFor(t, 30*time.Second, "every event consumed", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "every event consumed", func() bool {
 		return getReport(t, a, false).Events >= int64(len(tr.events))
 	})
 	r := getReport(t, a, true)
@@ -316,7 +305,7 @@ func TestCopiesJudgedOnce(t *testing.T) {
 		closeProducer(t, p)
 	}
 	n := int64(len(tr.events))
-	waitFor(t, 30*time.Second, "every event and copy consumed", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "every event and copy consumed", func() bool {
 		r := getReport(t, a, false)
 		return r.Events+r.Duplicates >= 2*n
 	})
@@ -384,7 +373,7 @@ func TestRestartExactlyOnce(t *testing.T) {
 		}
 	}
 	emit(tr.events[:1])
-	waitFor(t, 30*time.Second, "the first aggregator to join", func() bool { return getReport(t, first, false).Events >= 1 })
+	testenv.WaitFor(t, 30*time.Second, "the first aggregator to join", func() bool { return getReport(t, first, false).Events >= 1 })
 	streamed := make(chan struct{})
 	go func() {
 		defer close(streamed)
@@ -394,7 +383,7 @@ func TestRestartExactlyOnce(t *testing.T) {
 		}
 	}()
 
-	waitFor(t, 30*time.Second, "the first aggregator to judge a quarter", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the first aggregator to judge a quarter", func() bool {
 		return getReport(t, first, false).Events >= int64(n/4)
 	})
 	stopAggregator(t, first)
@@ -409,11 +398,11 @@ func TestRestartExactlyOnce(t *testing.T) {
 	// The producers are at-least-once: a batch retried after a timeout is
 	// in the log twice. What the aggregators must judge exactly once is
 	// every message in the log.
-	logged := topicSize(t, cfg.Brokers[0], 4)
+	logged := testenv.TopicSize(t, cfg.Brokers[0], topic, 4)
 	if logged < int64(n) {
 		t.Fatalf("messages in the topic: got %d, want at least the %d produced", logged, n)
 	}
-	waitFor(t, 30*time.Second, "the second aggregator to take the rest", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the second aggregator to take the rest", func() bool {
 		return r1.Events+getReport(t, second, false).Events >= logged
 	})
 	time.Sleep(300 * time.Millisecond) // room for a duplicate to show up
@@ -477,7 +466,7 @@ func TestEmbeddedDataDir(t *testing.T) {
 		p.Emit(&tr.events[i])
 	}
 	closeProducer(t, p)
-	waitFor(t, 30*time.Second, "the first half judged", func() bool { return getReport(t, first, false).Events >= int64(half) })
+	testenv.WaitFor(t, 30*time.Second, "the first half judged", func() bool { return getReport(t, first, false).Events >= int64(half) })
 	stopAggregator(t, first)
 
 	second := startAggregator(t, cfg)
@@ -487,31 +476,9 @@ func TestEmbeddedDataDir(t *testing.T) {
 	}
 	closeProducer(t, p)
 	rest := int64(len(tr.events) - half)
-	waitFor(t, 30*time.Second, "the second half judged", func() bool { return getReport(t, second, false).Events >= rest })
+	testenv.WaitFor(t, 30*time.Second, "the second half judged", func() bool { return getReport(t, second, false).Events >= rest })
 	time.Sleep(300 * time.Millisecond) // room for a replay of the first half to show up
 	if got := getReport(t, second, false).Events; got != rest {
 		t.Errorf("events after the restart: got %d, want %d (the first half was committed)", got, rest)
 	}
-}
-
-// topicSize returns the number of messages in the first partitions
-// partitions of the topic: the sum of their high watermarks.
-func topicSize(t testing.TB, broker string, partitions int) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var n int64
-	for p := range partitions {
-		conn, err := kafka.DialLeader(ctx, "tcp", broker, topic, p)
-		if err != nil {
-			t.Fatalf("partition %d: %v", p, err)
-		}
-		last, err := conn.ReadLastOffset()
-		conn.Close()
-		if err != nil {
-			t.Fatalf("partition %d: last offset: %v", p, err)
-		}
-		n += last
-	}
-	return n
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -145,7 +146,7 @@ func TestMetricsLint(t *testing.T) {
 		{"poplimit_aggregator_keys", nil, float64(r.Keys)},
 	}
 	for _, tt := range tests {
-		if got := metricSum(t, reg, tt.name, tt.labels...); got != tt.want {
+		if got := testenv.MetricSum(t, reg, tt.name, tt.labels...); got != tt.want {
 			t.Errorf("%s%v: got %v, want %v", tt.name, tt.labels, got, tt.want)
 		}
 	}
@@ -155,41 +156,4 @@ func TestMetricsLint(t *testing.T) {
 	if _, err := New(DefaultConfig(), reg); err == nil {
 		t.Error("a second Judge on one registry: got nil error, want a registration error")
 	}
-}
-
-// metricSum returns the sum of the samples of the named metric whose labels
-// include labels (name, value pairs); a histogram counts its observations.
-func metricSum(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	samples:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
-				}
-				if !found {
-					continue samples
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
 }

@@ -1,0 +1,86 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+)
+
+// WaitFor polls cond every 10 ms until it holds, or fails the test after
+// timeout, naming what it waited for.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// MetricSum returns the sum of the samples of the named metric in g whose
+// labels include every pair in labels ("name", "value", …): counters,
+// gauges and untyped values by value, histograms by their count of
+// observations.
+func MetricSum(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	samples:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue samples
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			case m.Untyped != nil:
+				sum += m.GetUntyped().GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+// TopicSize returns the number of messages in partitions 0 to partitions-1
+// of topic on the broker at addr: the sum of their high watermarks.
+func TopicSize(t testing.TB, addr, topic string, partitions int) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n int64
+	for p := range partitions {
+		conn, err := kafka.DialLeader(ctx, "tcp", addr, topic, p)
+		if err != nil {
+			t.Fatalf("partition %d: %v", p, err)
+		}
+		last, err := conn.ReadLastOffset()
+		conn.Close()
+		if err != nil {
+			t.Fatalf("partition %d: last offset: %v", p, err)
+		}
+		n += last
+	}
+	return n
+}
