@@ -65,12 +65,16 @@
 // kafka-go Writer configured explicitly from ProducerConfig (kafka-go turns
 // zero values into defaults: BatchTimeout 0 becomes one second). In Async
 // mode at most MaxWritesInFlight writes await an outcome, so kafka-go's own
-// unbounded queues stay short. While the broker is down the goroutine keeps
-// draining at the pace the writer fails (each failure counted), the excess
-// is dropped at the queue (counted), and nothing grows without bound; when
-// the broker is back the writer reconnects by itself. Every event Emit was
-// offered ends in exactly one counter: sampled out, dropped (queue full,
-// closed, invalid), delivered or failed (write, closed), once Close returns.
+// unbounded queues stay short. When a write fails every attempt, the
+// goroutine pauses: it keeps that write's events in a bounded retry buffer
+// (RetryBuffer), takes nothing more from the channel, and probes the broker
+// with an ApiVersions request (backing off from WriteBackoffMin to
+// WriteBackoffMax) until it answers; then it sends the kept events first.
+// So an outage is carried by the channel, and only what a full channel
+// refuses is lost (dropped, counted); nothing grows without bound. Every
+// event Emit was offered ends in exactly one counter: sampled out, dropped
+// (queue full, closed, invalid), delivered or failed (write, closed), once
+// Close returns; a retried event is counted once, when it ends.
 //
 // # Sampling by key
 //

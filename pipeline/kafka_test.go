@@ -467,7 +467,7 @@ func TestBrokerOutage(t *testing.T) {
 	cfg.WriteTimeout = 3 * time.Second // so that a network wait would show
 	p, reg := newProducer(t, cfg)
 
-	e := pipeline.Event{Time: 1, Rule: []byte("api"), Limit: 10, WindowMillis: 1000}
+	e := pipeline.Event{Time: time.Now().UnixNano(), Rule: []byte("api"), Limit: 10, WindowMillis: 1000}
 	for i := range 100 {
 		e.KeyHash = uint64(i)
 		p.Emit(&e)
@@ -697,6 +697,39 @@ func TestBrokerUnreachable(t *testing.T) {
 	o := producerOutcomes(t, reg)
 	if o.emitted != 5000 || o.delivered != 0 || o.failed == 0 || !o.balanced() {
 		t.Errorf("outcomes: got %+v, want 5000 emitted, none delivered, failures counted, all accounted for", o)
+	}
+}
+
+// TestRetryOnlyRecentEvents: while no broker answers, the events of failed
+// writes are kept to be sent again only if they are younger than RetryFor;
+// older ones fail at once, counted.
+func TestRetryOnlyRecentEvents(t *testing.T) {
+	t.Parallel()
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) // nothing listens
+	cfg := fastProducerConfig(addr, "events")
+	cfg.RetryFor = time.Minute
+	p, reg := newProducer(t, cfg)
+	// One batch: 100 events two minutes old, 100 recent ones.
+	e := pipeline.Event{Rule: []byte("api")}
+	for i := range 200 {
+		e.KeyHash = uint64(i)
+		e.Time = time.Now().UnixNano()
+		if i%2 == 0 {
+			e.Time -= int64(2 * time.Minute)
+		}
+		p.Emit(&e)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the write to fail", func() bool {
+		return testenv.MetricSum(t, reg, "poplimit_pipeline_events_failed_total", "reason", "write") > 0
+	})
+	failed := testenv.MetricSum(t, reg, "poplimit_pipeline_events_failed_total", "reason", "write")
+	kept := testenv.MetricSum(t, reg, "poplimit_pipeline_retry_length")
+	if failed != 100 || kept != 100 {
+		t.Errorf("failed %v, kept %v: want the 100 old events failed and the 100 recent ones kept", failed, kept)
+	}
+	closeProducer(t, p)
+	if o := producerOutcomes(t, reg); o.emitted != 200 || o.failed != 200 || !o.balanced() {
+		t.Errorf("outcomes %+v: want 200 emitted, all failed by Close, all accounted for", o)
 	}
 }
 

@@ -103,6 +103,11 @@ type ProducerConfig struct {
 	// 0 retries nothing (every failed write is lost, counted). Default
 	// 65536.
 	RetryBuffer int
+	// RetryFor bounds how old (by its Time) an event may be and still be
+	// kept to send again: older ones fail, counted, so that a broker that
+	// answers but refuses every write (a deleted topic) cannot keep the
+	// same events going round for ever. Default 5 min.
+	RetryFor time.Duration
 }
 
 // DefaultProducerConfig returns the defaults documented on ProducerConfig,
@@ -126,6 +131,7 @@ func DefaultProducerConfig() ProducerConfig {
 		DialTimeout:       2 * time.Second,
 		MetadataTTL:       5 * time.Second,
 		RetryBuffer:       1 << 16,
+		RetryFor:          5 * time.Minute,
 	}
 }
 
@@ -186,6 +192,9 @@ func (c *ProducerConfig) Validate() error {
 	}
 	if c.RetryBuffer < 0 {
 		bad("RetryBuffer", c.RetryBuffer, "must be at least 0")
+	}
+	if c.RetryBuffer > 0 && c.RetryFor <= 0 {
+		bad("RetryFor", c.RetryFor, "must be positive when RetryBuffer is")
 	}
 	return errors.Join(errs...)
 }
@@ -637,15 +646,23 @@ func (p *Producer) settle(call *writeCall, msgs []kafka.Message, err error) {
 	}
 }
 
-// keep adds what room allows of msgs to the retry buffer and returns how
-// many it took. The messages' bytes are never reused (see write), so they
+// keep adds what room allows of msgs, those younger than RetryFor, to the
+// retry buffer and returns how many it took. The messages' bytes are never reused (see write), so they
 // are kept as they are.
 func (p *Producer) keep(msgs []kafka.Message) int {
+	oldest := time.Now().Add(-p.cfg.RetryFor)
 	p.rmu.Lock()
 	defer p.rmu.Unlock()
-	n := min(len(msgs), p.cfg.RetryBuffer-len(p.retry))
-	for _, m := range msgs[:n] {
+	n := 0
+	for _, m := range msgs {
+		if len(p.retry) == p.cfg.RetryBuffer {
+			break
+		}
+		if !m.Time.IsZero() && m.Time.Before(oldest) {
+			continue // too old to be worth another round: it fails
+		}
 		p.retry = append(p.retry, kafka.Message{Key: m.Key, Value: m.Value, Time: m.Time})
+		n++
 	}
 	p.m.retried.Add(float64(n))
 	p.m.retryLen.Set(float64(len(p.retry)))

@@ -30,13 +30,24 @@
 // one increment per key, and the store's reply (the global count) refreshes
 // the view. The previous window's count stops changing once every edge's last
 // flush for it has landed, so it is read once per key per window, after a
-// grace of one flush interval plus the store timeout.
+// grace of one flush interval plus the store timeout. A flush sends its
+// operations in batches of at most Config.MaxFlushOps, so its memory does
+// not grow with the keys queued.
+//
+// A key new to this edge (a new or restarted edge, a view evicted or idle
+// for a window) has its first request decided at once from this edge's
+// count; the requests that follow before its shared count is known wake the
+// flusher and wait for that read, at most Config.NewKeyWait, unless this
+// edge's own count already refuses them. So a fresh edge cannot admit a
+// burst that the other edges had already used up, and floods of new keys,
+// which send a request or two each, never wait.
 //
 // Over-admission in async mode is bounded by what the edges admit before
 // they see each other's counts: about (the key's global rate) × (flush
 // interval + store round trip), and at least one request per edge, since an
-// edge learns the global count from the reply to its own increment. Sync mode, for rules where exactness comes first, does one
-// store increment on the request path and decides on the reply.
+// edge learns the global count from the reply to its own increment. Sync
+// mode, for rules where exactness comes first, does one store increment on
+// the request path and decides on the reply.
 //
 // The limiter's clock is a dependency (Clock) and Flush takes the time as a
 // parameter, so tests drive it, flusher included, in simulated time.
