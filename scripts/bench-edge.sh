@@ -44,7 +44,7 @@ done
 brokers=""
 if [ $have_agg = 1 ]; then
   bp=$(port); ap=$(port)
-  "$tmp/aggregator" -embedded-broker "127.0.0.1:$bp" -listen "127.0.0.1:$ap" 2>"$tmp/agg.log" & pids+=($!)
+  "$tmp/aggregator" -embedded-broker "127.0.0.1:$bp" -listen "127.0.0.1:$ap" ${AGG_FLAGS:-} 2>"$tmp/agg.log" & pids+=($!)
   wait_port "$bp"; brokers="127.0.0.1:$bp"
 fi
 cat > "$tmp/rules.yaml" <<RULES
