@@ -453,7 +453,13 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Rule, key, limit, 
 		e.flags &^= flagFailed
 		if prevOK {
 			e.prev = sat32(max(uint64(e.prev), prev))
-			e.flags |= flagPrevKnown
+			// Within the grace after the window started, other edges'
+			// increments for the previous window may still be on their
+			// way (a refused one's decrement too): read it again with
+			// the next decision, in the same round trip as its increment.
+			if t >= start+l.grace {
+				e.flags |= flagPrevKnown
+			}
 		}
 	}
 	s.mu.Unlock()

@@ -180,3 +180,31 @@ func TestReturningKeyDoesNotWait(t *testing.T) {
 		t.Errorf("first request after 3 idle windows: allowed %v after %v, want admitted at once (the store hangs for 1 s)", d.Allowed, took)
 	}
 }
+
+// TestSyncRereadsPreviousWindowWithinGrace: a sync decision at the start of
+// a window reads the previous window's count; an increment for it that
+// lands later within the grace (another edge's request decided just before
+// the window ended) is seen by the next decision, which reads it again.
+func TestSyncRereadsPreviousWindowWithinGrace(t *testing.T) {
+	clock := newSimClock(t0.Add(time.Minute)) // a window starts
+	store := NewMemStore(clock)
+	r := mustRules(t, "rules: [{name: s, limit: 10, window: 1m, mode: sync}]").Rules[0]
+	key := r.Hash([]byte("k"))
+	// 8 admitted in the previous window, spread over it.
+	ops := []Op{{Key: key, Start: t0.UnixMilli(), Delta: 8, TTL: 2 * time.Minute}}
+	store.Do(context.Background(), ops)
+	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, StoreTimeout: 100 * time.Millisecond})
+	// At the window's start the estimate is 8 + this one: admitted.
+	if d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1); !d.Allowed {
+		t.Fatal("first request of the window refused with 8 of 10 in the previous one")
+	}
+	// Another edge's increment for the previous window lands now.
+	ops = []Op{{Key: key, Start: t0.UnixMilli(), Delta: 1, TTL: 2 * time.Minute}}
+	store.Do(context.Background(), ops)
+	clock.Add(10 * time.Millisecond) // within the 105 ms grace
+	// 9 × (1 − 10ms/1m) + 1 + this one > 10: refused, if the previous
+	// window was read again (with the 8 first read, 9.999: admitted).
+	if d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1); d.Allowed {
+		t.Error("second request admitted: the previous window's late increment was not read")
+	}
+}
