@@ -274,58 +274,52 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit
 		l.m.fallbackClosed.Inc()
 		return l.closed(t, r, limit)
 	}
-	d, wait := l.decideShared(t, r, key, limit, cost, l.cfg.NewKeyWait > 0 && l.started.Load())
-	if wait {
-		select {
-		case l.poke <- struct{}{}:
-		default: // a flush is already due
-		}
-		l.awaitRead(ctx, key)
-		d, _ = l.decideShared(t, r, key, limit, cost, false)
-	}
-	return d
-}
-
-// decideShared decides an async request from the key's local view. When
-// mayWait and the view is of a key new here whose shared count is not known
-// yet, and the request would be admitted, it decides nothing and returns
-// wait: the caller waits for the read and asks again.
-func (l *Limiter) decideShared(t int64, r *Rule, key, limit, cost uint64, mayWait bool) (d Decision, wait bool) {
+	// A key new here whose shared count is not known yet: a request that
+	// would be admitted waits for the read (once), then is decided again.
+	mayWait := l.cfg.NewKeyWait > 0 && l.started.Load()
 	s := l.shardOf(key)
-	s.mu.Lock()
-	i, fresh := s.get(l, key, t, r)
-	e := &s.slab[i]
-	prev, curr := e.view()
-	var v Verdict
-	sw := SlidingWindow{Limit: limit, Window: r.Window}
-	if r.Algorithm == FixedWindowCounter {
-		v = sw.decideFixed(t, curr, cost)
-	} else {
-		v = sw.Decide(t, prev, curr, cost)
-	}
-	failed := e.flags&flagFailed != 0
-	if mayWait && v.Allowed && !failed && !fresh && e.flags&flagNeedCurr != 0 {
-		s.mu.Unlock()
-		return Decision{}, true
-	}
-	if v.Allowed || r.Action == Block {
-		s.count(i, cost)
-	}
-	s.mu.Unlock()
-	d = Decision{Verdict: v, Limit: limit}
-	if failed {
-		// Decided on a view the store could not refresh.
-		if r.Fail == FailClosed {
-			l.m.fallbackClosed.Inc()
-			return l.closed(t, r, limit), false
+	for {
+		s.mu.Lock()
+		i, fresh := s.get(l, key, t, r)
+		e := &s.slab[i]
+		prev, curr := e.view()
+		var v Verdict
+		sw := SlidingWindow{Limit: limit, Window: r.Window}
+		if r.Algorithm == FixedWindowCounter {
+			v = sw.decideFixed(t, curr, cost)
+		} else {
+			v = sw.Decide(t, prev, curr, cost)
 		}
-		l.m.fallbackOpen.Inc()
-		d.Fallback = FallbackOpen
+		failed := e.flags&flagFailed != 0
+		if mayWait && v.Allowed && !failed && !fresh && e.flags&flagNeedCurr != 0 {
+			s.mu.Unlock()
+			select {
+			case l.poke <- struct{}{}:
+			default: // a flush is already due
+			}
+			l.awaitRead(ctx, key)
+			mayWait = false
+			continue
+		}
+		if v.Allowed || r.Action == Block {
+			s.count(i, cost)
+		}
+		s.mu.Unlock()
+		d := Decision{Verdict: v, Limit: limit}
+		if failed {
+			// Decided on a view the store could not refresh.
+			if r.Fail == FailClosed {
+				l.m.fallbackClosed.Inc()
+				return l.closed(t, r, limit)
+			}
+			l.m.fallbackOpen.Inc()
+			d.Fallback = FallbackOpen
+		}
+		if !v.Allowed && r.Action == Block {
+			d.ReleaseAt = t + int64(r.Timeout)
+		}
+		return d
 	}
-	if !v.Allowed && r.Action == Block {
-		d.ReleaseAt = t + int64(r.Timeout)
-	}
-	return d, false
 }
 
 // wake tells the requests waiting for a read that a flush batch has been
