@@ -424,3 +424,68 @@ rules:
 	//   top key    limited  first limited
 	//   192.0.2.1  5        +5s
 }
+
+// TestOfflineSyncDecidesAsAsync: on one edge, sync mode (one store round
+// trip a request) and async mode (the local view) see the same counts, so
+// they must decide every request alike: Zipf clients near their limit, an
+// abuser at twice it and a double burst at a window edge, in simulated
+// time. A refused sync request once left its taken-back increment in the
+// edge's count and made the two differ on thousands of decisions.
+func TestOfflineSyncDecidesAsAsync(t *testing.T) {
+	zipf, err := loadtest.Zipf(loadtest.ZipfConfig{Seed: 3, Clients: 50, Rate: 200, Duration: 40 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abuser, err := loadtest.Abuser(loadtest.AbuserConfig{Seed: 4, Rate: 20, Duration: 40 * time.Second, Jitter: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	burst, err := loadtest.Burst(loadtest.BurstConfig{Limit: 100, Window: 10 * time.Second, Bursts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []loadtest.Request
+	for r, err := range loadtest.Mix(zipf, abuser, burst) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+	}
+	run := func(mode string) []loadtest.OfflineDecision {
+		rs := parseRules(t, "rules: [{name: std, limit: 100, window: 10s, mode: "+mode+"}]")
+		var out []loadtest.OfflineDecision
+		_, err := loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: rs,
+			OnDecision: func(d loadtest.OfflineDecision) { out = append(out, d) }},
+			func(yield func(loadtest.Request, error) bool) {
+				for _, r := range reqs {
+					if !yield(r, nil) {
+						return
+					}
+				}
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	async, sync := run("async"), run("sync")
+	if len(async) != len(sync) || len(async) == 0 {
+		t.Fatalf("%d async decisions, %d sync", len(async), len(sync))
+	}
+	differ, refused := 0, 0
+	for i := range async {
+		if async[i].Status != sync[i].Status || async[i].FromCache != sync[i].FromCache {
+			if differ++; differ <= 5 {
+				t.Errorf("request %d at %v: async %d (cache %v), sync %d (cache %v)", i, async[i].At,
+					async[i].Status, async[i].FromCache, sync[i].Status, sync[i].FromCache)
+			}
+		}
+		if async[i].Status == 429 {
+			refused++
+		}
+	}
+	t.Logf("%d requests, %d refused, %d decided differently", len(async), refused, differ)
+	if refused == 0 {
+		t.Error("nothing refused: the trace does not test the limit")
+	}
+}

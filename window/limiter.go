@@ -441,9 +441,13 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Rule, key, limit, 
 	} else {
 		v = sw.Decide(t, prev, before, cost)
 	}
+	seen := inc.Value
+	if !v.Allowed && r.Action == Throttle {
+		seen = before // ours is taken back below: it was never admitted
+	}
 	s.mu.Lock()
 	if e := s.lookup(key); e != nil && e.start == start {
-		e.curr = sat32(max(uint64(e.curr), inc.Value))
+		e.curr = sat32(max(uint64(e.curr), seen))
 		e.flags &^= flagFailed
 		if prevOK {
 			e.prev = sat32(max(uint64(e.prev), prev))

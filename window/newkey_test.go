@@ -208,3 +208,36 @@ func TestSyncRereadsPreviousWindowWithinGrace(t *testing.T) {
 		t.Error("second request admitted: the previous window's late increment was not read")
 	}
 }
+
+// TestSyncRefusalDoesNotInflateTheCount: a refused sync throttle increments
+// the shared counter and takes its increment back; the edge must not
+// remember the count with the refused request in it, or the next window
+// weighs a previous window one request larger than what was admitted.
+func TestSyncRefusalDoesNotInflateTheCount(t *testing.T) {
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	r := mustRules(t, "rules: [{name: s, limit: 4, window: 1m, mode: sync}]").Rules[0]
+	key := r.Hash([]byte("k"))
+	l := newTestLimiter(t, clock, store, Config{})
+	allowed := 0
+	for range 5 {
+		if l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+			allowed++
+		}
+	}
+	if allowed != 4 {
+		t.Fatalf("first window: %d admitted of 5 under a limit of 4", allowed)
+	}
+	// Half way through the next window the previous one weighs 4 × 0.5 = 2:
+	// two more fit under 4 (a previous window counted as 5 lets one).
+	clock.Add(90 * time.Second)
+	allowed = 0
+	for range 5 {
+		if l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+			allowed++
+		}
+	}
+	if allowed != 2 {
+		t.Errorf("half way through the next window: %d admitted, want 2", allowed)
+	}
+}
