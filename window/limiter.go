@@ -144,6 +144,7 @@ type Limiter struct {
 	// requests waiting for a new key's first read watch it.
 	flushed atomic.Pointer[chan struct{}]
 	started atomic.Bool
+	down    atomic.Bool   // the flusher backs off: every op of its last flush failed
 	poke    chan struct{} // wakes the flusher for a waiting request
 	timers  sync.Pool     // *time.Timer for those waits
 	m       *metrics
@@ -226,8 +227,10 @@ func (l *Limiter) Start() {
 				backoff = min(max(2*backoff, l.cfg.FlushInterval), maxFlushBackoff)
 				next = now.Add(backoff)
 				l.m.flushBackoffs.Inc()
+				l.down.Store(true)
 			} else {
 				backoff, next = 0, time.Time{}
+				l.down.Store(false)
 			}
 		}
 	}()
@@ -276,7 +279,8 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit
 	}
 	// A key new here whose shared count is not known yet: a request that
 	// would be admitted waits for the read (once), then is decided again.
-	mayWait := l.cfg.NewKeyWait > 0 && l.started.Load()
+	// Not while the store is down: no read would come.
+	mayWait := l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load()
 	s := l.shardOf(key)
 	for {
 		s.mu.Lock()

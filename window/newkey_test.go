@@ -241,3 +241,36 @@ func TestSyncRefusalDoesNotInflateTheCount(t *testing.T) {
 		t.Errorf("half way through the next window: %d admitted, want 2", allowed)
 	}
 }
+
+// TestNewKeyDoesNotWaitForADeadStore: while every operation fails and the
+// flusher backs off, no read would answer a waiting request, so none waits.
+func TestNewKeyDoesNotWaitForADeadStore(t *testing.T) {
+	store := &countingStore{Store: NewMemStore(nil)}
+	store.fail.Store(true)
+	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond, NewKeyWait: time.Second})
+	l.Start()
+	r := mustRules(t, perMinute).Rules[0]
+	// Let the flusher find the store down and back off to a quarter second
+	// or more (1, 2, 4, … ms): a waiting request would wait that long.
+	l.Decide(context.Background(), time.Now(), r, r.Hash([]byte("warm")), r.Limit, 1)
+	waitUntil(t, func() bool { return testutil.ToFloat64(l.m.flushBackoffs) >= 9 })
+	key := r.Hash([]byte("k"))
+	l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	begin := time.Now()
+	d := l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	if took := time.Since(begin); !d.Allowed || took > 100*time.Millisecond {
+		t.Errorf("second request of a new key with the store down: allowed %v after %v, want admitted at once", d.Allowed, took)
+	}
+}
+
+// waitUntil polls cond every millisecond for up to 5 s.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
