@@ -51,7 +51,8 @@ type Config struct {
 	// first read answers wait for it (the flusher is woken to read it at
 	// once), unless this edge's count alone already refuses them, so a
 	// burst to a fresh edge is limited by what the other edges admitted. It
-	// applies once Start runs the flusher; negative never waits.
+	// applies once Start runs the flusher, and not while the flusher backs
+	// off from a store that fails; negative never waits.
 	NewKeyWait time.Duration // default StoreTimeout
 	// Clock is the limiter's time source for its flusher.
 	Clock Clock // default SystemClock
