@@ -221,6 +221,12 @@ rules:
 		t.Logf("accuracy not judged: the machine was overloaded: %s", why)
 		return
 	}
+	// The share admitted beyond the limit moves with the machine's load
+	// (the edges' flushes run late): alone it is 16-18 % for async unmoved
+	// keys a window after the restarts, 27-35 % was seen while other work
+	// ran. An edge that counted restarted keys from zero would admit up to
+	// a whole limit more per key (over 50 %), which this bound still catches.
+	const noise = 15 // percentage points
 	for _, rule := range []string{"async", "sync"} {
 		base := groups[group{rule, false, 0}]
 		for _, ph := range []int{0, 2, 3} {
@@ -228,12 +234,12 @@ rules:
 			if g == nil || base == nil {
 				t.Fatalf("%s: no decisions for unmoved keys in phase %q", rule, phases[ph])
 			}
-			if p, p0 := pct(g.OverAdmitted, g.Decisions), pct(base.OverAdmitted, base.Decisions); p > p0+5 || g.WronglyLimited > 0 {
+			if p, p0 := pct(g.OverAdmitted, g.Decisions), pct(base.OverAdmitted, base.Decisions); p > p0+noise || g.WronglyLimited > 0 {
 				t.Errorf("%s, unmoved keys, %s: %v; before: %.1f%% beyond the limit; want no worse", rule, phases[ph], g, p0)
 			}
 		}
 		if g, b := groups[group{rule, true, 3}], groups[group{rule, true, 0}]; g != nil && b != nil {
-			if p, p0 := pct(g.OverAdmitted, g.Decisions), pct(b.OverAdmitted, b.Decisions); p > p0+5 {
+			if p, p0 := pct(g.OverAdmitted, g.Decisions), pct(b.OverAdmitted, b.Decisions); p > p0+noise {
 				t.Errorf("%s, moved keys, a window after the restarts: %v; before: %.1f%%; want no worse", rule, g, p0)
 			}
 		}
