@@ -164,8 +164,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"-listen", o.aggregator, "-embedded-broker", o.broker, "-partitions", "4", "-lateness", "2s"); err != nil {
 		return err
 	}
-	if err := waitHTTP(ctx, "http://"+o.aggregator+"/healthz"); err != nil {
-		return fmt.Errorf("aggregator: %w (log: %s)", err, procs.log("aggregator"))
+	if err := waitHTTP(ctx, "http://"+o.aggregator+"/healthz", procs.exited("aggregator")); err != nil {
+		return fmt.Errorf("aggregator: %w (log: %s)%s", err, procs.log("aggregator"), procs.tail("aggregator"))
 	}
 	say("aggregator on http://%s (report: /report), embedded Kafka broker on %s", o.aggregator, o.broker)
 
@@ -192,8 +192,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := procs.start(ctx, o.dir, name, filepath.Join(o.dir, "edge"), args...); err != nil {
 			return err
 		}
-		if err := waitHTTP(ctx, "http://"+admin+"/healthz"); err != nil {
-			return fmt.Errorf("%s: %w (log: %s)", name, err, procs.log(name))
+		if err := waitHTTP(ctx, "http://"+admin+"/healthz", procs.exited(name)); err != nil {
+			return fmt.Errorf("%s: %w (log: %s)%s", name, err, procs.log(name), procs.tail(name))
 		}
 		targets, admins = append(targets, addr), append(admins, admin)
 	}
@@ -212,7 +212,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := procs.start(ctx, o.dir, "prometheus", bin, args...); err != nil {
 			return err
 		}
-		if err := waitHTTP(ctx, "http://"+o.prometheus+"/-/ready"); err != nil {
+		if err := waitHTTP(ctx, "http://"+o.prometheus+"/-/ready", procs.exited("prometheus")); err != nil {
 			return fmt.Errorf("prometheus: %w (log: %s)", err, procs.log("prometheus"))
 		}
 		promURL = "http://" + o.prometheus
@@ -307,7 +307,9 @@ func waitTCP(ctx context.Context, addr string) error {
 	return errors.New("not accepting after 10s")
 }
 
-func waitHTTP(ctx context.Context, url string) error {
+// waitHTTP waits up to 20 s for url to answer 200, or until exited is
+// closed (the process serving it has ended).
+func waitHTTP(ctx context.Context, url string, exited <-chan struct{}) error {
 	c := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -320,6 +322,8 @@ func waitHTTP(ctx context.Context, url string) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-exited:
+			return fmt.Errorf("exited before %s answered", url)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -364,6 +368,29 @@ func (ps *procSet) log(name string) string {
 		}
 	}
 	return ""
+}
+
+// exited returns a channel closed when the named process has ended (nil,
+// which never is, for a name pop did not start).
+func (ps *procSet) exited(name string) <-chan struct{} {
+	for _, p := range ps.procs {
+		if p.name == name {
+			return p.done
+		}
+	}
+	return nil
+}
+
+// tail returns the last lines of the named process's log, indented, for an
+// error message.
+func (ps *procSet) tail(name string) string {
+	b, err := os.ReadFile(ps.log(name))
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	lines = lines[max(0, len(lines)-10):]
+	return "\n    " + strings.Join(lines, "\n    ")
 }
 
 // stop sends SIGTERM to each process, newest first (edges flush their
