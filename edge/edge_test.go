@@ -27,11 +27,12 @@ import (
 
 // testEdge is one running edge on a loopback port.
 type testEdge struct {
-	srv  *Server
-	lim  *window.Limiter
-	addr string
-	reg  *prometheus.Registry
-	done chan error
+	srv    *Server
+	lim    *window.Limiter
+	blocks *blockcache.Cache
+	addr   string
+	reg    *prometheus.Registry
+	done   chan error
 }
 
 type edgeOpts struct {
@@ -96,7 +97,7 @@ func startEdge(t *testing.T, o edgeOpts) *testEdge {
 	if err != nil {
 		t.Fatal(err)
 	}
-	te := &testEdge{srv: srv, lim: lim, addr: ln.Addr().String(), reg: reg, done: make(chan error, 1)}
+	te := &testEdge{srv: srv, lim: lim, blocks: blocks, addr: ln.Addr().String(), reg: reg, done: make(chan error, 1)}
 	go func() { te.done <- srv.Serve(ln) }()
 	t.Cleanup(func() { te.shutdown(t) })
 	return te
@@ -213,7 +214,9 @@ func TestRefusalContract(t *testing.T) {
 	if prob.Status != 429 || prob.Title != "Too Many Requests" || prob.Policy != "api" || prob.Type == "" || prob.RetryAfter != ra {
 		t.Errorf("problem %+v", prob)
 	}
-	// The next request is answered from the block cache.
+	// The next request is answered from the block cache (once ristretto has
+	// applied the buffered set: it does so asynchronously).
+	e.blocks.Wait()
 	get(t, e.addr, "/check/v1/x")
 	if n := testutil.ToFloat64(e.srv.m.requests.WithLabelValues("api", "limited", "blockcache")); n != 1 {
 		t.Errorf("blockcache refusals = %v, want 1", n)
