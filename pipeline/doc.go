@@ -101,8 +101,10 @@
 //
 // It does not guarantee delivery: an edge drops events rather than slow a
 // request, and a drop is a counted decision, not an error. It offers no
-// exactly-once semantics (no idempotent producer, no transactions); Kafka
-// offers none that would survive an edge's restart anyway. It does not order
+// exactly-once semantics (no idempotent producer, no transactions; a batch
+// whose acknowledgement was lost may be written twice, which the
+// aggregator's judge drops as copies); Kafka offers none that would survive
+// an edge's restart anyway. It does not order
 // events across edges or partitions, keep a judge's state, create topics, or
 // retry an apply that failed (Run returns and the caller decides).
 //
