@@ -561,11 +561,9 @@ func (p *Producer) write(evs []Event) {
 		}
 		msgs = append(msgs, m)
 	}
-	p.msgs = msgs
-	if len(msgs) == 0 {
-		return
+	if len(msgs) > 0 {
+		p.send(msgs)
 	}
-	p.send(msgs)
 	clear(msgs)
 	p.msgs = msgs[:0]
 }
@@ -676,12 +674,13 @@ func (p *Producer) takeRetry() []kafka.Message {
 	if len(p.retry) == 0 {
 		return nil
 	}
+	// The front of the buffer, capped so that keep's appends to the rest
+	// cannot reach it: no copy, and the buffer is dropped once empty.
 	n := min(len(p.retry), p.cfg.BatchSize)
-	msgs := make([]kafka.Message, n)
-	copy(msgs, p.retry)
-	p.retry = append(p.retry[:0], p.retry[n:]...)
+	msgs := p.retry[:n:n]
+	p.retry = p.retry[n:]
 	if len(p.retry) == 0 {
-		p.retry = nil // let the old messages' buffers go
+		p.retry = nil
 	}
 	p.m.retryLen.Set(float64(len(p.retry)))
 	return msgs

@@ -144,6 +144,7 @@ type Limiter struct {
 	// flushed is closed and replaced after every batch a flush applies:
 	// requests waiting for a new key's first read watch it.
 	flushed atomic.Pointer[chan struct{}]
+	waiting atomic.Int32 // requests in awaitRead: a batch wakes them only if any
 	started atomic.Bool
 	down    atomic.Bool   // the flusher backs off: every op of its last flush failed
 	poke    chan struct{} // wakes the flusher for a waiting request
@@ -330,6 +331,9 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit
 // wake tells the requests waiting for a read that a flush batch has been
 // applied.
 func (l *Limiter) wake() {
+	if l.waiting.Load() == 0 {
+		return // a waiter counts itself before it takes the channel
+	}
 	ch := make(chan struct{})
 	close(*l.flushed.Swap(&ch))
 }
@@ -343,7 +347,8 @@ func (l *Limiter) awaitRead(ctx context.Context, key uint64) {
 	} else {
 		tm.Reset(l.cfg.NewKeyWait)
 	}
-	defer func() { tm.Stop(); l.timers.Put(tm) }()
+	l.waiting.Add(1)
+	defer func() { l.waiting.Add(-1); tm.Stop(); l.timers.Put(tm) }()
 	s := l.shardOf(key)
 	for {
 		ch := *l.flushed.Load() // before looking, so no wake-up is missed
@@ -352,16 +357,16 @@ func (l *Limiter) awaitRead(ctx context.Context, key uint64) {
 		cold := e != nil && e.flags&(flagNeedCurr|flagFailed) == flagNeedCurr
 		s.mu.Unlock()
 		if !cold {
-			l.m.newKeyWaits[0].Inc()
+			l.m.newKeyRead.Inc()
 			return
 		}
 		select {
 		case <-ch:
 		case <-tm.C:
-			l.m.newKeyWaits[1].Inc()
+			l.m.newKeyTimeout.Inc()
 			return
 		case <-ctx.Done():
-			l.m.newKeyWaits[1].Inc()
+			l.m.newKeyTimeout.Inc()
 			return
 		case <-l.done:
 			return
@@ -453,13 +458,16 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Rule, key, limit, 
 	s.mu.Lock()
 	if e := s.lookup(key); e != nil && e.start == start {
 		e.curr = sat32(max(uint64(e.curr), seen))
-		e.flags &^= flagFailed
+		// The reply is the global count: the flusher need not read it.
+		e.flags &^= flagFailed | flagNeedCurr
 		if prevOK {
 			e.prev = sat32(max(uint64(e.prev), prev))
 			// Within the grace after the window started, other edges'
 			// increments for the previous window may still be on their
 			// way (a refused one's decrement too): read it again with
-			// the next decision, in the same round trip as its increment.
+			// the next decision, in the same round trip as its increment
+			// (or, if none comes, the flusher reads it once the grace is
+			// over, as it does for async keys).
 			if t >= start+l.grace {
 				e.flags |= flagPrevKnown
 			}

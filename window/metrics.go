@@ -17,7 +17,8 @@ type metrics struct {
 	flushOps       prometheus.Histogram
 	flushSeconds   prometheus.Histogram
 	flushBackoffs  prometheus.Counter
-	newKeyWaits    [2]prometheus.Counter // read, timeout
+	newKeyRead     prometheus.Counter // waits that ended with the read (or its failure)
+	newKeyTimeout  prometheus.Counter // waits that ended with NewKeyWait
 }
 
 func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
@@ -27,13 +28,14 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 	waits := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 		Name: "new_key_waits_total", Help: "Requests that waited for the shared count of a key new to this edge, by outcome: read (it came, or the store failed) or timeout."}, []string{"result"})
 	m := &metrics{
-		newKeyWaits: [2]prometheus.Counter{waits.WithLabelValues("read"), waits.WithLabelValues("timeout")},
+		newKeyRead:    waits.WithLabelValues("read"),
+		newKeyTimeout: waits.WithLabelValues("timeout"),
 		storeOps: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "store_ops_total", Help: "Store operations sent by the limiter (flushes, reads, sync decisions)."}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "store_errors_total", Help: "Store operations that failed."}),
 		storeReads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "window_reads_total", Help: "Reads of a key's previous window (one per key per window when all is well)."}),
+			Name: "window_reads_total", Help: "Reads of a key's window counts: its previous window, once per key per window, and its current one when it is new here and has no increment to send."}),
 		fallbackOpen:   fallbacks.WithLabelValues("open"),
 		fallbackClosed: fallbacks.WithLabelValues("closed"),
 		pendingDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,

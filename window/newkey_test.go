@@ -51,8 +51,8 @@ func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
 	if allowed.Load() != 10 || fallbacks.Load() != 0 {
 		t.Errorf("a fresh edge admitted %d of a burst of 40 (%d fallbacks) after 90 elsewhere, want 10 (0)", allowed.Load(), fallbacks.Load())
 	}
-	waited := testutil.ToFloat64(b.m.newKeyWaits[0])
-	timedOut := testutil.ToFloat64(b.m.newKeyWaits[1])
+	waited := testutil.ToFloat64(b.m.newKeyRead)
+	timedOut := testutil.ToFloat64(b.m.newKeyTimeout)
 	t.Logf("burst of 40: %d admitted; %v waited for the read, %v timed out", allowed.Load(), waited, timedOut)
 	if timedOut != 0 {
 		t.Errorf("%v waits timed out on a working store", timedOut)
@@ -77,7 +77,7 @@ func TestNewKeyRefusedLocallyDoesNotWait(t *testing.T) {
 	if took := time.Since(begin); d.Allowed || took > 500*time.Millisecond {
 		t.Errorf("second request: allowed %v after %v, want refused at once (the store hangs for 1 s)", d.Allowed, took)
 	}
-	if n := testutil.ToFloat64(l.m.newKeyWaits[0]) + testutil.ToFloat64(l.m.newKeyWaits[1]); n != 0 {
+	if n := testutil.ToFloat64(l.m.newKeyRead) + testutil.ToFloat64(l.m.newKeyTimeout); n != 0 {
 		t.Errorf("%v requests waited, want none", n)
 	}
 }
@@ -101,7 +101,7 @@ func TestNewKeyWaitIsBounded(t *testing.T) {
 	if !d.Allowed || took < 30*time.Millisecond || took > 900*time.Millisecond {
 		t.Errorf("second request: allowed %v after %v, want admitted after the 30ms wait, well before the store's 1s timeout", d.Allowed, took)
 	}
-	if n := testutil.ToFloat64(l.m.newKeyWaits[1]); n != 1 {
+	if n := testutil.ToFloat64(l.m.newKeyTimeout); n != 1 {
 		t.Errorf("timed-out waits = %v, want 1", n)
 	}
 }

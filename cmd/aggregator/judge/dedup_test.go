@@ -63,3 +63,21 @@ func TestDedupRemembersABoundedNumber(t *testing.T) {
 		t.Errorf("fingerprints remembered: %d, want 2 to 4", n)
 	}
 }
+
+// remembered returns how many fingerprints the two generations hold.
+func (d *dedup) remembered() int {
+	if d.limit == 0 {
+		return 0
+	}
+	return d.n + d.countIn(d.gens[1-d.cur])
+}
+
+func (d *dedup) countIn(g []uint64) int {
+	n := 0
+	for _, v := range g {
+		if v != 0 {
+			n++
+		}
+	}
+	return n
+}
