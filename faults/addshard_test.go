@@ -47,11 +47,10 @@ rules:
 	nMoved := 0
 	for i := range 48 {
 		c := client{ip: clientIP(300 + i), path: "/a", rate: 15}
-		rule := "async"
 		if i%2 == 1 {
-			c.path, rule = "/s", "sync"
+			c.path = "/s"
 		}
-		key := rs.Lookup(rule).Hash(c.ip.AppendTo(nil))
+		_, key := c.ruleKey(rs)
 		keyOwner[key] = i
 		moved[key] = po.home(key) != pg.home(key)
 		if moved[key] {
@@ -148,17 +147,7 @@ rules:
 
 	bounds := []time.Time{start.Add(warm), firstAt, secondAt, secondAt.Add(win), start.Add(total)}
 	phases := []string{"before", "rolling restart", "first window after", "after"}
-	phaseOf := func(at int64) int {
-		for p := len(bounds) - 2; p >= 0; p-- {
-			if at >= bounds[p].UnixNano() {
-				return p
-			}
-		}
-		return -1
-	}
-	recs := rec.snapshot()
-	vs := exact(recs)
-	checkAgainstJudge(t, recs, vs)
+	recs, vs, _ := judged(t, &rec)
 	type group struct {
 		rule  string
 		moved bool
@@ -167,18 +156,15 @@ rules:
 	groups := map[group]*tally{}
 	excess := map[group]float64{}
 	for _, c := range clients {
-		rule := "async"
-		if c.path == "/s" {
-			rule = "sync"
-		}
-		m := moved[rs.Lookup(rule).Hash(c.ip.AppendTo(nil))]
+		rule, key := c.ruleKey(rs)
+		m := moved[key]
 		for ph := range phases {
 			excess[group{rule, m, ph}] -= limit * bounds[ph+1].Sub(bounds[ph]).Seconds() / win.Seconds()
 		}
 	}
 	for i := range recs {
 		r := &recs[i]
-		ph := phaseOf(r.at)
+		ph := phaseOf(bounds, r.at)
 		if ph < 0 {
 			continue
 		}

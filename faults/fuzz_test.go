@@ -67,7 +67,7 @@ func FuzzHostileRequestKey(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, path, xff string, key []byte, query, cookie string) {
 		n := strconv.FormatUint(nonce.Add(1), 10)
-		build := func(xff string) func(*fasthttp.Request) {
+		build := func(xff string, key []byte) func(*fasthttp.Request) {
 			return func(req *fasthttp.Request) {
 				req.Header.SetMethod("GET")
 				req.SetRequestURI("/" + strings.TrimLeft(path, "/") + "?" + query)
@@ -82,7 +82,7 @@ func FuzzHostileRequestKey(f *testing.F) {
 				}
 			}
 		}
-		status, req := run(build(xff))
+		status, req := run(build(xff, key))
 		switch status {
 		case 200, 400, 429:
 		default:
@@ -109,7 +109,9 @@ func FuzzHostileRequestKey(f *testing.F) {
 			return
 		}
 		canon := a.Unmap().WithZone("").String()
-		if again, _ := run(build(canon)); again != 429 {
+		// Another X-Key, so that only the rule keyed by address can refuse.
+		other := append([]byte("other:"), key...)
+		if again, _ := run(build(canon, other)); again != 429 {
 			t.Fatalf("XFF %q then %q (the same address): second answered %d, want 429 (one key under a limit of 1)", xff, canon, again)
 		}
 	})

@@ -437,6 +437,27 @@ func judgeReport(t testing.TB, recs []rec) judge.Report {
 
 // checkAgainstJudge fails t unless the exact evaluator and the judge agree
 // on the enforced totals of recs (fallbacks are tallied apart by the judge).
+// phaseOf returns the phase of an event at time at (Unix ns): p for an
+// event from bounds[p] on, the last phase running on past its end bound;
+// -1 before bounds[0].
+func phaseOf(bounds []time.Time, at int64) int {
+	for p := len(bounds) - 2; p >= 0; p-- {
+		if at >= bounds[p].UnixNano() {
+			return p
+		}
+	}
+	return -1
+}
+
+// judged returns the recorded decisions in time order with their exact
+// verdicts, once it has checked that the aggregator's judge agrees.
+func judged(t testing.TB, r *recorder) ([]rec, []verdict, judge.Report) {
+	t.Helper()
+	recs := r.snapshot()
+	vs := exact(recs)
+	return recs, vs, checkAgainstJudge(t, recs, vs)
+}
+
 func checkAgainstJudge(t testing.TB, recs []rec, vs []verdict) judge.Report {
 	t.Helper()
 	r := judgeReport(t, recs)
@@ -459,6 +480,16 @@ type client struct {
 	ip   netip.Addr
 	path string
 	rate float64 // requests per second
+}
+
+// ruleKey returns the rule a client of the async/sync tests sends to
+// ("sync" on path /s, else "async") and its key under that rule in rs.
+func (c client) ruleKey(rs *window.Rules) (rule string, key uint64) {
+	rule = "async"
+	if c.path == "/s" {
+		rule = "sync"
+	}
+	return rule, rs.Lookup(rule).Hash(c.ip.AppendTo(nil))
 }
 
 // clientIP returns the i-th client address of a test (10.x.y.z).

@@ -105,12 +105,17 @@ func TestClientAddressForms(t *testing.T) {
 	if statuses[200] != 2 || statuses[429] != len(malformed)-2 {
 		t.Errorf("%d malformed chains: %v, want 2×200 and the rest 429: all keyed by the proxy's own address", len(malformed), statuses)
 	}
-	// A long chain of trusted hops ending in a client.
-	long := strings.Repeat("127.0.0.2, ", 3000) + "198.51.100.77"
+	// A client behind a long chain of trusted hops: the edge walks the
+	// chain from the right past all 3,000 of them.
+	long := "198.51.100.77" + strings.Repeat(", 127.0.0.2", 3000)
 	for i, want := range []int{200, 200, 429} {
 		if got := rawRequest(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: "+long+"\r\n\r\n"); got != want {
 			t.Errorf("a chain of 3,000 trusted hops, request %d: %d, want %d", i+1, got, want)
 		}
+	}
+	// …and the client it found is 198.51.100.77, at its limit now.
+	if got := rawRequest(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 198.51.100.77\r\n\r\n"); got != 429 {
+		t.Errorf("198.51.100.77 after its requests behind 3,000 trusted hops: %d, want 429 (the same key)", got)
 	}
 	// Nobody else was touched.
 	for i, want := range []int{200, 200, 429} {
@@ -321,8 +326,10 @@ func TestQueryKeyCannotTakeAnotherClientsFallbackKey(t *testing.T) {
 	victim := "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.9\r\n\r\n"
 	// The attacker, from another address, sends u = "\x00ip\x00203.0.113.9".
 	attacker := "GET /?u=%00ip%00203.0.113.9 HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 198.51.100.66\r\n\r\n"
-	for range 3 {
-		rawRequest(t, addr, attacker)
+	for i, want := range []int{200, 200, 429} { // the attacker's own quota
+		if got := rawRequest(t, addr, attacker); got != want {
+			t.Errorf("the attacker's request %d: %d, want %d", i+1, got, want)
+		}
 	}
 	if got := rawRequest(t, addr, victim); got != 200 {
 		t.Errorf("a client keyed by its address, after another client sent u=%%00ip%%00<its address> three times: %d, want 200 (its own quota, untouched)", got)
@@ -337,6 +344,6 @@ func TestCompositeKeysDoNotCollide(t *testing.T) {
 	first := rawRequest(t, addr, "GET /?u=a%1Fb&o=c HTTP/1.1\r\nHost: x\r\n\r\n")
 	second := rawRequest(t, addr, "GET /?u=a&o=b%1Fc HTTP/1.1\r\nHost: x\r\n\r\n")
 	if first != 200 || second != 200 {
-		t.Errorf("(u=%%q, o=%%q) clients (\"a\\x1fb\", \"c\") then (\"a\", \"b\\x1fc\"), limit 1 each: %d then %d, want 200 and 200 (two keys)", first, second)
+		t.Errorf("clients (u=\"a\\x1fb\", o=\"c\") then (u=\"a\", o=\"b\\x1fc\"), limit 1 each: %d then %d, want 200 and 200 (two keys)", first, second)
 	}
 }

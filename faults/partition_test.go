@@ -58,12 +58,11 @@ rules:
 	home := map[uint64]int{}
 	keyOwner := map[uint64]int{}
 	for i := range 24 {
-		path, rule := "/a", "async"
+		c := client{ip: clientIP(100 + i), path: "/a", rate: 15}
 		if i%2 == 1 {
-			path, rule = "/s", "sync"
+			c.path = "/s"
 		}
-		c := client{ip: clientIP(100 + i), path: path, rate: 15}
-		key := edges[0].rules.Lookup(rule).Hash(c.ip.AppendTo(nil))
+		_, key := c.ruleKey(edges[0].rules)
 		home[key] = homeShard(t, servers, key)
 		keyOwner[key] = i
 		clients = append(clients, c)
@@ -113,23 +112,13 @@ rules:
 	settled := convergedAt.Add(win)
 	bounds := []time.Time{start.Add(warm), splitAt, healAt, settled, start.Add(total)}
 	phases := []string{"before", "partition", "healing", "healed"}
-	phaseOf := func(at int64) int {
-		for p := len(bounds) - 2; p >= 0; p-- {
-			if at >= bounds[p].UnixNano() {
-				return p
-			}
-		}
-		return -1
-	}
-	recs := rec.snapshot()
-	vs := exact(recs)
-	checkAgainstJudge(t, recs, vs)
+	recs, vs, _ := judged(t, &rec)
 	per := make([][4]tally, len(clients))
 	admitted := make([][4]int, len(clients))
 	for i := range recs {
 		r := &recs[i]
 		ci := keyOwner[r.ev.KeyHash]
-		ph := phaseOf(r.at)
+		ph := phaseOf(bounds, r.at)
 		if ph < 0 {
 			continue
 		}
@@ -143,11 +132,7 @@ rules:
 		rows[0] = append(rows[0], p+": admitted/allowance, beyond limit, refused within")
 	}
 	for ci, c := range clients {
-		rule := "async"
-		if c.path == "/s" {
-			rule = "sync"
-		}
-		key := edges[0].rules.Lookup(rule).Hash(c.ip.AppendTo(nil))
+		rule, key := c.ruleKey(edges[0].rules)
 		reach := []string{"edge 1 only", "both edges", "edge 2 only"}[home[key]]
 		row := []string{c.ip.String(), rule, fmt.Sprintf("shard %d", home[key]), reach}
 		for ph := range phases {
@@ -167,11 +152,7 @@ rules:
 	sum := map[class]*[4]tally{}
 	over := map[class]*[4]float64{}
 	for ci, c := range clients {
-		rule := "async"
-		if c.path == "/s" {
-			rule = "sync"
-		}
-		key := edges[0].rules.Lookup(rule).Hash(c.ip.AppendTo(nil))
+		rule, key := c.ruleKey(edges[0].rules)
 		k := class{rule, home[key] == 1}
 		if sum[k] == nil {
 			sum[k], over[k] = &[4]tally{}, &[4]float64{}

@@ -228,9 +228,7 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 	}
 
 	// Decisions, judged against the exact window with the true times.
-	recs := rec.snapshot()
-	vs := exact(recs)
-	checkAgainstJudge(t, recs, vs)
+	recs, vs, _ := judged(t, &rec)
 	type group struct {
 		rule  string
 		phase int
