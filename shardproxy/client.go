@@ -182,7 +182,7 @@ func (c *Client) Do(ctx context.Context, ops []Op) {
 	ring := c.ring.Load()
 	if ring.Live() == 0 {
 		for i := range ops {
-			c.settle(&ops[i], kindOf(ops[i].Delta), false, fmt.Errorf("shardproxy: %s: %w", kindOf(ops[i].Delta), ErrNoServers))
+			c.settle(&ops[i], kindOf(ops[i].Delta), fmt.Errorf("shardproxy: %s: %w", kindOf(ops[i].Delta), ErrNoServers))
 		}
 		return
 	}
@@ -392,7 +392,7 @@ func (b *batch) plan(c *Client, ring *Ring, ops []Op) {
 		case kindIncr:
 			ttl, err := ttlSeconds(op.TTL)
 			if err != nil {
-				c.settle(op, kindIncr, false, fmt.Errorf("shardproxy: incr %s: %w", c.shards[sh].addr, err))
+				c.settle(op, kindIncr, fmt.Errorf("shardproxy: incr %s: %w", c.shards[sh].addr, err))
 				st.unit = -1
 				continue
 			}
@@ -587,6 +587,9 @@ func (c *Client) work(b *batch, q *queue) {
 // batch, however many ops it fails.
 func (c *Client) run(b *batch, q *queue, u int32) {
 	un := &b.units[u]
+	if un.lo == un.hi {
+		return // a split shard's unit that no counter hashed to: nothing to send
+	}
 	s := c.shards[un.shard]
 	order := b.order[un.lo:un.hi]
 	select {
@@ -856,9 +859,9 @@ func (b *batch) count(c *Client) {
 }
 
 // settle sets an op's outcome (Value 0, Err err) and counts it.
-func (c *Client) settle(op *Op, kind opKind, miss bool, err error) {
+func (c *Client) settle(op *Op, kind opKind, err error) {
 	op.Value, op.Err = 0, err
-	c.m.ops[kind][classify(err, miss)].Inc()
+	c.m.ops[kind][classify(err, false)].Inc()
 }
 
 // Ring returns the ring ops are placed on now: every shard but the ejected

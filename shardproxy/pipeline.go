@@ -502,7 +502,7 @@ func parseValueLine(b []byte) (key []byte, size int, ok bool) {
 	if !ok || len(flags) > 10 || len(b) > 10 {
 		return nil, 0, false
 	}
-	if _, ok := parseDigits(flags); !ok || flags[len(flags)-1] == ' ' {
+	if _, ok := parseDigits(flags); !ok {
 		return nil, 0, false
 	}
 	n, ok := parseDigits(b)
