@@ -42,8 +42,13 @@ type Config struct {
 	// ClientIPHeader) are believed. A request from anywhere else is keyed by
 	// its TCP peer address.
 	TrustedProxies []netip.Prefix
+	// Forwarding is the header trusted proxies append their hops to:
+	// XForwardedFor or Forwarded (RFC 7239). Only that one is read; every
+	// line of it counts, walked from the right through trusted hops.
+	Forwarding Forwarding // default XForwardedFor
 	// ClientIPHeader, when set (e.g. "CF-Connecting-IP"), is believed from a
-	// trusted proxy before X-Forwarded-For.
+	// trusted proxy before the forwarding header (its last line, if it
+	// holds an address).
 	ClientIPHeader string
 
 	// Server limits.
@@ -77,6 +82,9 @@ rules:
 func (c *Config) setDefaults() {
 	if c.Mode == "" {
 		c.Mode = Decision
+	}
+	if c.Forwarding == "" {
+		c.Forwarding = XForwardedFor
 	}
 	if c.UpstreamTimeout == 0 {
 		c.UpstreamTimeout = 10 * time.Second
@@ -132,6 +140,11 @@ func (c Config) Validate() error {
 		if _, port, ok := strings.Cut(c.Upstream, ":"); !ok || port == "" || strings.Contains(c.Upstream, "/") {
 			bad("Upstream", fmt.Sprintf("%q", c.Upstream), "must be host:port")
 		}
+	}
+	switch c.Forwarding {
+	case "", XForwardedFor, Forwarded:
+	default:
+		bad("Forwarding", fmt.Sprintf("%q", c.Forwarding), `must be "x-forwarded-for" or "forwarded"`)
 	}
 	if c.EdgeID < 0 || c.EdgeID > 65535 {
 		bad("EdgeID", c.EdgeID, "must be between 0 and 65535")

@@ -5,44 +5,38 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
-	"unsafe"
 
 	"github.com/poplimit/poplimit/window"
 	"github.com/valyala/fasthttp"
 )
 
-// clientIP returns the client's address: the TCP peer, or, when the peer is
-// a trusted proxy, what it says: ClientIPHeader first, else the rightmost
-// X-Forwarded-For entry that is not itself a trusted proxy. IPv4-mapped IPv6
-// addresses are unmapped, so one client is one key whichever form it
-// arrives in. It does not allocate.
-func (s *Server) clientIP(ctx *fasthttp.RequestCtx) netip.Addr {
+// clientIP returns the client's address (see clientAddr): the TCP peer, or,
+// when the peer is a trusted proxy, what the proxies say in every line of
+// the configured forwarding header, read from the header section only (a
+// client writes the trailers, and a request that announces a forwarding
+// header as a trailer is keyed by its peer). It does not allocate.
+func (s *Server) clientIP(ctx *fasthttp.RequestCtx, h *Hops) netip.Addr {
 	peer := peerAddr(ctx)
-	if !s.trusted(peer) {
+	if !s.addr.isTrusted(peer) {
 		return peer
 	}
-	if s.cfg.ClientIPHeader != "" {
-		if v := ctx.Request.Header.Peek(s.cfg.ClientIPHeader); len(v) > 0 {
-			if a, ok := parseIP(bytes.TrimSpace(v)); ok {
-				return a
-			}
+	a := &s.addr
+	for k := range ctx.Request.Header.Trailers() {
+		if a.isAddressHeader(k) {
+			return peer
 		}
 	}
-	xff := ctx.Request.Header.Peek(fasthttp.HeaderXForwardedFor)
-	for len(xff) > 0 {
-		i := bytes.LastIndexByte(xff, ',')
-		hop := bytes.TrimSpace(xff[i+1:])
-		xff = xff[:max(i, 0)]
-		a, ok := parseIP(hop)
-		if !ok {
-			return peer // a malformed chain: believe only what we saw
+	h.Reset()
+	var ipHeader []byte
+	for k, v := range ctx.Request.Header.All() {
+		switch {
+		case bytes.EqualFold(k, a.fwdName):
+			h.AddLine(a.forwarding, v)
+		case len(a.ipHeader) > 0 && bytes.EqualFold(k, a.ipHeader):
+			ipHeader = v
 		}
-		if !s.trusted(a) {
-			return a
-		}
-		peer = a
 	}
-	return peer
+	return s.addr.resolve(peer, ipHeader, h)
 }
 
 func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
@@ -54,34 +48,16 @@ func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
 	return netip.IPv4Unspecified()
 }
 
-func (s *Server) trusted(a netip.Addr) bool {
-	for _, p := range s.cfg.TrustedProxies {
-		if p.Contains(a) {
-			return true
+// keyAddr is the part of ip that a rule keys on: the address itself for
+// IPv4, its network of the rule's IPv6Prefix bits for IPv6 (a subscriber
+// holds a whole /64 and can rotate addresses inside it).
+func keyAddr(r *window.Rule, ip netip.Addr) netip.Addr {
+	if ip.Is6() && r.IPv6Prefix > 0 && r.IPv6Prefix < 128 {
+		if p, err := ip.Prefix(r.IPv6Prefix); err == nil {
+			return p.Addr()
 		}
 	}
-	return false
-}
-
-// parseIP parses an address from bytes without allocating. It accepts an
-// IPv6 address in brackets, and an address with a port.
-func parseIP(b []byte) (netip.Addr, bool) {
-	if len(b) == 0 || len(b) > 64 {
-		return netip.Addr{}, false
-	}
-	s := unsafe.String(&b[0], len(b)) // ParseAddr does not keep s
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a.Unmap().WithZone(""), true
-	}
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().Unmap().WithZone(""), true
-	}
-	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
-		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
-			return a.Unmap().WithZone(""), true
-		}
-	}
-	return netip.Addr{}, false
+	return ip
 }
 
 // FallbackKeyTag starts a key built from the client IP because the rule's
@@ -90,9 +66,10 @@ func parseIP(b []byte) (netip.Addr, bool) {
 const FallbackKeyTag = "\x00ip\x00"
 
 // AppendFallbackKey appends the key of a request whose rule's key is
-// missing and whose rule falls back to the client IP.
-func AppendFallbackKey(dst []byte, ip netip.Addr) []byte {
-	return ip.AppendTo(append(dst, FallbackKeyTag...))
+// missing and whose rule falls back to the client IP (or, for IPv6, its
+// network of the rule's IPv6Prefix).
+func AppendFallbackKey(dst []byte, r *window.Rule, ip netip.Addr) []byte {
+	return keyAddr(r, ip).AppendTo(append(dst, FallbackKeyTag...))
 }
 
 // AppendKey appends the key of req from client ip under rule r to dst, as
@@ -113,10 +90,10 @@ func AppendKey(dst []byte, req *fasthttp.Request, r *window.Rule, ip netip.Addr)
 		switch p.Source {
 		case window.KeyIP:
 			if single {
-				return ip.AppendTo(dst), true
+				return keyAddr(r, ip).AppendTo(dst), true
 			}
 			var a [64]byte
-			v = ip.AppendTo(a[:0])
+			v = keyAddr(r, ip).AppendTo(a[:0])
 		case window.KeyHeader:
 			v = req.Header.Peek(p.Name)
 		case window.KeyQuery:

@@ -58,6 +58,7 @@ type Server struct {
 	lim    *window.Limiter
 	blocks BlockCache
 	m      *metrics
+	addr   clientAddr
 
 	rules atomic.Pointer[snapshot]
 	// reloadMu serializes reloads.
@@ -89,6 +90,7 @@ type scratch struct {
 	ev   pipeline.Event
 	held [maxHeld]heldSlot
 	nh   int
+	hops Hops
 }
 
 type heldSlot struct {
@@ -111,7 +113,8 @@ func New(cfg Config, rules *window.Rules, deps Deps) (*Server, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, lim: deps.Limiter, blocks: deps.Blocks}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, lim: deps.Limiter, blocks: deps.Blocks,
+		addr: newClientAddr(cfg.TrustedProxies, cfg.Forwarding, cfg.ClientIPHeader)}
 	s.scratch.New = func() any { return &scratch{key: make([]byte, 0, 256), buf: make([]byte, 0, 512)} }
 	var err error
 	if s.m, err = newMetrics(deps.Registerer, s); err != nil {
@@ -268,7 +271,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	t := now.UnixNano()
 	host := HostOnly(ctx.Host())
 	method := ctx.Method()
-	ip := s.clientIP(ctx)
+	ip := s.clientIP(ctx, &sc.hops)
 	if sn.shedding {
 		p := priorityOf(sn.rules, host, method, path)
 		if s.shed.load(&sn.rules.Shedding, s.inflight.Load()) >= threshold(p, sn.rules.Shedding.Reserved) {
@@ -300,7 +303,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 				writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "the request lacks the key that its rate limit needs")
 				return
 			}
-			sc.key = AppendFallbackKey(sc.key[:0], ip)
+			sc.key = AppendFallbackKey(sc.key[:0], r, ip)
 		}
 		cost := r.Cost
 		if r.CostHeader != "" {

@@ -21,10 +21,12 @@ import (
 
 // floodRules: the flood hits a login route, one attempt per minute per
 // address, so that an address trying twice is blocked (and the block cache
-// fills); the legitimate clients use an API route.
+// fills); the legitimate clients use an API route. The flood's addresses
+// share IPv6 /64s, so login keys each address (ipv6_prefix: 128): the
+// test is of never-seen keys, not of a /64 rotating its addresses.
 const floodRules = `
 rules:
-  - {name: login, path_prefix: /login, limit: 1,  window: 1m}
+  - {name: login, path_prefix: /login, limit: 1,  window: 1m, ipv6_prefix: 128}
   - {name: api,                        limit: 50, window: 5s}
 `
 

@@ -105,17 +105,28 @@ func TestClientAddressForms(t *testing.T) {
 	if statuses[200] != 2 || statuses[429] != len(malformed)-2 {
 		t.Errorf("%d malformed chains: %v, want 2×200 and the rest 429: all keyed by the proxy's own address", len(malformed), statuses)
 	}
-	// A client behind a long chain of trusted hops: the edge walks the
-	// chain from the right past all 3,000 of them.
+	// A client behind a chain of 3,000 trusted hops: the edge keeps the
+	// rightmost 64 hops of a request (bounded memory and time), so this
+	// chain is keyed by its 64th trusted hop, a proxy's address: the 3,000
+	// hops buy no fresh key, and the client named left of them is untouched.
 	long := "198.51.100.77" + strings.Repeat(", 127.0.0.2", 3000)
 	for i, want := range []int{200, 200, 429} {
 		if got := rawRequest(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: "+long+"\r\n\r\n"); got != want {
 			t.Errorf("a chain of 3,000 trusted hops, request %d: %d, want %d", i+1, got, want)
 		}
 	}
-	// …and the client it found is 198.51.100.77, at its limit now.
-	if got := rawRequest(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 198.51.100.77\r\n\r\n"); got != 429 {
-		t.Errorf("198.51.100.77 after its requests behind 3,000 trusted hops: %d, want 429 (the same key)", got)
+	if got := rawRequest(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 127.0.0.2\r\n\r\n"); got != 429 {
+		t.Errorf("127.0.0.2 after the chains that ended in it: %d, want 429 (the same key)", got)
+	}
+	// Within the 64 hops kept, the walk finds the client.
+	chain := "198.51.100.78" + strings.Repeat(", 127.0.0.2", 60)
+	for i, want := range []int{200, 200, 429} {
+		if got := rawRequest(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: "+chain+"\r\n\r\n"); got != want {
+			t.Errorf("a chain of 60 trusted hops, request %d: %d, want %d", i+1, got, want)
+		}
+	}
+	if got := rawRequest(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 198.51.100.78\r\n\r\n"); got != 429 {
+		t.Errorf("198.51.100.78 after its requests behind 60 trusted hops: %d, want 429 (the same key)", got)
 	}
 	// Nobody else was touched.
 	for i, want := range []int{200, 200, 429} {

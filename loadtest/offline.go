@@ -299,7 +299,7 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 				d.Status, d.Rule = 400, rule.Name
 				return d
 			}
-			key = edge.AppendFallbackKey(key[:0], r.IP)
+			key = edge.AppendFallbackKey(key[:0], rule, r.IP)
 		}
 		o.key = key
 		cost := rule.Cost

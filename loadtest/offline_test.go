@@ -115,7 +115,7 @@ rules:
 		{"login", 5, 3, 2, 1, 1, "192.0.2.1"},
 		{"by-key", 4, 2, 2, 0, 2, "k1"},
 		{"deny-keyless", 1, 1, 0, 0, 0, ""},
-		{"watch", 7, 6, 1, 0, 1, "2001:db8::2"}, // a refusal by login stops the request before watch
+		{"watch", 7, 6, 1, 0, 1, "2001:db8::"}, // a refusal by login stops the request before watch; IPv6 keys are /64s
 	}
 	for _, c := range checks {
 		r := byName[c.rule]
@@ -128,8 +128,8 @@ rules:
 				c.rule, r.Matched, r.Allowed, r.Limited, r.FromBlockCache, r.KeysLimited, top, c.matched, c.allowed, c.limited, c.cache, c.keysLim, c.top)
 		}
 	}
-	if k := byName["by-key"].TopKeys; len(k) != 2 || k[1].Key != "ip-fallback:2001:db8::2" || k[1].FirstLimitedMillis != 500 {
-		t.Errorf("by-key top keys %+v, want k1 then ip-fallback:2001:db8::2 first limited at 500 ms", k)
+	if k := byName["by-key"].TopKeys; len(k) != 2 || k[1].Key != "ip-fallback:2001:db8::" || k[1].FirstLimitedMillis != 500 {
+		t.Errorf("by-key top keys %+v, want k1 then ip-fallback:2001:db8:: first limited at 500 ms", k)
 	}
 	if rep.Requests != 12 || rep.Denied != 1 || rep.Limited != 4 || rep.Absolute {
 		t.Errorf("got %d requests, %d denied, %d limited, absolute %v; want 12, 1, 4, false", rep.Requests, rep.Denied, rep.Limited, rep.Absolute)
@@ -156,7 +156,7 @@ func TestOfflineKeysBounded(t *testing.T) {
 			}
 		}
 	}
-	rs := parseRules(t, "rules: [{name: once, limit: 1, window: 1m}]")
+	rs := parseRules(t, "rules: [{name: once, limit: 1, window: 1m, ipv6_prefix: 128}]") // every flood address a key
 	rep, err := loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: rs, MaxKeys: 100, TopKeys: 5}, twice)
 	if err != nil {
 		t.Fatal(err)
@@ -188,6 +188,7 @@ rules:
     mode: sync
     limit: 5
     window: 1s
+    ipv6_prefix: 128 # the trace's clients share a /64: each address a key
   - name: api
     path_prefix: /api
     key: ["header:X-API-Key"]
@@ -197,6 +198,7 @@ rules:
   - name: site
     limit: 20
     window: 1s
+    ipv6_prefix: 128
 `
 	const W = time.Second
 	addr := startEdge(t, rulesYAML)

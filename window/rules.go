@@ -182,6 +182,10 @@ type Rule struct {
 
 	Key        []KeyPart // the key recipe; parts are joined
 	MissingKey MissingKey
+	// IPv6Prefix is how many leading bits of an IPv6 client address key
+	// the rule (default 64: one subscriber holds a whole /64 and can
+	// rotate addresses inside it; 128 keys each address).
+	IPv6Prefix int
 
 	Limit     uint64        // units per Window (for a token bucket, the refill per Window)
 	Window    time.Duration // the period of the limit
@@ -342,6 +346,7 @@ type ruleYAML struct {
 	Methods    []string          `yaml:"methods"`
 	Key        []string          `yaml:"key"`
 	MissingKey string            `yaml:"missing_key"`
+	IPv6Prefix *int              `yaml:"ipv6_prefix"`
 	Limit      *int64            `yaml:"limit"`
 	Window     string            `yaml:"window"`
 	Burst      *int64            `yaml:"burst"`
@@ -480,6 +485,14 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 			continue
 		}
 		r.Key = append(r.Key, kp)
+	}
+	r.IPv6Prefix = 64
+	if y.IPv6Prefix != nil {
+		if n := *y.IPv6Prefix; n < 8 || n > 128 {
+			b(p+".ipv6_prefix", strconv.Itoa(n), "must be between 8 and 128 bits")
+		} else {
+			r.IPv6Prefix = n
+		}
 	}
 	var ok bool
 	if r.Kind, ok = parseEnum[Kind](kindNames, y.Kind); !ok {

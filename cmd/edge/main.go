@@ -75,6 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.edge.OverridesFile, "overrides", "", "key → tier overrides YAML file")
 	fs.IntVar(&o.edge.EdgeID, "edge-id", 0, "this edge's id in decision events (0-65535)")
 	fs.StringVar(&o.trusted, "trusted-proxies", "", "comma-separated CIDRs whose X-Forwarded-For is believed")
+	fwd := fs.String("forwarded-header", string(edge.XForwardedFor), `header trusted proxies append client hops to: "x-forwarded-for" or "forwarded" (RFC 7239); every line counts`)
 	fs.StringVar(&o.edge.ClientIPHeader, "client-ip-header", "", "header a trusted proxy sets to the client IP (e.g. CF-Connecting-IP)")
 	fs.StringVar(&o.edge.CheckPrefix, "check-prefix", "/check", "path prefix stripped from checks in decision mode")
 	fs.IntVar(&o.edge.MaxHeaderSize, "max-header-bytes", 8192, "largest request head; larger gets 431")
@@ -101,6 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("edge: unexpected arguments %q", fs.Args())
 	}
 	o.edge.Mode = edge.Mode(*mode)
+	o.edge.Forwarding = edge.Forwarding(*fwd)
 	var err error
 	if o.edge.TrustedProxies, err = edge.ParsePrefixes(o.trusted); err != nil {
 		return nil, err

@@ -1,0 +1,229 @@
+package edge
+
+import (
+	"bytes"
+	"net/netip"
+	"strings"
+	"unsafe"
+)
+
+// Forwarding names the header whose hops trusted proxies append to.
+type Forwarding string
+
+const (
+	// XForwardedFor is the de facto X-Forwarded-For list (the default).
+	XForwardedFor Forwarding = "x-forwarded-for"
+	// Forwarded is RFC 7239's Forwarded header; each element's for= names
+	// a hop, and an obfuscated or "unknown" node stops the walk.
+	Forwarded Forwarding = "forwarded"
+)
+
+// headerName is the canonical name of the header f reads.
+func (f Forwarding) headerName() string {
+	if f == Forwarded {
+		return "Forwarded"
+	}
+	return "X-Forwarded-For"
+}
+
+// maxHops is how many hops a request's forwarding headers keep, the
+// rightmost ones; a longer chain is walked over those only, so a client
+// that sends thousands of hops costs a fixed amount of memory and time.
+const maxHops = 64
+
+// Hops collects the hops of a request's forwarding header lines, in the
+// order the lines arrived, keeping the rightmost maxHops. RFC 9110 §5.3
+// makes several lines of a list header one list joined by commas, so every
+// line counts: reading only the first would let a client put its own line
+// before the proxy's and choose its key. A hop is a slice of the header's
+// own bytes (no copy); an empty hop is malformed. The zero value is ready;
+// Reset makes it ready again. It is not safe for concurrent use.
+type Hops struct {
+	hops [maxHops][]byte
+	n    int // hops seen, which may exceed maxHops
+}
+
+// Reset forgets every hop.
+func (h *Hops) Reset() {
+	clear(h.hops[:min(h.n, maxHops)])
+	h.n = 0
+}
+
+func (h *Hops) add(v []byte) {
+	h.hops[h.n%maxHops] = v
+	h.n++
+}
+
+// AddLine adds the hops of one line of the forwarding header f.
+func (h *Hops) AddLine(f Forwarding, line []byte) {
+	if f == Forwarded {
+		h.addForwarded(line)
+		return
+	}
+	for {
+		i := bytes.IndexByte(line, ',')
+		if i < 0 {
+			h.add(bytes.TrimSpace(line))
+			return
+		}
+		h.add(bytes.TrimSpace(line[:i]))
+		line = line[i+1:]
+	}
+}
+
+// addForwarded adds the for= node of each element of an RFC 7239 line. An
+// element without for=, or whose node is quoted with escapes, is a
+// malformed hop. Commas and semicolons inside quoted strings do not split.
+func (h *Hops) addForwarded(line []byte) {
+	for len(line) > 0 {
+		// One element: up to the first comma outside quotes.
+		end, quoted := len(line), false
+		for i := 0; i < len(line); i++ {
+			switch c := line[i]; {
+			case c == '\\' && quoted:
+				i++
+			case c == '"':
+				quoted = !quoted
+			case c == ',' && !quoted:
+				end = i
+			}
+			if end == i {
+				break
+			}
+		}
+		h.add(forNode(line[:end]))
+		if end == len(line) {
+			return
+		}
+		line = line[end+1:]
+	}
+}
+
+// forNode returns the node of the for= pair of one Forwarded element, its
+// quotes removed, or nil.
+func forNode(el []byte) []byte {
+	for len(el) > 0 {
+		pair := el
+		if i := bytes.IndexByte(el, ';'); i >= 0 {
+			pair, el = el[:i], el[i+1:]
+		} else {
+			el = nil
+		}
+		name, value, ok := bytes.Cut(bytes.TrimSpace(pair), []byte("="))
+		if !ok || !bytes.EqualFold(name, []byte("for")) {
+			continue
+		}
+		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+			value = value[1 : len(value)-1]
+			if bytes.IndexByte(value, '\\') >= 0 || bytes.IndexByte(value, '"') >= 0 {
+				return nil // no address needs an escape
+			}
+		}
+		return value
+	}
+	return nil
+}
+
+// clientAddr resolves a request's client address from its TCP peer and
+// what trusted proxies say: when the peer is trusted, ClientIPHeader's
+// last line (a proxy sets or appends it last) if it parses, else the walk
+// of hops from the right through trusted addresses: the first untrusted
+// hop is the client; a malformed hop (an obfuscated or unknown node, a
+// garbled address) stops the walk at the last trusted address, which is
+// then the key; so does a chain of trusted hops only. No header content
+// can choose a key for a request whose peer is untrusted, nor a key left
+// of the rightmost untrusted hop. IPv4-mapped IPv6 addresses are unmapped
+// and zones dropped, so one client is one key in every form. It does not
+// allocate.
+type clientAddr struct {
+	trusted    []netip.Prefix
+	forwarding Forwarding
+	fwdName    []byte // the forwarding header's name
+	ipHeader   []byte // ClientIPHeader's name; empty: none
+}
+
+func newClientAddr(trusted []netip.Prefix, f Forwarding, ipHeader string) clientAddr {
+	return clientAddr{trusted: trusted, forwarding: f, fwdName: []byte(f.headerName()), ipHeader: []byte(ipHeader)}
+}
+
+// isAddressHeader reports whether name is a header the resolution reads.
+func (c *clientAddr) isAddressHeader(name []byte) bool {
+	return bytes.EqualFold(name, c.fwdName) || len(c.ipHeader) > 0 && bytes.EqualFold(name, c.ipHeader)
+}
+
+func (c *clientAddr) isTrusted(a netip.Addr) bool {
+	for _, p := range c.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// resolve returns the client address of a request from peer whose
+// ClientIPHeader value is ipHeader (nil when absent) and whose forwarding
+// hops are in h.
+func (c *clientAddr) resolve(peer netip.Addr, ipHeader []byte, h *Hops) netip.Addr {
+	if !c.isTrusted(peer) {
+		return peer
+	}
+	if len(ipHeader) > 0 {
+		if a, ok := parseIP(bytes.TrimSpace(ipHeader)); ok {
+			return a
+		}
+	}
+	last := max(0, h.n-maxHops)
+	for i := h.n - 1; i >= last; i-- {
+		a, ok := parseIP(h.hops[i%maxHops])
+		if !ok {
+			return peer
+		}
+		if !c.isTrusted(a) {
+			return a
+		}
+		peer = a
+	}
+	return peer
+}
+
+// parseIP parses an address from bytes: a bare address, an IPv4 address
+// with a port, or an IPv6 address in brackets with or without a port. It
+// picks the form by shape first, so no valid form costs a failed parse
+// (whose error allocates).
+func parseIP(b []byte) (netip.Addr, bool) {
+	if len(b) == 0 || len(b) > 64 {
+		return netip.Addr{}, false
+	}
+	s := unsafe.String(&b[0], len(b)) // ParseAddr does not keep s
+	if s[0] == '[' {
+		end := strings.IndexByte(s, ']')
+		if end < 0 || end+1 < len(s) && (s[end+1] != ':' || !isPort(s[end+2:])) {
+			return netip.Addr{}, false
+		}
+		s = s[1:end]
+	} else if i := strings.IndexByte(s, ':'); i >= 0 && strings.IndexByte(s[i+1:], ':') < 0 {
+		if !isPort(s[i+1:]) {
+			return netip.Addr{}, false
+		}
+		s = s[:i] // IPv4 with a port: one colon only
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	return a.Unmap().WithZone(""), true
+}
+
+func isPort(s string) bool {
+	if len(s) == 0 || len(s) > 5 {
+		return false
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+		n = n*10 + int(s[i]-'0')
+	}
+	return n <= 65535
+}
