@@ -1,9 +1,10 @@
-// Package window holds the rate-limiting algorithms, the rules that select
-// them, and the Limiter that runs a rule's algorithm against a shared Store.
+// Package window holds the rate-limiting algorithms, the Policy that names
+// one with its limit and window, the Limiter that runs a policy against a
+// shared Store, Slots for concurrency limits, and MemStore.
 //
 // # The algorithms
 //
-// All five algorithms of the seeds are here as pure code: time is a
+// The five classic algorithms are here as pure code: time is a
 // parameter, nothing reads a clock, starts a goroutine or does I/O, and the
 // state types are small values the caller owns (and serializes access to).
 //
@@ -59,7 +60,9 @@
 //
 // # What it does not do
 //
-// It does not match requests to rules or extract keys from them (the edge
-// does), does not remember blocked keys (package blockcache does), and does
-// not know how the Store reaches its servers (package shardproxy does).
+// It does not parse rule files, match requests to rules or extract keys
+// from them (packages rules and edge do): it sees a Policy and a 64-bit key
+// hash. It does not remember blocked keys (package blockcache does), and
+// does not know how the Store reaches its servers (package shardproxy
+// does).
 package window

@@ -13,7 +13,7 @@ import (
 // second), so every server that uses the same FixedWindow agrees on where a
 // window begins.
 //
-// Its known flaw is the boundary double burst (seed 003): with 100 per minute,
+// Its known flaw is the boundary double burst: with 100 per minute,
 // 100 requests at 10:03:59 and 100 more at 10:04:00 all pass, 2×Limit in two
 // seconds, because the second hundred falls in a fresh window. The
 // sliding-window counter and the sliding log exist to close that gap.

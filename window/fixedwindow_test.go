@@ -10,12 +10,12 @@ import (
 )
 
 // algWall returns 2024-01-08 hh:mm:ss UTC in Unix nanoseconds, the day the
-// seeds' examples are set on.
+// textbook examples are set on.
 func algWall(hh, mm, ss int) int64 {
 	return time.Date(2024, 1, 8, hh, mm, ss, 0, time.UTC).UnixNano()
 }
 
-// TestFixedWindowBoundaryDoubleBurst reproduces the flaw of seeds 000 and 003:
+// TestFixedWindowBoundaryDoubleBurst reproduces the fixed window's textbook flaw:
 // 100 per minute, 100 requests at 10:03:59 and 100 more at 10:04:00, all
 // admitted: 200 in two seconds.
 func TestFixedWindowBoundaryDoubleBurst(t *testing.T) {

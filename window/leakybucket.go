@@ -174,7 +174,7 @@ func (LeakyBucket) releaseInvalid(now, n int64) int64 {
 	return math.MaxInt64
 }
 
-// LeakyQueue is the leaky bucket as a queue (seed 003; nginx's limit_req
+// LeakyQueue is the leaky bucket as a queue (nginx's limit_req
 // without nodelay): requests wait in a FIFO backlog and leave it at a
 // constant rate, one every Per/Rate, so the output never exceeds Rate per
 // Per however bursty the input. A request that arrives when the backlog

@@ -11,7 +11,7 @@ import (
 	"github.com/poplimit/poplimit/window"
 )
 
-// TestLeakyBucketSeedTable runs seed 000's token-bucket table through the
+// TestLeakyBucketSeedTable runs the textbook token-bucket table through the
 // meter with Capacity 20 leaking 10/s: the same decisions, and the GCRA state
 // (the theoretical arrival time) after each row.
 func TestLeakyBucketSeedTable(t *testing.T) {

@@ -60,6 +60,12 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
+
 func (c *Config) setDefaults() {
 	if c.FlushInterval == 0 {
 		c.FlushInterval = 5 * time.Millisecond
@@ -267,7 +273,7 @@ func (l *Limiter) shardOf(key uint64) *shard { return &l.shards[key&l.mask] }
 // counts it either way and, when refused, sets ReleaseAt to now + r.Timeout.
 // A shadow rule is decided and counted like any other: not refusing is the
 // caller's part.
-func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Rule, key, limit, cost uint64) Decision {
+func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, limit, cost uint64) Decision {
 	t := now.UnixNano()
 	if !r.Algorithm.Shared() {
 		return l.decideLocal(t, r, key, limit, cost)
@@ -374,7 +380,7 @@ func (l *Limiter) awaitRead(ctx context.Context, key uint64) {
 	}
 }
 
-func (l *Limiter) closed(t int64, r *Rule, limit uint64) Decision {
+func (l *Limiter) closed(t int64, r *Policy, limit uint64) Decision {
 	w := int64(r.Window)
 	// Retry after one flush and store timeout: the soonest the store's
 	// health can be known again.
@@ -385,7 +391,7 @@ func (l *Limiter) closed(t int64, r *Rule, limit uint64) Decision {
 // requests of a blocked key that the edge answered from its block cache. In
 // async mode the units join the coalesced flush, so a blocked client never
 // reaches the store on the request path, yet its real rate stays visible.
-func (l *Limiter) Record(now time.Time, r *Rule, key, cost uint64) {
+func (l *Limiter) Record(now time.Time, r *Policy, key, cost uint64) {
 	if !r.Algorithm.Shared() {
 		l.recordLocal(now.UnixNano(), r, key, cost)
 		return
@@ -400,7 +406,7 @@ func (l *Limiter) Record(now time.Time, r *Rule, key, cost uint64) {
 
 // decideSync increments the shared counter on the request path and decides
 // on the reply.
-func (l *Limiter) decideSync(ctx context.Context, t int64, r *Rule, key, limit, cost uint64) Decision {
+func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) Decision {
 	w := int64(r.Window)
 	start := windowStart(t, w)
 	s := l.shardOf(key)

@@ -49,15 +49,6 @@ func (s *countingStore) Do(ctx context.Context, ops []Op) {
 // t0 is a whole hour, so every window of a minute or less starts at it.
 var t0 = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 
-func mustRules(t testing.TB, yaml string) *Rules {
-	t.Helper()
-	rs, err := ParseRules([]byte(yaml))
-	if err != nil {
-		t.Fatalf("ParseRules: %v", err)
-	}
-	return rs
-}
-
 func newTestLimiter(t testing.TB, clock Clock, store Store, cfg Config) *Limiter {
 	t.Helper()
 	cfg.Clock = clock
@@ -84,7 +75,7 @@ func TestLimiterBurstAdmitsExactlyTheLimit(t *testing.T) {
 	allowed := 0
 	var last Decision
 	for i := 0; i < 150; i++ {
-		d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 		if d.Allowed {
 			allowed++
 		} else {
@@ -119,7 +110,7 @@ func TestLimiterEdgesShareOneLimit(t *testing.T) {
 	// over-admission is at most one request per other edge here.
 	allowed := 0
 	for i := 0; i < 3000; i++ { // 30 s
-		if edges[i%2].Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+		if edges[i%2].Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
 			allowed++
 		}
 		for k := 0; k < 2; k++ {
@@ -151,7 +142,7 @@ func TestLimiterOverAdmissionBoundedByFlushInterval(t *testing.T) {
 	key := r.Hash([]byte("client"))
 	allowed := 0
 	for i := 0; i < 1000; i++ {
-		if edges[i%2].Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+		if edges[i%2].Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
 			allowed++
 		}
 		clock.Add(time.Millisecond)
@@ -176,7 +167,7 @@ func TestLimiterReadsPreviousWindowOnceAfterGrace(t *testing.T) {
 	// global count comes back with its first increment. Then it is only
 	// incremented.
 	for i := 0; i < 20; i++ {
-		l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 		clock.Add(5 * time.Millisecond)
 		l.Flush(context.Background(), clock.Now())
 	}
@@ -191,7 +182,7 @@ func TestLimiterReadsPreviousWindowOnceAfterGrace(t *testing.T) {
 	clock.t.Store(t0.Add(time.Minute).UnixNano())
 	store.reads.Store(0)
 	for i := 0; i < 40; i++ { // 200 ms
-		l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 		clock.Add(5 * time.Millisecond)
 		l.Flush(context.Background(), clock.Now())
 		if elapsed := clock.Now().Sub(t0.Add(time.Minute)); elapsed < 105*time.Millisecond && store.reads.Load() != 0 {
@@ -210,15 +201,15 @@ func TestLimiterNewEdgeStartsFromSharedCounters(t *testing.T) {
 	key := r.Hash([]byte("k"))
 	a := newTestLimiter(t, clock, store, Config{})
 	for i := 0; i < 90; i++ {
-		a.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		a.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 	}
 	a.Flush(context.Background(), clock.Now())
 	b := newTestLimiter(t, clock, store, Config{})
-	b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1) // unknown yet: admitted
-	b.Flush(context.Background(), clock.Now())                      // reads the shared count
+	b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1) // unknown yet: admitted
+	b.Flush(context.Background(), clock.Now())                              // reads the shared count
 	allowed := 0
 	for i := 0; i < 50; i++ {
-		if b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+		if b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
 			allowed++
 		}
 	}
@@ -242,7 +233,7 @@ rules:
 	key := r.Hash([]byte("abuser"))
 	var d Decision
 	for i := 0; i < 11; i++ {
-		d = l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		d = l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 	}
 	if d.Allowed {
 		t.Fatal("11th request of 10 per 10s admitted")
@@ -252,7 +243,7 @@ rules:
 	}
 	// The edge answers the next 89 from its block cache and records them.
 	for i := 0; i < 89; i++ {
-		l.Record(clock.Now(), r, key, 1)
+		l.Record(clock.Now(), &r.Policy, key, 1)
 	}
 	l.Flush(context.Background(), clock.Now())
 	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
@@ -282,7 +273,7 @@ rules:
 		if i%2 == 1 {
 			e = b
 		}
-		if e.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+		if e.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
 			allowed++
 		}
 	}
@@ -323,9 +314,9 @@ rules:
 	want := map[string]Fallback{"open-async": FallbackOpen, "closed-async": FallbackClosed, "open-sync": FallbackOpen, "closed-sync": FallbackClosed}
 	for _, r := range rs.Rules {
 		key := r.Hash([]byte("k"))
-		l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 		l.Flush(context.Background(), clock.Now()) // async learns the store is down
-		d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 		if d.Fallback != want[r.Name] || d.Allowed != (want[r.Name] == FallbackOpen) {
 			t.Errorf("%s with the store down: fallback %d allowed %v, want %d %v", r.Name, d.Fallback, d.Allowed, want[r.Name], want[r.Name] == FallbackOpen)
 		}
@@ -339,9 +330,9 @@ rules:
 	if ops[0].Value != 2 {
 		t.Errorf("open-async counter after recovery = %d, want the 2 requests admitted during the outage", ops[0].Value)
 	}
-	d := l.Decide(context.Background(), clock.Now(), rs.Rules[1], rs.Rules[1].Hash([]byte("k")), 5, 1)
+	d := l.Decide(context.Background(), clock.Now(), &rs.Rules[1].Policy, rs.Rules[1].Hash([]byte("k")), 5, 1)
 	l.Flush(context.Background(), clock.Now())
-	d = l.Decide(context.Background(), clock.Now(), rs.Rules[1], rs.Rules[1].Hash([]byte("k")), 5, 1)
+	d = l.Decide(context.Background(), clock.Now(), &rs.Rules[1].Policy, rs.Rules[1].Hash([]byte("k")), 5, 1)
 	if d.Fallback != FallbackNone || !d.Allowed {
 		t.Errorf("closed-async after recovery: fallback %d allowed %v, want none, true", d.Fallback, d.Allowed)
 	}
@@ -354,7 +345,7 @@ func TestLimiterMemoryIsBounded(t *testing.T) {
 	var key [8]byte
 	for i := 0; i < 100_000; i++ {
 		key[0], key[1], key[2] = byte(i), byte(i>>8), byte(i>>16)
-		l.Decide(context.Background(), clock.Now(), r, r.Hash(key[:]), r.Limit, 1)
+		l.Decide(context.Background(), clock.Now(), &r.Policy, r.Hash(key[:]), r.Limit, 1)
 		if i%1000 == 0 {
 			clock.Add(5 * time.Millisecond)
 			l.Flush(context.Background(), clock.Now())
@@ -393,7 +384,7 @@ func TestLimiterConcurrentUse(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
 				k := r.Hash([]byte{byte(i % 50)})
-				if l.Decide(context.Background(), clock.Now(), r, k, r.Limit, 1).Allowed {
+				if l.Decide(context.Background(), clock.Now(), &r.Policy, k, r.Limit, 1).Allowed {
 					allowed.Add(1)
 				}
 			}
@@ -431,15 +422,15 @@ rules:
     action: block
 `)
 	key := rs.Rules[0].Hash([]byte("k"))
-	l.Decide(context.Background(), clock.Now(), rs.Rules[0], key, rs.Rules[0].Limit, 1)
+	l.Decide(context.Background(), clock.Now(), &rs.Rules[0].Policy, key, rs.Rules[0].Limit, 1)
 	now := clock.Now()
 	if n := testing.AllocsPerRun(1000, func() {
-		l.Decide(context.Background(), now, rs.Rules[0], key, rs.Rules[0].Limit, 1)
+		l.Decide(context.Background(), now, &rs.Rules[0].Policy, key, rs.Rules[0].Limit, 1)
 	}); n != 0 {
 		t.Errorf("async Decide: %v allocs/op, want 0", n)
 	}
 	bk := rs.Rules[1].Hash([]byte("k"))
-	if n := testing.AllocsPerRun(1000, func() { l.Record(now, rs.Rules[1], bk, 1) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { l.Record(now, &rs.Rules[1].Policy, bk, 1) }); n != 0 {
 		t.Errorf("Record: %v allocs/op, want 0", n)
 	}
 }
@@ -453,7 +444,7 @@ func BenchmarkDecideAsync(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		l.Decide(ctx, now, r, key, r.Limit, 1)
+		l.Decide(ctx, now, &r.Policy, key, r.Limit, 1)
 	}
 }
 
@@ -471,7 +462,7 @@ func BenchmarkDecideAsyncParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
-			l.Decide(ctx, now, r, keys[i&1023], r.Limit, 1)
+			l.Decide(ctx, now, &r.Policy, keys[i&1023], r.Limit, 1)
 			i++
 		}
 	})
@@ -507,7 +498,7 @@ rules:
 		got := 0
 		var last Decision
 		for i := 0; i < 30; i++ {
-			d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+			d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 			if d.Allowed {
 				got++
 			} else {
@@ -536,7 +527,7 @@ func TestFlusherBacksOffWhileTheStoreIsDown(t *testing.T) {
 	r := mustRules(t, perMinute).Rules[0]
 	now := time.Now()
 	for i := 0; i < 100; i++ {
-		l.Decide(context.Background(), now, r, r.Hash([]byte{byte(i)}), r.Limit, 1)
+		l.Decide(context.Background(), now, &r.Policy, r.Hash([]byte{byte(i)}), r.Limit, 1)
 	}
 	l.Start()
 	time.Sleep(300 * time.Millisecond)
@@ -567,10 +558,10 @@ func TestFloodDoesNotEvictReturningKeys(t *testing.T) {
 	var key [8]byte
 	for i := 0; i < 200_000; i++ {
 		key[0], key[1], key[2], key[3] = byte(i), byte(i>>8), byte(i>>16), 0xfe
-		l.Decide(context.Background(), clock.Now(), r, r.Hash(key[:]), r.Limit, 1)
+		l.Decide(context.Background(), clock.Now(), &r.Policy, r.Hash(key[:]), r.Limit, 1)
 		if i%100 == 0 {
 			for j, k := range legit {
-				if l.Decide(context.Background(), clock.Now(), r, k, r.Limit, 1).Allowed {
+				if l.Decide(context.Background(), clock.Now(), &r.Policy, k, r.Limit, 1).Allowed {
 					admitted[j]++
 				}
 			}

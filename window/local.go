@@ -17,7 +17,7 @@ type localState struct {
 // localGet returns key's per-edge state, creating it (and evicting an
 // arbitrary other key when the shard holds its share of MaxKeys). s.mu must
 // be held.
-func (s *shard) localGet(l *Limiter, key uint64, t int64, r *Rule) *localState {
+func (s *shard) localGet(l *Limiter, key uint64, t int64, r *Policy) *localState {
 	if st, ok := s.local[key]; ok {
 		st.last = t
 		return st
@@ -42,7 +42,7 @@ func (s *shard) localGet(l *Limiter, key uint64, t int64, r *Rule) *localState {
 
 // localAllow runs rule r's per-edge algorithm over st. With count false it
 // only counts (a blocked key's request answered from the block cache).
-func localAllow(r *Rule, st *localState, t int64, limit, cost uint64, decide bool) (ok bool, remaining, releaseAt int64) {
+func localAllow(r *Policy, st *localState, t int64, limit, cost uint64, decide bool) (ok bool, remaining, releaseAt int64) {
 	burst := int64(r.Burst)
 	if limit != r.Limit && r.Burst == r.Limit {
 		burst = int64(limit) // a tier's limit scales the default burst too
@@ -67,7 +67,7 @@ func localAllow(r *Rule, st *localState, t int64, limit, cost uint64, decide boo
 	}
 }
 
-func (l *Limiter) decideLocal(t int64, r *Rule, key, limit, cost uint64) Decision {
+func (l *Limiter) decideLocal(t int64, r *Policy, key, limit, cost uint64) Decision {
 	s := l.shardOf(key)
 	s.mu.Lock()
 	st := s.localGet(l, key, t, r)
@@ -91,7 +91,7 @@ func (l *Limiter) decideLocal(t int64, r *Rule, key, limit, cost uint64) Decisio
 	return d
 }
 
-func (l *Limiter) recordLocal(t int64, r *Rule, key, cost uint64) {
+func (l *Limiter) recordLocal(t int64, r *Policy, key, cost uint64) {
 	s := l.shardOf(key)
 	s.mu.Lock()
 	localAllow(r, s.localGet(l, key, t, r), t, r.Limit, cost, false)

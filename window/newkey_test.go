@@ -22,7 +22,7 @@ func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
 	key := r.Hash([]byte("k"))
 	a := newTestLimiter(t, clock, store, Config{})
 	for range 90 {
-		a.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+		a.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 	}
 	a.Flush(context.Background(), clock.Now())
 
@@ -37,7 +37,7 @@ func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			d := b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+			d := b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 			if d.Allowed {
 				allowed.Add(1)
 			}
@@ -69,11 +69,11 @@ func TestNewKeyRefusedLocallyDoesNotWait(t *testing.T) {
 	l.Start()
 	r := mustRules(t, "rules: [{name: login, limit: 1, window: 1m}]").Rules[0]
 	key := r.Hash([]byte("k"))
-	if d := l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1); !d.Allowed {
+	if d := l.Decide(context.Background(), time.Now(), &r.Policy, key, r.Limit, 1); !d.Allowed {
 		t.Fatal("first request of a new key refused")
 	}
 	begin := time.Now()
-	d := l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	d := l.Decide(context.Background(), time.Now(), &r.Policy, key, r.Limit, 1)
 	if took := time.Since(begin); d.Allowed || took > 500*time.Millisecond {
 		t.Errorf("second request: allowed %v after %v, want refused at once (the store hangs for 1 s)", d.Allowed, took)
 	}
@@ -94,9 +94,9 @@ func TestNewKeyWaitIsBounded(t *testing.T) {
 	l.Start()
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("k"))
-	l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	l.Decide(context.Background(), time.Now(), &r.Policy, key, r.Limit, 1)
 	begin := time.Now()
-	d := l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	d := l.Decide(context.Background(), time.Now(), &r.Policy, key, r.Limit, 1)
 	took := time.Since(begin)
 	if !d.Allowed || took < 30*time.Millisecond || took > 900*time.Millisecond {
 		t.Errorf("second request: allowed %v after %v, want admitted after the 30ms wait, well before the store's 1s timeout", d.Allowed, took)
@@ -144,7 +144,7 @@ func TestFlushBatchesAreBounded(t *testing.T) {
 	r := mustRules(t, perMinute).Rules[0]
 	const keys = 10000
 	for i := range keys {
-		l.Decide(context.Background(), clock.Now(), r, uint64(i)*0x9e3779b97f4a7c15, r.Limit, 1)
+		l.Decide(context.Background(), clock.Now(), &r.Policy, uint64(i)*0x9e3779b97f4a7c15, r.Limit, 1)
 	}
 	st := l.Flush(context.Background(), clock.Now())
 	if st.Keys != keys || st.Failed != 0 {
@@ -172,10 +172,10 @@ func TestReturningKeyDoesNotWait(t *testing.T) {
 	l.Start()
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("k"))
-	l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+	l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 	clock.Add(3 * time.Minute)
 	begin := time.Now()
-	d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
+	d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 	if took := time.Since(begin); !d.Allowed || took > 500*time.Millisecond {
 		t.Errorf("first request after 3 idle windows: allowed %v after %v, want admitted at once (the store hangs for 1 s)", d.Allowed, took)
 	}
@@ -195,7 +195,7 @@ func TestSyncRereadsPreviousWindowWithinGrace(t *testing.T) {
 	store.Do(context.Background(), ops)
 	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, StoreTimeout: 100 * time.Millisecond})
 	// At the window's start the estimate is 8 + this one: admitted.
-	if d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1); !d.Allowed {
+	if d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1); !d.Allowed {
 		t.Fatal("first request of the window refused with 8 of 10 in the previous one")
 	}
 	// Another edge's increment for the previous window lands now.
@@ -204,7 +204,7 @@ func TestSyncRereadsPreviousWindowWithinGrace(t *testing.T) {
 	clock.Add(10 * time.Millisecond) // within the 105 ms grace
 	// 9 × (1 − 10ms/1m) + 1 + this one > 10: refused, if the previous
 	// window was read again (with the 8 first read, 9.999: admitted).
-	if d := l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1); d.Allowed {
+	if d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed {
 		t.Error("second request admitted: the previous window's late increment was not read")
 	}
 }
@@ -221,7 +221,7 @@ func TestSyncRefusalDoesNotInflateTheCount(t *testing.T) {
 	l := newTestLimiter(t, clock, store, Config{})
 	allowed := 0
 	for range 5 {
-		if l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+		if l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
 			allowed++
 		}
 	}
@@ -233,7 +233,7 @@ func TestSyncRefusalDoesNotInflateTheCount(t *testing.T) {
 	clock.Add(90 * time.Second)
 	allowed = 0
 	for range 5 {
-		if l.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
+		if l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
 			allowed++
 		}
 	}
@@ -252,12 +252,12 @@ func TestNewKeyDoesNotWaitForADeadStore(t *testing.T) {
 	r := mustRules(t, perMinute).Rules[0]
 	// Let the flusher find the store down and back off to a quarter second
 	// or more (1, 2, 4, … ms): a waiting request would wait that long.
-	l.Decide(context.Background(), time.Now(), r, r.Hash([]byte("warm")), r.Limit, 1)
+	l.Decide(context.Background(), time.Now(), &r.Policy, r.Hash([]byte("warm")), r.Limit, 1)
 	waitUntil(t, func() bool { return testutil.ToFloat64(l.m.flushBackoffs) >= 9 })
 	key := r.Hash([]byte("k"))
-	l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	l.Decide(context.Background(), time.Now(), &r.Policy, key, r.Limit, 1)
 	begin := time.Now()
-	d := l.Decide(context.Background(), time.Now(), r, key, r.Limit, 1)
+	d := l.Decide(context.Background(), time.Now(), &r.Policy, key, r.Limit, 1)
 	if took := time.Since(begin); !d.Allowed || took > 100*time.Millisecond {
 		t.Errorf("second request of a new key with the store down: allowed %v after %v, want admitted at once", d.Allowed, took)
 	}

@@ -74,7 +74,7 @@ func (s *shard) lookup(key uint64) *entry {
 // containing t, creating it if needed. fresh reports a view that starts
 // over here: created, or reset after a window or more without requests.
 // s.mu must be held.
-func (s *shard) get(l *Limiter, key uint64, t int64, r *Rule) (i uint32, fresh bool) {
+func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh bool) {
 	if i, ok := s.idx[key]; ok {
 		e := &s.slab[i]
 		if t >= e.start+e.win {

@@ -33,7 +33,7 @@ import (
 // error keeps every method error-free; a caller that cares feeds events in
 // order, as the aggregator does after its watermark.
 //
-// Memory is the seeds' point: the log keeps one 16-byte entry per distinct
+// Memory is the sliding log's cost: the log keeps one 16-byte entry per distinct
 // instant still in the window (units logged at the same instant share one).
 // With Allow alone that is at most Limit entries, O(Limit) per key; Add can
 // log more (every attempt in the window). Entries leave the log as they leave

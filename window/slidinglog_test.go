@@ -21,7 +21,7 @@ func slClock(ns int64) string {
 	return time.Unix(0, ns).UTC().Format(time.TimeOnly)
 }
 
-// TestSlidingLogSeedExample is seed 003's: 3 per 60 s, log [12:00:10,
+// TestSlidingLogSeedExample is the textbook example: 3 per 60 s, log [12:00:10,
 // 12:00:30, 12:00:55]; at 12:01:20 the window (12:00:20, 12:01:20] holds 2,
 // so the request is allowed.
 func TestSlidingLogSeedExample(t *testing.T) {

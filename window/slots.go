@@ -103,7 +103,7 @@ func (s *Slots) Close() {
 // Acquire takes one slot for key under r (limit slots at most) at now. It
 // returns whether the request may proceed, and the fallback when the store
 // failed. A true result must be matched by one Release.
-func (s *Slots) Acquire(ctx context.Context, now time.Time, r *Rule, key, limit uint64) (ok bool, fb Fallback) {
+func (s *Slots) Acquire(ctx context.Context, now time.Time, r *Policy, key, limit uint64) (ok bool, fb Fallback) {
 	t := now.UnixNano()
 	lease := int64(r.Lease)
 	epoch := windowStart(t, lease)
@@ -160,7 +160,7 @@ func (s *Slots) get(key uint64, lease, epoch int64) *heldSlots {
 }
 
 // Release gives back one slot of key taken by Acquire at any earlier time.
-func (s *Slots) Release(r *Rule, key uint64) {
+func (s *Slots) Release(r *Policy, key uint64) {
 	s.mu.Lock()
 	h := s.held[key]
 	if h == nil {

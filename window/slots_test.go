@@ -13,25 +13,25 @@ func TestSlotsLimitInFlightAcrossEdges(t *testing.T) {
 	a, b := NewSlots(SlotsConfig{}, store), NewSlots(SlotsConfig{}, store)
 	key := r.Hash([]byte("client"))
 	ctx := context.Background()
-	acq := func(s *Slots) bool { ok, _ := s.Acquire(ctx, clock.Now(), r, key, r.Limit); return ok }
+	acq := func(s *Slots) bool { ok, _ := s.Acquire(ctx, clock.Now(), &r.Policy, key, r.Limit); return ok }
 	if !acq(a) || !acq(b) || !acq(a) {
 		t.Fatal("the first 3 slots were refused")
 	}
 	if acq(b) {
 		t.Fatal("a 4th slot was granted with 3 in flight")
 	}
-	b.Release(r, key) // a: 2, b: 0
+	b.Release(&r.Policy, key) // a: 2, b: 0
 	if !acq(a) {
 		t.Fatal("after a release, a slot was refused")
 	}
 	if acq(b) {
 		t.Fatal("a 4th slot was granted with 3 in flight")
 	}
-	a.Release(r, key) // a: 2
-	if !acq(b) {      // b: 1
+	a.Release(&r.Policy, key) // a: 2
+	if !acq(b) {              // b: 1
 		t.Fatal("after a release, a slot was refused")
 	}
-	b.Release(r, 12345) // a key b never held: no effect
+	b.Release(&r.Policy, 12345) // a key b never held: no effect
 	if acq(a) {
 		t.Fatal("releasing an unheld key freed a slot")
 	}
@@ -74,16 +74,16 @@ rules:
 	s := NewSlots(SlotsConfig{}, store)
 	store.fail.Store(true)
 	for _, tc := range []struct {
-		r    *Rule
+		r    *testRule
 		ok   bool
 		want Fallback
 	}{{rs.Rules[0], true, FallbackOpen}, {rs.Rules[1], false, FallbackClosed}} {
-		ok, fb := s.Acquire(context.Background(), clock.Now(), tc.r, 1, tc.r.Limit)
+		ok, fb := s.Acquire(context.Background(), clock.Now(), &tc.r.Policy, 1, tc.r.Limit)
 		if ok != tc.ok || fb != tc.want {
 			t.Errorf("%s with the store down: %v %v, want %v %v", tc.r.Name, ok, fb, tc.ok, tc.want)
 		}
 	}
-	s.Release(rs.Rules[0], 1)
+	s.Release(&rs.Rules[0].Policy, 1)
 	if store.decrs.Load() != 0 {
 		t.Error("released a fail-open slot into the store, where it was never counted")
 	}

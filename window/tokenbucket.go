@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TokenBucket is a token bucket with lazy refill (seed 000): a bucket holds at
+// TokenBucket is a token bucket with lazy refill: a bucket holds at
 // most Burst tokens and gains Rate tokens every Per, continuously; a request
 // of n units takes n tokens or is refused whole. No timer ticks: the state is
 // the bucket's level and the instant of its last refill, and each call first

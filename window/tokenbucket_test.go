@@ -12,7 +12,7 @@ import (
 	"github.com/poplimit/poplimit/window"
 )
 
-// TestTokenBucketSeedTable reproduces seed 000's table for r = 10/s, B = 20,
+// TestTokenBucketSeedTable reproduces the textbook table for r = 10/s, B = 20,
 // row by row: tokens before the refill, the refill, tokens after the
 // requests, and how many were allowed and rejected.
 func TestTokenBucketSeedTable(t *testing.T) {

@@ -75,7 +75,7 @@ func simulateTraffic(t testing.TB, n, rate int, interval time.Duration, next fun
 		h := r.Hash(key[:])
 		touched[h] = struct{}{}
 		seen[h] = struct{}{}
-		l.Decide(ctx, now, r, h, r.Limit, 1)
+		l.Decide(ctx, now, &r.Policy, h, r.Limit, 1)
 		clock.Add(step)
 	}
 	clock.Add(time.Second)
@@ -148,7 +148,7 @@ func TestMemoryPerKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < n; i++ {
-		l.Decide(context.Background(), clock.Now(), r, uint64(i)*0x9e3779b97f4a7c15, r.Limit, 1)
+		l.Decide(context.Background(), clock.Now(), &r.Policy, uint64(i)*0x9e3779b97f4a7c15, r.Limit, 1)
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)

@@ -1,8 +1,9 @@
-package window
+package rules
 
 import (
 	"errors"
 	"fmt"
+	"github.com/poplimit/poplimit/window"
 	"os"
 	"strings"
 	"testing"
@@ -28,21 +29,21 @@ func TestParseRulesValid(t *testing.T) {
 	if len(api.Key) != 2 || api.Key[0] != (KeyPart{KeyHeader, "X-API-Key"}) || api.Key[1] != (KeyPart{Source: KeyIP}) || api.MissingKey != MissingKeyDeny {
 		t.Errorf("api key = %+v missing %v", api.Key, api.MissingKey)
 	}
-	if api.Limit != 100 || api.Window != time.Minute || api.Algorithm != SlidingWindowCounter || api.Action != Throttle || api.Mode != Async || api.Fail != FailOpen || api.Cost != 1 {
+	if api.Limit != 100 || api.Window != time.Minute || api.Algorithm != window.SlidingWindowCounter || api.Action != window.Throttle || api.Mode != window.Async || api.Fail != window.FailOpen || api.Cost != 1 {
 		t.Errorf("api defaults = %+v", api)
 	}
 	login := rs.Rules[1]
-	if login.Mode != Sync || login.Fail != FailClosed || login.Key[0] != (KeyPart{KeyCookie, "session"}) || login.Key[1] != (KeyPart{KeyQuery, "user"}) {
+	if login.Mode != window.Sync || login.Fail != window.FailClosed || login.Key[0] != (KeyPart{KeyCookie, "session"}) || login.Key[1] != (KeyPart{KeyQuery, "user"}) {
 		t.Errorf("login = %+v", login)
 	}
 	m := rs.Rules[2]
-	if m.Action != Block || m.Timeout != 10*time.Minute || m.CostHeader != "X-Cost" || m.MaxCost != 50 {
+	if m.Action != window.Block || m.Timeout != 10*time.Minute || m.CostHeader != "X-Cost" || m.MaxCost != 50 {
 		t.Errorf("mitigation = %+v", m)
 	}
-	if b := rs.Rules[3]; b.Algorithm != TokenBucketAlgorithm || b.Burst != 20 || !b.Shadow {
+	if b := rs.Rules[3]; b.Algorithm != window.TokenBucketAlgorithm || b.Burst != 20 || !b.Shadow {
 		t.Errorf("bucket = %+v", b)
 	}
-	if d := rs.Rules[4]; d.Window != 24*time.Hour || d.Algorithm != FixedWindowCounter || d.Timeout != d.Window {
+	if d := rs.Rules[4]; d.Window != 24*time.Hour || d.Algorithm != window.FixedWindowCounter || d.Timeout != d.Window {
 		t.Errorf("daily = %+v", d)
 	}
 	if rs.Lookup("login") != login || rs.Lookup("nope") != nil {
@@ -187,4 +188,13 @@ rules:
 	r := rs.Rules[0]
 	fmt.Println(r.Name, r.Limit, r.Window, r.Algorithm, r.Action, r.Mode, r.Fail)
 	// Output: per-client 100 1m0s sliding_window throttle async open
+}
+
+func mustRules(t testing.TB, yaml string) *Rules {
+	t.Helper()
+	rs, err := ParseRules([]byte(yaml))
+	if err != nil {
+		t.Fatalf("ParseRules: %v", err)
+	}
+	return rs
 }

@@ -1,4 +1,4 @@
-package window
+package rules
 
 import (
 	"bytes"
@@ -9,76 +9,10 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/poplimit/poplimit/internal/mix"
+	"github.com/poplimit/poplimit/window"
 	"go.yaml.in/yaml/v3"
 )
-
-// Algorithm names a rate-limiting algorithm.
-type Algorithm uint8
-
-// The algorithms a rule can name. SlidingWindowCounter and FixedWindowCounter
-// run over the shared Store and hold across the fleet; the others keep their
-// state on each edge (a per-edge limit), as their state does not fit an
-// increment-only counter.
-const (
-	SlidingWindowCounter Algorithm = iota // "sliding_window" (default)
-	FixedWindowCounter                    // "fixed_window"
-	TokenBucketAlgorithm                  // "token_bucket": rate Limit per Window, burst Burst
-	LeakyBucketAlgorithm                  // "leaky_bucket": leaks Limit per Window, capacity Burst
-	SlidingLogAlgorithm                   // "sliding_log": exact, O(Limit) memory per key
-)
-
-var algorithmNames = []string{"sliding_window", "fixed_window", "token_bucket", "leaky_bucket", "sliding_log"}
-
-func (a Algorithm) String() string { return enumName(algorithmNames, int(a)) }
-
-// Shared reports whether the algorithm counts in the shared Store.
-func (a Algorithm) Shared() bool { return a <= FixedWindowCounter }
-
-// Action is what a rule does with a key over its limit.
-type Action uint8
-
-const (
-	// Throttle admits while the estimate of admitted units in the trailing
-	// window stays within the limit; only admitted requests are counted, and
-	// a refused key is refused until its computed release time.
-	Throttle Action = iota
-	// Block counts every request and, when the estimated rate of all of
-	// them exceeds the limit, blocks the key for the rule's Timeout; blocked
-	// requests are still counted.
-	Block
-)
-
-var actionNames = []string{"throttle", "block"}
-
-func (a Action) String() string { return enumName(actionNames, int(a)) }
-
-// Mode is where a rule's counting happens relative to the request.
-type Mode uint8
-
-const (
-	// Async decides from the local view and flushes increments in the
-	// background: no network on the request path.
-	Async Mode = iota
-	// Sync increments the shared counter on the request path and decides on
-	// the reply: exact, one store round trip per request.
-	Sync
-)
-
-var modeNames = []string{"async", "sync"}
-
-func (m Mode) String() string { return enumName(modeNames, int(m)) }
-
-// FailPolicy is what a rule decides when the store cannot answer.
-type FailPolicy uint8
-
-const (
-	FailOpen   FailPolicy = iota // admit (Stripe's and Cloudflare's default)
-	FailClosed                   // refuse (logins and other abuse-first rules)
-)
-
-var failNames = []string{"open", "closed"}
-
-func (f FailPolicy) String() string { return enumName(failNames, int(f)) }
 
 // Kind is what a rule limits.
 type Kind uint8
@@ -172,8 +106,12 @@ func enumName(names []string, i int) string {
 type Rule struct {
 	Name     string
 	Kind     Kind
-	Priority Priority      // for Kind Shed
-	Lease    time.Duration // for Kind Concurrency: how long a dead edge's slots live
+	Priority Priority // for Kind Shed
+
+	// Policy is what the limiter runs: limit, window, burst, algorithm,
+	// action, timeout, mode, failure policy and, for Kind Concurrency, the
+	// lease (how long a dead edge's slots live).
+	window.Policy
 
 	// Match: every non-empty condition must hold.
 	Host       string   // exact host, without port; empty matches any
@@ -187,15 +125,7 @@ type Rule struct {
 	// rotate addresses inside it; 128 keys each address).
 	IPv6Prefix int
 
-	Limit     uint64        // units per Window (for a token bucket, the refill per Window)
-	Window    time.Duration // the period of the limit
-	Burst     uint64        // token and leaky bucket capacity; defaults to Limit
-	Algorithm Algorithm
-	Action    Action
-	Timeout   time.Duration // how long Block blocks; defaults to Window
-	Mode      Mode
-	Fail      FailPolicy
-	Shadow    bool // decide and count, never refuse
+	Shadow bool // decide and count, never refuse
 
 	Cost       uint64 // units one request costs (default 1)
 	CostHeader string // if set, a request's cost is read from this header ...
@@ -259,18 +189,7 @@ func bytesEqualFold(b []byte, s string) bool {
 // key's counters in the store and in the block cache. Any bytes of any
 // length are fine; the key itself is never stored.
 func (r *Rule) Hash(key []byte) uint64 {
-	return mix64(xxhash.Sum64(key) ^ r.Seed)
-}
-
-// mix64 is the splitmix64 finalizer: it spreads the rule seed through every
-// bit, so two rules never share a key's hash.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return mix.Mix64(xxhash.Sum64(key) ^ r.Seed)
 }
 
 // Rules is an immutable snapshot of parsed rules and key overrides, safe for
@@ -388,7 +307,7 @@ func ParseRules(data []byte) (*Rules, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("window: rules: %w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("rules: rules: %w: %v", ErrInvalid, err)
 	}
 	var errs []error
 	bad := func(path, value, reason string) {
@@ -443,208 +362,242 @@ func ParseRules(data []byte) (*Rules, error) {
 		rs.Rules = append(rs.Rules, r)
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("window: rules: %w:\n%w", ErrInvalid, errors.Join(errs...))
+		return nil, fmt.Errorf("rules: rules: %w:\n%w", ErrInvalid, errors.Join(errs...))
 	}
 	return rs, nil
 }
 
-func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule {
-	n0 := 0
-	countingBad := func(path, value, reason string) { n0++; bad(path, value, reason) }
-	b := countingBad
-	r := &Rule{Name: y.Name, Host: strings.ToLower(y.Host), PathPrefix: y.PathPrefix, Shadow: y.Shadow, CostHeader: y.CostHeader}
-	switch {
-	case y.Name == "":
-		b(p+".name", "", "is required")
-	case len(y.Name) > MaxRuleName:
-		b(p+".name", strconv.Itoa(len(y.Name))+" bytes", "at most "+strconv.Itoa(MaxRuleName)+" bytes")
-	case !printableName(y.Name):
-		b(p+".name", strconv.Quote(y.Name), "only letters, digits and -_.:/ are allowed")
+// fields validates the fields of one rule: each check reports a bad value
+// with the field's path and counts it, so a rule with any bad field is
+// dropped whole.
+type fields struct {
+	path string
+	bad  func(path, value, reason string)
+	n    int
+}
+
+func (f *fields) fail(field, value, reason string) {
+	f.n++
+	if field == "" {
+		f.bad(f.path, value, reason)
+		return
 	}
+	f.bad(f.path+"."+field, value, reason)
+}
+
+// amount returns *v when it is within [1, maxLimit), def when v is nil
+// (required: a nil v is reported instead).
+func (f *fields) amount(field string, v *int64, def uint64, required bool) uint64 {
+	switch {
+	case v == nil && required:
+		f.fail(field, "", "is required")
+	case v == nil:
+	case *v <= 0 || *v >= maxLimit:
+		f.fail(field, strconv.FormatInt(*v, 10), "must be between 1 and "+strconv.FormatInt(maxLimit-1, 10))
+	default:
+		return uint64(*v)
+	}
+	return def
+}
+
+// duration returns s parsed within [lo, hi] (whole milliseconds when
+// wholeMillis), or def when s is empty.
+func (f *fields) duration(field, s string, def, lo, hi time.Duration, wholeMillis bool, want string) time.Duration {
+	if s == "" {
+		return def
+	}
+	d, err := ParseDuration(s)
+	if err != nil || d < lo || d > hi || wholeMillis && d%time.Millisecond != 0 {
+		f.fail(field, strconv.Quote(s), "must be "+want)
+		return def
+	}
+	return d
+}
+
+// only reports a field set on a rule it does not apply to.
+func (f *fields) only(set bool, field, value string, applies bool, to string) {
+	if set && !applies {
+		f.fail(field, value, "applies only to "+to)
+	}
+}
+
+func enumField[T window.Algorithm | window.Action | window.Mode | window.FailPolicy](f *fields, field, s string) T {
+	v, err := window.ParseEnum[T](s)
+	if err != nil {
+		f.fail(field, strconv.Quote(s), err.Error())
+	}
+	return v
+}
+
+func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule {
+	f := &fields{path: p, bad: bad}
+	r := &Rule{Name: y.Name, Shadow: y.Shadow}
+	parseName(f, y.Name)
+	parseMatch(f, y, r)
+	parseKind(f, y, r)
+	if r.Kind == Shed {
+		// A shed rule only classes routes: nothing else applies.
+		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 {
+			f.fail("", "", "a shed rule takes only name, match and priority")
+		}
+		if f.n > 0 {
+			return nil
+		}
+		r.Limit, r.Window, r.Cost, r.Key = 1, time.Second, 1, []KeyPart{{Source: KeyIP}}
+		r.finish()
+		return r
+	}
+	parseKey(f, y, r)
+	parsePolicy(f, y, r)
+	parseCost(f, y, r)
+	parseTiers(f, y, r)
+	if f.n > 0 {
+		return nil
+	}
+	r.finish()
+	return r
+}
+
+// finish derives what a parsed rule computes once.
+func (r *Rule) finish() {
+	r.nameBytes = []byte(r.Name)
+	r.Seed = xxhash.Sum64String(r.Name + "\x00" + r.Window.String() + "\x00" + r.Algorithm.String() + "\x00" + r.Kind.String())
+}
+
+func parseName(f *fields, name string) {
+	switch {
+	case name == "":
+		f.fail("name", "", "is required")
+	case len(name) > MaxRuleName:
+		f.fail("name", strconv.Itoa(len(name))+" bytes", "at most "+strconv.Itoa(MaxRuleName)+" bytes")
+	case !printableName(name):
+		f.fail("name", strconv.Quote(name), "only letters, digits and -_.:/ are allowed")
+	}
+}
+
+func parseMatch(f *fields, y ruleYAML, r *Rule) {
+	r.Host, r.PathPrefix = strings.ToLower(y.Host), y.PathPrefix
 	if y.PathPrefix != "" && y.PathPrefix[0] != '/' {
-		b(p+".path_prefix", strconv.Quote(y.PathPrefix), `must start with "/"`)
+		f.fail("path_prefix", strconv.Quote(y.PathPrefix), `must start with "/"`)
 	}
 	for j, m := range y.Methods {
 		u := strings.ToUpper(m)
 		if u == "" || strings.IndexFunc(u, func(c rune) bool { return c < 'A' || c > 'Z' }) >= 0 {
-			b(p+".methods["+strconv.Itoa(j)+"]", strconv.Quote(m), "is not an HTTP method")
+			f.fail("methods["+strconv.Itoa(j)+"]", strconv.Quote(m), "is not an HTTP method")
 		}
 		r.Methods = append(r.Methods, u)
 	}
-	// Key recipe.
-	if len(y.Key) == 0 {
-		r.Key = []KeyPart{{Source: KeyIP}}
-	}
-	if len(y.Key) > MaxKeyParts {
-		b(p+".key", strconv.Itoa(len(y.Key))+" parts", "at most "+strconv.Itoa(MaxKeyParts)+" parts")
-	}
-	for j, k := range y.Key {
-		kp, err := parseKeyPart(k)
-		if err != "" {
-			b(p+".key["+strconv.Itoa(j)+"]", strconv.Quote(k), err)
-			continue
-		}
-		r.Key = append(r.Key, kp)
-	}
-	r.IPv6Prefix = 64
-	if y.IPv6Prefix != nil {
-		if n := *y.IPv6Prefix; n < 8 || n > 128 {
-			b(p+".ipv6_prefix", strconv.Itoa(n), "must be between 8 and 128 bits")
-		} else {
-			r.IPv6Prefix = n
-		}
-	}
+}
+
+func parseKind(f *fields, y ruleYAML, r *Rule) {
 	var ok bool
 	if r.Kind, ok = parseEnum[Kind](kindNames, y.Kind); !ok {
-		b(p+".kind", strconv.Quote(y.Kind), "must be one of "+strings.Join(kindNames, ", "))
+		f.fail("kind", strconv.Quote(y.Kind), "must be one of "+strings.Join(kindNames, ", "))
 	}
 	r.Priority = Normal
 	if y.Priority != "" {
 		if r.Priority, ok = parseEnum[Priority](priorityNames, y.Priority); !ok {
-			b(p+".priority", strconv.Quote(y.Priority), "must be one of "+strings.Join(priorityNames, ", "))
+			f.fail("priority", strconv.Quote(y.Priority), "must be one of "+strings.Join(priorityNames, ", "))
 		}
-		if r.Kind != Shed {
-			b(p+".priority", strconv.Quote(y.Priority), "applies only to kind: shed")
-		}
+		f.only(true, "priority", strconv.Quote(y.Priority), r.Kind == Shed, "kind: shed")
 	}
-	if r.Kind == Shed {
-		// A shed rule only classes routes: nothing else applies.
-		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 {
-			b(p, "", "a shed rule takes only name, match and priority")
-		}
-		if n0 > 0 {
-			return nil
-		}
-		r.Limit, r.Window, r.Cost, r.Key = 1, time.Second, 1, []KeyPart{{Source: KeyIP}}
-		r.nameBytes = []byte(r.Name)
-		return r
+}
+
+func parseKey(f *fields, y ruleYAML, r *Rule) {
+	if len(y.Key) == 0 {
+		r.Key = []KeyPart{{Source: KeyIP}}
 	}
-	r.Lease = 30 * time.Second
-	if y.Lease != "" {
-		if d, err := ParseDuration(y.Lease); err != nil || d < time.Second || d > 24*time.Hour || d%time.Millisecond != 0 {
-			b(p+".lease", strconv.Quote(y.Lease), "must be a duration of whole milliseconds between 1s and 24h")
+	if len(y.Key) > MaxKeyParts {
+		f.fail("key", strconv.Itoa(len(y.Key))+" parts", "at most "+strconv.Itoa(MaxKeyParts)+" parts")
+	}
+	for j, k := range y.Key {
+		kp, err := parseKeyPart(k)
+		if err != "" {
+			f.fail("key["+strconv.Itoa(j)+"]", strconv.Quote(k), err)
+			continue
+		}
+		r.Key = append(r.Key, kp)
+	}
+	var ok bool
+	if r.MissingKey, ok = parseEnum[MissingKey](missingKeyNames, y.MissingKey); !ok {
+		f.fail("missing_key", strconv.Quote(y.MissingKey), "must be one of "+strings.Join(missingKeyNames, ", "))
+	}
+	r.IPv6Prefix = 64
+	if y.IPv6Prefix != nil {
+		if n := *y.IPv6Prefix; n < 8 || n > 128 {
+			f.fail("ipv6_prefix", strconv.Itoa(n), "must be between 8 and 128 bits")
 		} else {
-			r.Lease = d
-		}
-		if r.Kind != Concurrency {
-			b(p+".lease", strconv.Quote(y.Lease), "applies only to kind: concurrency")
+			r.IPv6Prefix = n
 		}
 	}
+}
+
+func parsePolicy(f *fields, y ruleYAML, r *Rule) {
+	r.Lease = f.duration("lease", y.Lease, 30*time.Second, time.Second, 24*time.Hour, true, "a duration of whole milliseconds between 1s and 24h")
+	f.only(y.Lease != "", "lease", strconv.Quote(y.Lease), r.Kind == Concurrency, "kind: concurrency")
 	if r.Kind == Concurrency && y.Window == "" {
 		y.Window = r.Lease.String() // slots are counted per lease period
 	}
-	if r.MissingKey, ok = parseEnum[MissingKey](missingKeyNames, y.MissingKey); !ok {
-		b(p+".missing_key", strconv.Quote(y.MissingKey), "must be one of "+strings.Join(missingKeyNames, ", "))
-	}
-	if r.Algorithm, ok = parseEnum[Algorithm](algorithmNames, y.Algorithm); !ok {
-		b(p+".algorithm", strconv.Quote(y.Algorithm), "must be one of "+strings.Join(algorithmNames, ", "))
-	}
-	if r.Action, ok = parseEnum[Action](actionNames, y.Action); !ok {
-		b(p+".action", strconv.Quote(y.Action), "must be one of "+strings.Join(actionNames, ", "))
-	}
-	if r.Mode, ok = parseEnum[Mode](modeNames, y.Mode); !ok {
-		b(p+".mode", strconv.Quote(y.Mode), "must be one of "+strings.Join(modeNames, ", "))
-	}
-	if r.Fail, ok = parseEnum[FailPolicy](failNames, y.Fail); !ok {
-		b(p+".fail", strconv.Quote(y.Fail), "must be one of "+strings.Join(failNames, ", "))
-	}
-	// Quantities.
-	if y.Limit == nil {
-		b(p+".limit", "", "is required")
-	} else if *y.Limit <= 0 || *y.Limit >= maxLimit {
-		b(p+".limit", strconv.FormatInt(*y.Limit, 10), "must be between 1 and "+strconv.FormatInt(maxLimit-1, 10))
-	} else {
-		r.Limit = uint64(*y.Limit)
-	}
+	r.Algorithm = enumField[window.Algorithm](f, "algorithm", y.Algorithm)
+	r.Action = enumField[window.Action](f, "action", y.Action)
+	r.Mode = enumField[window.Mode](f, "mode", y.Mode)
+	r.Fail = enumField[window.FailPolicy](f, "fail", y.Fail)
+	r.Limit = f.amount("limit", y.Limit, 0, true)
 	if y.Window == "" {
-		b(p+".window", "", "is required")
-	} else if d, err := ParseDuration(y.Window); err != nil || d <= 0 || d > maxWindow || d%time.Millisecond != 0 {
-		b(p+".window", strconv.Quote(y.Window), "must be a duration of whole milliseconds between 1ms and 366d")
-	} else {
-		r.Window = d
+		f.fail("window", "", "is required")
 	}
-	r.Burst = r.Limit
-	if y.Burst != nil {
-		if *y.Burst <= 0 || *y.Burst >= maxLimit {
-			b(p+".burst", strconv.FormatInt(*y.Burst, 10), "must be between 1 and "+strconv.FormatInt(maxLimit-1, 10))
-		} else {
-			r.Burst = uint64(*y.Burst)
-		}
-	}
-	r.Timeout = r.Window
-	if y.Timeout != "" {
-		if d, err := ParseDuration(y.Timeout); err != nil || d <= 0 || d > maxWindow {
-			b(p+".timeout", strconv.Quote(y.Timeout), "must be a positive duration of at most 366d")
-		} else {
-			r.Timeout = d
-		}
-		if r.Action != Block {
-			b(p+".timeout", strconv.Quote(y.Timeout), "applies only to action: block")
-		}
-	}
+	r.Window = f.duration("window", y.Window, 0, time.Millisecond, maxWindow, true, "a duration of whole milliseconds between 1ms and 366d")
+	r.Burst = f.amount("burst", y.Burst, r.Limit, false)
+	r.Timeout = f.duration("timeout", y.Timeout, r.Window, time.Nanosecond, maxWindow, false, "a positive duration of at most 366d")
+	f.only(y.Timeout != "", "timeout", strconv.Quote(y.Timeout), r.Action == window.Block, "action: block")
 	switch {
-	case n0 > 0:
-	case r.Algorithm == TokenBucketAlgorithm:
-		if err := (TokenBucket{Rate: int64(r.Limit), Per: r.Window, Burst: int64(r.Burst)}).Validate(); err != nil {
-			b(p+".burst", strconv.FormatUint(r.Burst, 10), "does not fit the token bucket's exact arithmetic with this limit and window: "+err.Error())
+	case f.n > 0:
+	case r.Algorithm == window.TokenBucketAlgorithm:
+		if err := (window.TokenBucket{Rate: int64(r.Limit), Per: r.Window, Burst: int64(r.Burst)}).Validate(); err != nil {
+			f.fail("burst", strconv.FormatUint(r.Burst, 10), "does not fit the token bucket's exact arithmetic with this limit and window: "+err.Error())
 		}
-	case r.Algorithm == LeakyBucketAlgorithm:
-		if err := (LeakyBucket{Rate: int64(r.Limit), Per: r.Window, Capacity: int64(r.Burst)}).Validate(); err != nil {
-			b(p+".burst", strconv.FormatUint(r.Burst, 10), "does not fit the leaky bucket's exact arithmetic with this limit and window: "+err.Error())
+	case r.Algorithm == window.LeakyBucketAlgorithm:
+		if err := (window.LeakyBucket{Rate: int64(r.Limit), Per: r.Window, Capacity: int64(r.Burst)}).Validate(); err != nil {
+			f.fail("burst", strconv.FormatUint(r.Burst, 10), "does not fit the leaky bucket's exact arithmetic with this limit and window: "+err.Error())
 		}
 	}
 	if r.Kind == Concurrency && (y.Algorithm != "" || y.Action != "" || y.Mode != "" || y.Timeout != "") {
-		b(p+".kind", "concurrency", "takes no algorithm, action, mode or timeout")
+		f.fail("kind", "concurrency", "takes no algorithm, action, mode or timeout")
 	}
-	if r.Mode == Sync && !r.Algorithm.Shared() {
-		b(p+".mode", "sync", "needs a shared algorithm (sliding_window or fixed_window), not "+r.Algorithm.String())
+	if r.Mode == window.Sync && !r.Algorithm.Shared() {
+		f.fail("mode", "sync", "needs a shared algorithm (sliding_window or fixed_window), not "+r.Algorithm.String())
 	}
-	r.Cost = 1
-	if y.Cost != nil {
-		if *y.Cost <= 0 || *y.Cost >= maxLimit {
-			b(p+".cost", strconv.FormatInt(*y.Cost, 10), "must be between 1 and "+strconv.FormatInt(maxLimit-1, 10))
-		} else {
-			r.Cost = uint64(*y.Cost)
-		}
-	}
-	r.MaxCost = r.Limit
+}
+
+func parseCost(f *fields, y ruleYAML, r *Rule) {
+	r.CostHeader = y.CostHeader
+	r.Cost = f.amount("cost", y.Cost, 1, false)
+	r.MaxCost = f.amount("max_cost", y.MaxCost, r.Limit, false)
 	if y.MaxCost != nil {
-		if *y.MaxCost <= 0 || *y.MaxCost >= maxLimit {
-			b(p+".max_cost", strconv.FormatInt(*y.MaxCost, 10), "must be between 1 and "+strconv.FormatInt(maxLimit-1, 10))
-		} else {
-			r.MaxCost = uint64(*y.MaxCost)
-		}
-		if y.CostHeader == "" {
-			b(p+".max_cost", strconv.FormatInt(*y.MaxCost, 10), "applies only with cost_header")
-		}
+		f.only(true, "max_cost", strconv.FormatInt(*y.MaxCost, 10), y.CostHeader != "", "rules with cost_header")
 	}
 	if y.CostHeader != "" && !IsToken(y.CostHeader) {
-		b(p+".cost_header", strconv.Quote(y.CostHeader), "is not a valid header name")
+		f.fail("cost_header", strconv.Quote(y.CostHeader), "is not a valid header name")
 	}
+}
+
+func parseTiers(f *fields, y ruleYAML, r *Rule) {
 	for tier, l := range y.Tiers {
-		tp := p + ".tiers." + tier
-		switch {
-		case tier == "" || len(tier) > MaxRuleName || !printableName(tier):
-			b(p+".tiers", strconv.Quote(tier), "tier names are 1 to 128 letters, digits and -_.:/")
-		case l == nil || *l <= 0 || *l >= maxLimit:
-			v := "null"
-			if l != nil {
-				v = strconv.FormatInt(*l, 10)
-			}
-			b(tp, v, "must be between 1 and "+strconv.FormatInt(maxLimit-1, 10))
-		default:
+		if tier == "" || len(tier) > MaxRuleName || !printableName(tier) {
+			f.fail("tiers", strconv.Quote(tier), "tier names are 1 to 128 letters, digits and -_.:/")
+			continue
+		}
+		if l == nil {
+			f.fail("tiers."+tier, "null", "must be between 1 and "+strconv.FormatInt(maxLimit-1, 10))
+			continue
+		}
+		if v := f.amount("tiers."+tier, l, 0, true); v > 0 {
 			if r.Tiers == nil {
 				r.Tiers = make(map[string]uint64, len(y.Tiers))
 			}
-			r.Tiers[tier] = uint64(*l)
+			r.Tiers[tier] = v
 		}
 	}
-	if n0 > 0 {
-		return nil
-	}
-	r.nameBytes = []byte(r.Name)
-	r.Seed = xxhash.Sum64String(r.Name + "\x00" + r.Window.String() + "\x00" + r.Algorithm.String() + "\x00" + r.Kind.String())
-	return r
 }
 
 func parseEnum[T ~uint8](names []string, s string) (T, bool) {
@@ -718,13 +671,13 @@ func ParseDuration(s string) (time.Duration, error) {
 	if n, ok := strings.CutSuffix(s, "d"); ok {
 		d, err := strconv.ParseUint(n, 10, 16)
 		if err != nil {
-			return 0, fmt.Errorf("window: duration %q: %w", s, err)
+			return 0, fmt.Errorf("rules: duration %q: %w", s, err)
 		}
 		return time.Duration(d) * 24 * time.Hour, nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, fmt.Errorf("window: %w", err)
+		return 0, fmt.Errorf("rules: %w", err)
 	}
 	return d, nil
 }
@@ -742,7 +695,7 @@ func ParseOverrides(data []byte) (map[string]string, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("window: overrides: %w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("rules: overrides: %w: %v", ErrInvalid, err)
 	}
 	var errs []error
 	for k, t := range f.Overrides {
@@ -754,7 +707,7 @@ func ParseOverrides(data []byte) (map[string]string, error) {
 		}
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("window: overrides: %w:\n%w", ErrInvalid, errors.Join(errs...))
+		return nil, fmt.Errorf("rules: overrides: %w:\n%w", ErrInvalid, errors.Join(errs...))
 	}
 	if f.Overrides == nil {
 		f.Overrides = map[string]string{}
