@@ -2,18 +2,18 @@ package deploy
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/blockcache"
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/poplimit/poplimit/window"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
@@ -22,13 +22,13 @@ import (
 // recorder is a Registerer that remembers what it registered, so that the
 // test can ask every collector for its descriptions, children or not.
 type recorder struct {
-	prometheus.Registerer
+	*prometheus.Registry
 	collectors []prometheus.Collector
 }
 
 func (r *recorder) Register(c prometheus.Collector) error {
 	r.collectors = append(r.collectors, c)
-	return r.Registerer.Register(c)
+	return r.Registry.Register(c)
 }
 
 func (r *recorder) MustRegister(cs ...prometheus.Collector) {
@@ -67,7 +67,7 @@ func exportedMetrics(t *testing.T) metricSet {
 
 func buildMetricSet() (metricSet, error) {
 	reg := prometheus.NewRegistry()
-	rec := &recorder{Registerer: reg}
+	rec := &recorder{Registry: reg}
 	closers := []func(){}
 	defer func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -77,40 +77,21 @@ func buildMetricSet() (metricSet, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 
-	// The edge, as cmd/edge builds it.
+	// The edge, as cmd/edge builds it (edge.Build), with a store and a
+	// broker that refuse connections.
 	rec.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mc, err := shardproxy.New(shardproxy.Config{Servers: []shardproxy.Server{{Addr: "127.0.0.1:1"}}}, rec)
+	o := edge.Options{Brokers: []string{"127.0.0.1:1"}, Registry: rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	o.Memcache.Servers = []shardproxy.Server{{Addr: "127.0.0.1:1"}}
+	o.BlockCache.MaxEntries = 1024
+	e, err := edge.Build(o)
 	if err != nil {
 		return metricSet{}, err
 	}
-	closers = append(closers, func() { mc.Close() })
-	lim, err := window.New(window.Config{Registerer: rec}, window.NewMemStore(nil))
-	if err != nil {
-		return metricSet{}, err
-	}
-	blocks, err := blockcache.New(blockcache.Config{MaxEntries: 1024}, rec)
-	if err != nil {
-		return metricSet{}, err
-	}
-	closers = append(closers, func() { blocks.Close() })
-	pc := pipeline.DefaultProducerConfig()
-	pc.Brokers, pc.Topic = []string{"127.0.0.1:1"}, "poplimit.decisions"
-	prod, err := pipeline.NewProducer(pc, rec)
-	if err != nil {
-		return metricSet{}, err
-	}
-	closers = append(closers, func() { prod.Close(ctx) })
-	rules, err := window.ParseRules([]byte(edge.DefaultRules))
-	if err != nil {
-		return metricSet{}, err
-	}
-	if _, err := edge.New(edge.Config{}, rules, edge.Deps{Limiter: lim, Blocks: blocks, Events: prod, Registerer: rec}); err != nil {
-		return metricSet{}, err
-	}
+	closers = append(closers, func() { e.Close(ctx) })
 
 	// The aggregator, as cmd/aggregator builds it, in a registry of its own.
 	areg := prometheus.NewRegistry()
-	arec := &recorder{Registerer: areg}
+	arec := &recorder{Registry: areg}
 	if _, err := judge.New(judge.DefaultConfig(), arec); err != nil {
 		return metricSet{}, err
 	}

@@ -41,15 +41,14 @@ func units(t *testing.T) []unitFile {
 }
 
 // commandFlags returns the flags a command accepts, by the basename of its
-// executable in a unit: the poplimit commands' from their main.go, the
+// executable in a unit: the poplimit commands' from their -h output, the
 // others' from their -h output (or nil when they are not installed).
 func commandFlags(t *testing.T, exe string) (map[string]bool, bool) {
 	t.Helper()
 	flags := map[string]bool{}
 	switch filepath.Base(exe) {
 	case "poplimit-edge", "poplimit-aggregator":
-		main := filepath.Join("..", "cmd", strings.TrimPrefix(filepath.Base(exe), "poplimit-"), "main.go")
-		fs, err := deploytest.Flags(main)
+		fs, err := deploytest.Flags(filepath.Join("..", "cmd", strings.TrimPrefix(filepath.Base(exe), "poplimit-")))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,21 +252,14 @@ func TestUnitsVerify(t *testing.T) {
 	}
 }
 
-// goDuration evaluates a Go duration expression of the forms main.go uses
-// for defaults: "100 * time.Millisecond", "time.Second".
-func goDuration(t *testing.T, expr string) time.Duration {
+// goDuration parses a default as -h prints it (e.g. "100ms").
+func goDuration(t *testing.T, text string) time.Duration {
 	t.Helper()
-	units := map[string]time.Duration{"time.Nanosecond": time.Nanosecond, "time.Microsecond": time.Microsecond,
-		"time.Millisecond": time.Millisecond, "time.Second": time.Second, "time.Minute": time.Minute}
-	n, unit, ok := strings.Cut(expr, " * ")
-	if !ok {
-		n, unit = "1", expr
+	d, err := time.ParseDuration(text)
+	if err != nil {
+		t.Fatalf("default %q: not a duration", text)
 	}
-	k, err := strconv.Atoi(n)
-	if err != nil || units[unit] == 0 {
-		t.Fatalf("default %q: not N * time.Unit", expr)
-	}
-	return time.Duration(k) * units[unit]
+	return d
 }
 
 // TestNutcrackerConfig checks that the example pool places keys as the
@@ -294,7 +286,7 @@ func TestNutcrackerConfig(t *testing.T) {
 	if err := yaml.UnmarshalStrict(b, &pools); err != nil {
 		t.Fatal(err)
 	}
-	flags, err := deploytest.Flags(filepath.Join("..", "cmd", "edge", "main.go"))
+	flags, err := deploytest.Flags(filepath.Join("..", "cmd", "edge"))
 	if err != nil {
 		t.Fatal(err)
 	}

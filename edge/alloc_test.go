@@ -1,38 +1,23 @@
-package edge
+package edge_test
 
 import (
 	"net"
 	"testing"
 
 	"github.com/poplimit/poplimit/blockcache"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/valyala/fasthttp"
 )
 
 // newBareServer builds an edge with the in-memory store and no listener,
 // for driving its handler directly.
-func newBareServer(tb testing.TB, rules string) (*Server, *blockcache.Cache) {
+func newBareServer(tb testing.TB, rules string) (*edge.Server, *blockcache.Cache) {
 	tb.Helper()
-	rs, err := window.ParseRules([]byte(rules))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	lim, err := window.New(window.Config{}, window.NewMemStore(nil))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	lim.Start()
-	tb.Cleanup(func() { lim.Close(tb.Context()) })
-	blocks, err := blockcache.New(blockcache.Config{MaxEntries: 1 << 12}, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(blocks.Close)
-	s, err := New(Config{}, rs, Deps{Limiter: lim, Blocks: blocks})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return s, blocks
+	var o edge.Options
+	o.BlockCache.MaxEntries = 1 << 12
+	e := edgetest.New(tb, rules, o)
+	return e.Server, e.Blocks
 }
 
 const allocRules = `
@@ -63,7 +48,7 @@ func requestCtx(path string) *fasthttp.RequestCtx {
 // TestHandlerDoesNotAllocate proves the allow path and the blocked path of
 // the request handler allocate nothing.
 func TestHandlerDoesNotAllocate(t *testing.T) {
-	if raceEnabled {
+	if edgetest.Race {
 		t.Skip("the race detector makes sync.Pool drop items: allocation counts are checked without -race")
 	}
 	s, blocks := newBareServer(t, allocRules)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
 )
 
@@ -151,7 +151,7 @@ func TestClientIPLongChain(t *testing.T) {
 }
 
 func TestIPv6KeyPrefix(t *testing.T) {
-	rs, err := window.ParseRules([]byte(`
+	rs, err := rules.ParseRules([]byte(`
 rules:
   - {name: by-net, limit: 5, window: 1m}
   - {name: by-addr, limit: 5, window: 1m, ipv6_prefix: 128}
@@ -166,8 +166,8 @@ rules:
 	v4 := netip.MustParseAddr("203.0.113.5")
 	var req fasthttp.Request
 	req.Header.Set("X-K", "k")
-	key := func(r *window.Rule, ip netip.Addr) string {
-		k, ok := AppendKey(nil, &req, r, ip)
+	key := func(r *rules.Rule, ip netip.Addr) string {
+		k, ok := AppendKey(nil, fastFields{&req}, r, ip)
 		if !ok {
 			t.Fatalf("AppendKey(%s, %s) missing", r.Name, ip)
 		}
@@ -193,7 +193,7 @@ rules:
 	if !bytes.Equal(fa, fb) {
 		t.Errorf("fallback keys of one /64 differ: %q %q", fa, fb)
 	}
-	if _, err := window.ParseRules([]byte("rules: [{name: x, limit: 1, window: 1s, ipv6_prefix: 200}]")); err == nil || !strings.Contains(err.Error(), "ipv6_prefix") {
+	if _, err := rules.ParseRules([]byte("rules: [{name: x, limit: 1, window: 1s, ipv6_prefix: 200}]")); err == nil || !strings.Contains(err.Error(), "ipv6_prefix") {
 		t.Errorf("ipv6_prefix 200: err = %v, want one naming ipv6_prefix", err)
 	}
 }

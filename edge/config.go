@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/poplimit/poplimit/rules"
 )
 
 // Mode is how the edge sits in the request path.
@@ -46,6 +48,11 @@ type Config struct {
 	// XForwardedFor or Forwarded (RFC 7239). Only that one is read; every
 	// line of it counts, walked from the right through trusted hops.
 	Forwarding Forwarding // default XForwardedFor
+	// ForwardedMethodHeader, when set (e.g. "X-Forwarded-Method"), is
+	// believed from a trusted proxy in Decision mode as the request's
+	// method: Caddy's forward_auth asks with GET whatever the request's
+	// method and says the real one there. Default off.
+	ForwardedMethodHeader string
 	// ClientIPHeader, when set (e.g. "CF-Connecting-IP"), is believed from a
 	// trusted proxy before the forwarding header (its last line, if it
 	// holds an address).
@@ -71,7 +78,7 @@ type Config struct {
 }
 
 // DefaultRules is the built-in rule of an edge started without a rules
-// file: the seeds' example, 100 requests per minute per client IP.
+// file: 100 requests per minute per client IP.
 const DefaultRules = `
 rules:
   - name: default-per-client
@@ -166,6 +173,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 0 || c.UpstreamConns < 0 {
 		bad("Concurrency", c.Concurrency, "must not be negative")
+	}
+	if c.ForwardedMethodHeader != "" && !rules.IsToken(c.ForwardedMethodHeader) {
+		bad("ForwardedMethodHeader", fmt.Sprintf("%q", c.ForwardedMethodHeader), "is not a header name")
 	}
 	if c.ClientIPHeader != "" && strings.ContainsAny(c.ClientIPHeader, " :\t\r\n") {
 		bad("ClientIPHeader", fmt.Sprintf("%q", c.ClientIPHeader), "is not a header name")

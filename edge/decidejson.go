@@ -3,6 +3,7 @@ package edge
 import (
 	"encoding/json"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 )
@@ -40,37 +41,39 @@ func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "the body is not a JSON decide request")
 		return
 	}
-	sn := s.rules.Load()
-	r := sn.rules.Lookup(req.Rule)
-	switch {
-	case r == nil:
-		writeProblem(ctx, fasthttp.StatusNotFound, "Not Found", "no such rule")
-		return
-	case req.Key == "" || len(req.Key) > maxJSONKey:
+	if req.Key == "" || len(req.Key) > maxJSONKey {
 		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "key must be 1 to 4096 bytes")
 		return
-	case req.Cost > max(r.MaxCost, r.Cost):
-		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "cost is above the rule's bound")
-		return
 	}
-	if req.Cost == 0 {
-		req.Cost = r.Cost
-	}
-	sc := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(sc)
-	sc.key = append(sc.key[:0], req.Key...)
 	now := s.now()
 	t := now.UnixNano()
-	q, refused := s.decide(sn, r, sc, now, t, req.Cost)
-	resp := DecideResponse{Allowed: !refused, Rule: r.Name, Limit: q.limit, Remaining: q.remaining,
-		ResetMillis: max(0, (q.resetAt-t)/int64(time.Millisecond)), FromBlocks: sc.ev.FromBlockCache,
-		FallbackUsed: sc.ev.Fallback}
-	if refused {
-		resp.RetryMillis = max(0, (q.releaseAt-t+int64(time.Millisecond)-1)/int64(time.Millisecond))
-		sc.buf = setQuotaHeaders(&ctx.Response.Header, &q, t, sc.buf)
+	d := s.core.DecideKey(now, req.Rule, unsafeBytes(req.Key), req.Cost)
+	defer s.core.Finish(d)
+	switch d.Outcome {
+	case Undecidable:
+		status, title := fasthttp.StatusUnprocessableEntity, "Unprocessable Entity"
+		if d.Quota.Rule == nil {
+			status, title = fasthttp.StatusNotFound, "Not Found"
+		}
+		writeProblem(ctx, status, title, d.Reason)
+		return
+	case Denied:
+		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", d.Reason)
+		return
+	}
+	q := &d.Quota
+	resp := DecideResponse{Allowed: d.Outcome == Allowed, Rule: q.Rule.Name, Limit: q.Limit, Remaining: q.Remaining,
+		ResetMillis: max(0, (q.ResetAt-t)/int64(time.Millisecond)), FromBlocks: d.FromBlockCache,
+		FallbackUsed: d.Fallback}
+	if d.Outcome == Limited {
+		resp.RetryMillis = max(0, (q.ReleaseAt-t+int64(time.Millisecond)-1)/int64(time.Millisecond))
+		setQuotaHeaders(&ctx.Response.Header, q, t, nil)
 		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 	}
 	body, _ := json.Marshal(resp)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
 }
+
+// unsafeBytes views s as bytes that must not be modified.
+func unsafeBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }

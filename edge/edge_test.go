@@ -1,7 +1,8 @@
-package edge
+package edge_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,97 +17,56 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/edge/edgetest"
+
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/window"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/valyala/fasthttp"
 )
 
 // testEdge is one running edge on a loopback port.
 type testEdge struct {
-	srv    *Server
+	*edge.Edge
+	srv    *edge.Server
 	lim    *window.Limiter
 	blocks *blockcache.Cache
 	addr   string
-	reg    *prometheus.Registry
-	done   chan error
+	reg    edge.Registry
 }
 
 type edgeOpts struct {
-	cfg      Config
+	cfg      edge.Config
 	rules    string
 	memcache []string // empty: in-memory store
 	store    window.Store
 	flush    time.Duration
 }
 
+// startEdge starts an edge through the one test harness, with the store
+// settings these tests use: 2ms flushes, a 50ms store timeout and a shard
+// ejected after two failures for 200ms.
 func startEdge(t *testing.T, o edgeOpts) *testEdge {
 	t.Helper()
-	rs, err := window.ParseRules([]byte(o.rules))
-	if err != nil {
-		t.Fatal(err)
+	opts := edge.Options{Server: o.cfg, Store: o.store}
+	opts.Limiter.FlushInterval = cmp.Or(o.flush, 2*time.Millisecond)
+	opts.Limiter.StoreTimeout = 50 * time.Millisecond
+	for _, a := range o.memcache {
+		opts.Memcache.Servers = append(opts.Memcache.Servers, shardproxy.Server{Addr: a})
 	}
-	reg := prometheus.NewRegistry()
-	store := o.store
-	var healthy func() bool
-	if len(o.memcache) > 0 {
-		var servers []shardproxy.Server
-		for _, a := range o.memcache {
-			servers = append(servers, shardproxy.Server{Addr: a})
-		}
-		mc, err := shardproxy.New(shardproxy.Config{Servers: servers, Timeout: 50 * time.Millisecond,
-			FailureLimit: 2, RetryTimeout: 200 * time.Millisecond}, reg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { mc.Close() })
-		ms := &MemcacheStore{Client: mc}
-		store, healthy = ms, ms.Healthy
-	}
-	if store == nil {
-		store = window.NewMemStore(nil)
-	}
-	flush := o.flush
-	if flush == 0 {
-		flush = 2 * time.Millisecond
-	}
-	lim, err := window.New(window.Config{FlushInterval: flush, StoreTimeout: 50 * time.Millisecond, Registerer: reg}, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim.Start()
-	blocks, err := blockcache.New(blockcache.Config{MaxEntries: 1 << 14}, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(blocks.Close)
-	if o.cfg.RetryJitter == 0 {
-		o.cfg.RetryJitter = time.Nanosecond // no jitter unless asked
-	}
-	slots := window.NewSlots(window.SlotsConfig{StoreTimeout: 50 * time.Millisecond}, store)
-	slots.Start(0, nil)
-	t.Cleanup(slots.Close)
-	srv, err := New(o.cfg, rs, Deps{Limiter: lim, Blocks: blocks, Slots: slots, StoreHealthy: healthy, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	te := &testEdge{srv: srv, lim: lim, blocks: blocks, addr: ln.Addr().String(), reg: reg, done: make(chan error, 1)}
-	go func() { te.done <- srv.Serve(ln) }()
-	t.Cleanup(func() { te.shutdown(t) })
-	return te
+	opts.Memcache.FailureLimit, opts.Memcache.RetryTimeout = 2, 200*time.Millisecond
+	opts.BlockCache.MaxEntries = 1 << 14
+	e := edgetest.Start(t, o.rules, opts)
+	return &testEdge{Edge: e, srv: e.Server, lim: e.Limiter, blocks: e.Blocks, addr: e.Addr(), reg: e.Registry}
 }
 
 func (te *testEdge) shutdown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	te.srv.Shutdown(ctx)
+	te.Close(ctx)
 }
 
 var client = &http.Client{Timeout: 5 * time.Second}
@@ -218,7 +178,7 @@ func TestRefusalContract(t *testing.T) {
 	// applied the buffered set: it does so asynchronously).
 	e.blocks.Wait()
 	get(t, e.addr, "/check/v1/x")
-	if n := testutil.ToFloat64(e.srv.m.requests.WithLabelValues("api", "limited", "blockcache")); n != 1 {
+	if n := testenv.MetricSum(t, e.reg, "poplimit_edge_requests_total", "rule", "api", "decision", "limited", "source", "blockcache"); n != 1 {
 		t.Errorf("blockcache refusals = %v, want 1", n)
 	}
 }
@@ -228,7 +188,7 @@ func TestRetryAfterJitterNeverEarly(t *testing.T) {
 	release := now + int64(1500*time.Millisecond)
 	seen := map[int64]bool{}
 	for i := 0; i < 1000; i++ {
-		ra := retryAfter(release, now, 3*time.Second)
+		ra := edge.RetryAfter(release, now, 3*time.Second)
 		if ra < 2 || ra > 5 {
 			t.Fatalf("Retry-After %d for a release 1.5 s away with 3 s jitter, want 2..5", ra)
 		}
@@ -303,7 +263,7 @@ func TestShadowRuleNeverRefuses(t *testing.T) {
 			t.Fatalf("shadow rule answered %d", s)
 		}
 	}
-	if n := testutil.ToFloat64(e.srv.m.requests.WithLabelValues("s", "shadow_limited", "limiter")); n != 4 {
+	if n := testenv.MetricSum(t, e.reg, "poplimit_edge_requests_total", "rule", "s", "decision", "shadow_limited", "source", "limiter"); n != 4 {
 		t.Errorf("shadow refusals counted %v, want 4", n)
 	}
 }
@@ -410,11 +370,11 @@ func TestReloadGoodAndBadFiles(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rules.yaml")
 	os.WriteFile(path, []byte("rules: [{name: one, limit: 1, window: 1m}]"), 0o644)
-	rs, err := LoadFiles(path, "")
+	rs, err := edge.LoadFiles(path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := startEdge(t, edgeOpts{rules: "rules: [{name: one, limit: 1, window: 1m}]", cfg: Config{RulesFile: path}})
+	e := startEdge(t, edgeOpts{cfg: edge.Config{RulesFile: path}})
 	_ = rs
 	get(t, e.addr, "/")
 	if s := get(t, e.addr, "/").StatusCode; s != 429 {
@@ -437,7 +397,7 @@ func TestReloadGoodAndBadFiles(t *testing.T) {
 	if got := e.srv.Rules().Rules[0].Limit; got != 5 {
 		t.Errorf("limit after a rejected reload = %d, want 5", got)
 	}
-	if n := testutil.ToFloat64(e.srv.m.reloads.WithLabelValues("rejected")); n != 1 {
+	if n := testenv.MetricSum(t, e.reg, "poplimit_edge_rule_reloads_total", "result", "rejected"); n != 1 {
 		t.Errorf("rejected reloads counted %v, want 1", n)
 	}
 }
@@ -458,7 +418,7 @@ func TestProxyMode(t *testing.T) {
 	go up.Serve(uln)
 	defer up.Shutdown()
 	e := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 2, window: 1m}]",
-		cfg: Config{Mode: Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
+		cfg: edge.Config{Mode: edge.Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
 	resp, err := client.Get("http://" + e.addr + "/hello")
 	if err != nil {
 		t.Fatal(err)
@@ -477,7 +437,7 @@ func TestProxyMode(t *testing.T) {
 	up.Shutdown()
 	uln.Close()
 	e2 := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 2, window: 1m}]",
-		cfg: Config{Mode: Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
+		cfg: edge.Config{Mode: edge.Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
 	if s := get(t, e2.addr, "/x").StatusCode; s != 502 {
 		t.Errorf("upstream down: %d, want 502", s)
 	}
@@ -485,13 +445,13 @@ func TestProxyMode(t *testing.T) {
 
 func TestDecideJSON(t *testing.T) {
 	e := startEdge(t, edgeOpts{rules: threePerMinute})
-	post := func(body string) (int, DecideResponse) {
-		resp, err := client.Post("http://"+e.addr+decidePath, "application/json", strings.NewReader(body))
+	post := func(body string) (int, edge.DecideResponse) {
+		resp, err := client.Post("http://"+e.addr+"/_poplimit/decide", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		var d DecideResponse
+		var d edge.DecideResponse
 		json.NewDecoder(resp.Body).Decode(&d)
 		return resp.StatusCode, d
 	}
@@ -506,6 +466,28 @@ func TestDecideJSON(t *testing.T) {
 	}
 	if s, _ := post(`{not json`); s != 400 {
 		t.Errorf("bad json: %d", s)
+	}
+}
+
+// The JSON endpoint decides rate rules only: a concurrency or shed rule
+// depends on live requests, and saying "allowed" for it would be a guess.
+func TestDecideJSONRefusesLiveKinds(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: `
+rules:
+  - {name: uploads, kind: concurrency, limit: 1}
+  - {name: reports, kind: shed, path_prefix: /reports, priority: low}
+  - {name: api, limit: 3, window: 1m}
+`})
+	for _, rule := range []string{"uploads", "reports"} {
+		resp, err := client.Post("http://"+e.addr+"/_poplimit/decide", "application/json", strings.NewReader(`{"rule":"`+rule+`","key":"k"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 422 || resp.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(body), "cannot be decided for a key") {
+			t.Errorf("%s: %d %s %s, want 422 problem+json saying it cannot be decided", rule, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
 	}
 }
 
@@ -524,7 +506,7 @@ func TestMetricsLint(t *testing.T) {
 // TestHostileHeaders sends a request head over the limit and checks it is
 // refused with 431 and the edge keeps serving.
 func TestHostileHeaders(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: Config{MaxHeaderSize: 4096}})
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{MaxHeaderSize: 4096}})
 	c, err := net.Dial("tcp", e.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -586,7 +568,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	_, addrs := testenv.Shards(t, 1)
 	up := slowUpstream(t, 300*time.Millisecond)
 	rules := "rules: [{name: inflight, kind: concurrency, limit: 2, lease: 5s}]"
-	cfg := Config{Mode: Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}
+	cfg := edge.Config{Mode: edge.Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}
 	a := startEdge(t, edgeOpts{rules: rules, memcache: addrs, cfg: cfg})
 	b := startEdge(t, edgeOpts{rules: rules, memcache: addrs, cfg: cfg})
 	var mu sync.Mutex
@@ -619,7 +601,7 @@ func TestConcurrencyLimit(t *testing.T) {
 
 func TestLoadShedding(t *testing.T) {
 	up := slowUpstream(t, 400*time.Millisecond)
-	e := startEdge(t, edgeOpts{cfg: Config{Mode: Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}, rules: `
+	e := startEdge(t, edgeOpts{cfg: edge.Config{Mode: edge.Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}, rules: `
 shedding:
   max_in_flight: 4
   reserved: 0.25
@@ -648,7 +630,7 @@ rules:
 	if s := get(t, e.addr, "/reports/x").StatusCode; s != 200 {
 		t.Errorf("low priority after the load passed: %d, want 200", s)
 	}
-	if n := testutil.ToFloat64(e.srv.m.shed[window.Low]); n != 1 {
+	if n := testenv.MetricSum(t, e.reg, "poplimit_edge_shed_total", "priority", "low"); n != 1 {
 		t.Errorf("shed low counted %v, want 1", n)
 	}
 }

@@ -1,17 +1,16 @@
-package edge
+package edge_test
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/blockcache"
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
-	"github.com/poplimit/poplimit/window"
 )
 
 // TestDecisionEventsReachKafka sends requests through an edge whose events
@@ -26,25 +25,16 @@ func TestDecisionEventsReachKafka(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := window.ParseRules([]byte("rules: [{name: evt, limit: 3, window: 1m}]"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, _ := window.New(window.Config{}, window.NewMemStore(nil))
-	lim.Start()
-	blocks, _ := blockcache.New(blockcache.Config{}, nil)
-	defer blocks.Close()
-	srv, err := New(Config{EdgeID: 7}, rs, Deps{Limiter: lim, Blocks: blocks, Events: prod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go srv.Serve(ln)
+	var opts edge.Options
+	opts.Server.EdgeID = 7
+	opts.Events = prod
+	ed := edgetest.Start(t, "rules: [{name: evt, limit: 3, window: 1m}]", opts)
 	for i := 0; i < 6; i++ {
-		get(t, ln.Addr().String(), "/")
-		blocks.Wait()
+		get(t, ed.Addr(), "/")
+		ed.Blocks.Wait()
 	}
-	srv.Shutdown(context.Background())
+	rs := ed.Rules()
+	ed.Close(context.Background())
 	if err := prod.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package edge
+package edge_test
 
 import (
 	"bufio"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/edge"
 )
 
 func rawStatus(t *testing.T, addr, request string) string {
@@ -25,7 +27,7 @@ func rawStatus(t *testing.T, addr, request string) string {
 }
 
 func TestHostileKeys(t *testing.T) {
-	e := startEdge(t, edgeOpts{cfg: Config{MaxHeaderSize: 32 << 10}, rules: `
+	e := startEdge(t, edgeOpts{cfg: edge.Config{MaxHeaderSize: 32 << 10}, rules: `
 rules:
   - {name: by-key, key: ["header:X-API-Key"], missing_key: deny, limit: 2, window: 1m}
 `})
@@ -84,7 +86,7 @@ func TestPipelinedFlood(t *testing.T) {
 }
 
 func TestSlowlorisIsCutOff(t *testing.T) {
-	e := startEdge(t, edgeOpts{cfg: Config{ReadTimeout: 500 * time.Millisecond}, rules: threePerMinute})
+	e := startEdge(t, edgeOpts{cfg: edge.Config{ReadTimeout: 500 * time.Millisecond}, rules: threePerMinute})
 	c, err := net.Dial("tcp", e.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
 )
 
@@ -16,10 +16,21 @@ import (
 // client writes the trailers, and a request that announces a forwarding
 // header as a trailer is keyed by its peer). It does not allocate.
 func (s *Server) clientIP(ctx *fasthttp.RequestCtx, h *Hops) netip.Addr {
+	a, _ := s.client(ctx, h)
+	return a
+}
+
+// client returns the client's address (see clientIP) and whether the TCP
+// peer is a trusted proxy.
+func (s *Server) client(ctx *fasthttp.RequestCtx, h *Hops) (netip.Addr, bool) {
 	peer := peerAddr(ctx)
 	if !s.addr.isTrusted(peer) {
-		return peer
+		return peer, false
 	}
+	return s.fromProxies(ctx, peer, h), true
+}
+
+func (s *Server) fromProxies(ctx *fasthttp.RequestCtx, peer netip.Addr, h *Hops) netip.Addr {
 	a := &s.addr
 	for k := range ctx.Request.Header.Trailers() {
 		if a.isAddressHeader(k) {
@@ -51,7 +62,7 @@ func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
 // keyAddr is the part of ip that a rule keys on: the address itself for
 // IPv4, its network of the rule's IPv6Prefix bits for IPv6 (a subscriber
 // holds a whole /64 and can rotate addresses inside it).
-func keyAddr(r *window.Rule, ip netip.Addr) netip.Addr {
+func keyAddr(r *rules.Rule, ip netip.Addr) netip.Addr {
 	if ip.Is6() && r.IPv6Prefix > 0 && r.IPv6Prefix < 128 {
 		if p, err := ip.Prefix(r.IPv6Prefix); err == nil {
 			return p.Addr()
@@ -68,13 +79,12 @@ const FallbackKeyTag = "\x00ip\x00"
 // AppendFallbackKey appends the key of a request whose rule's key is
 // missing and whose rule falls back to the client IP (or, for IPv6, its
 // network of the rule's IPv6Prefix).
-func AppendFallbackKey(dst []byte, r *window.Rule, ip netip.Addr) []byte {
+func AppendFallbackKey(dst []byte, r *rules.Rule, ip netip.Addr) []byte {
 	return keyAddr(r, ip).AppendTo(append(dst, FallbackKeyTag...))
 }
 
-// AppendKey appends the key of req from client ip under rule r to dst, as
-// the edge builds it (the offline simulator builds it with this too, so the
-// hashes agree). ok is false when a part of the recipe is missing. It does
+// AppendKey appends the key of a request with fields f (nil: none) from
+// client ip under rule r to dst. ok is false when a part of the recipe is missing. It does
 // not allocate once dst has room.
 //
 // The encoding is injective, because a query value is percent-decoded and
@@ -83,23 +93,29 @@ func AppendFallbackKey(dst []byte, r *window.Rule, ip netip.Addr) []byte {
 // with 0x00 or 0x01, so that no key starts with the NUL of FallbackKeyTag;
 // a key of several parts is each part preceded by its length (uvarint), so
 // no two splits of the same bytes meet.
-func AppendKey(dst []byte, req *fasthttp.Request, r *window.Rule, ip netip.Addr) (_ []byte, ok bool) {
+func AppendKey(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []byte, ok bool) {
 	single := len(r.Key) == 1
 	for _, p := range r.Key {
 		var v []byte
 		switch p.Source {
-		case window.KeyIP:
+		case rules.KeyIP:
 			if single {
 				return keyAddr(r, ip).AppendTo(dst), true
 			}
 			var a [64]byte
 			v = keyAddr(r, ip).AppendTo(a[:0])
-		case window.KeyHeader:
-			v = req.Header.Peek(p.Name)
-		case window.KeyQuery:
-			v = req.URI().QueryArgs().Peek(p.Name)
-		case window.KeyCookie:
-			v = req.Header.Cookie(p.Name)
+		case rules.KeyHeader:
+			if f != nil {
+				v = f.Header(p.Name)
+			}
+		case rules.KeyQuery:
+			if f != nil {
+				v = f.Query(p.Name)
+			}
+		case rules.KeyCookie:
+			if f != nil {
+				v = f.Cookie(p.Name)
+			}
 		}
 		if len(v) == 0 {
 			return dst, false
@@ -115,3 +131,15 @@ func AppendKey(dst []byte, req *fasthttp.Request, r *window.Rule, ip netip.Addr)
 	}
 	return dst, true
 }
+
+// FastFields returns the Fields of a fasthttp request, as the edge reads
+// them: the first header line, the first query parameter, the cookie.
+func FastFields(req *fasthttp.Request) Fields { return fastFields{req} }
+
+// fastFields reads a fasthttp request's fields for the core. One pointer
+// wide, it converts to Fields without allocating.
+type fastFields struct{ r *fasthttp.Request }
+
+func (f fastFields) Header(name string) []byte { return f.r.Header.Peek(name) }
+func (f fastFields) Query(name string) []byte  { return f.r.URI().QueryArgs().Peek(name) }
+func (f fastFields) Cookie(name string) []byte { return f.r.Header.Cookie(name) }

@@ -3,22 +3,19 @@ package edge
 import (
 	"net/http"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/rules"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-type metrics struct {
-	requests        *prometheus.CounterVec // rule, decision, source
-	panics          prometheus.Counter
-	missingKey      prometheus.Counter
-	badCost         prometheus.Counter
-	blockDropped    prometheus.Counter
-	upstreamTimeout prometheus.Counter
-	upstreamError   prometheus.Counter
-	reloads         *prometheus.CounterVec
-	reloadOK        prometheus.Gauge
-	shed            [4]prometheus.Counter // by window.Priority
+// coreMetrics are the decision core's: every rule decision, and what was
+// refused before any.
+type coreMetrics struct {
+	requests     *prometheus.CounterVec // rule, decision, source
+	missingKey   prometheus.Counter
+	badCost      prometheus.Counter
+	blockDropped prometheus.Counter
+	shed         [4]prometheus.Counter // by rules.Priority
 }
 
 // ruleCounters are one rule's request counters, resolved once per reload
@@ -29,59 +26,40 @@ type ruleCounters struct {
 	shadowLimited                          prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
-	const ns, sub = "poplimit", "edge"
-	upstream := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-		Name: "upstream_errors_total", Help: "Proxied requests the upstream failed, by kind (timeout: 504, error: 502)."}, []string{"kind"})
-	bad := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+const namespace, subsystem = "poplimit", "edge"
+
+func newCoreMetrics(reg prometheus.Registerer, c *Core) (*coreMetrics, error) {
+	bad := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 		Name: "bad_requests_total", Help: "Requests refused with 400 before any decision, by reason."}, []string{"reason"})
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+	m := &coreMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "requests_total",
 			Help: "Rule decisions, by rule, decision (allowed, limited, shadow_limited) and source (limiter, blockcache, fallback)."},
 			[]string{"rule", "decision", "source"}),
-		panics: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "panics_total", Help: "Requests whose handling panicked and were answered 500."}),
 		missingKey: bad.WithLabelValues("missing_key"),
 		badCost:    bad.WithLabelValues("bad_cost"),
-		blockDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		blockDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "block_cache_dropped_total", Help: "Refused keys the block cache did not take; their next request goes to the limiter."}),
-		upstreamTimeout: upstream.WithLabelValues("timeout"),
-		upstreamError:   upstream.WithLabelValues("error"),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "rule_reloads_total", Help: "Rule reloads, by result (applied, rejected)."}, []string{"result"}),
-		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "rules_last_reload_ok", Help: "1 if the last rule reload was applied, 0 if it was rejected."}),
 	}
-	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 		Name: "shed_total", Help: "Requests shed with 503 because the upstream was overloaded, by priority class."}, []string{"priority"})
-	for p := window.Critical; p <= window.Low; p++ {
+	for p := rules.Critical; p <= rules.Low; p++ {
 		m.shed[p] = shed.WithLabelValues(p.String())
 	}
-	m.reloadOK.Set(1)
-	m.reloads.WithLabelValues("applied")
-	m.reloads.WithLabelValues("rejected")
 	if reg == nil {
 		return m, nil
 	}
-	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-		Name: "upstream_in_flight", Help: "Requests being proxied to the upstream."}, func() float64 { return float64(s.inflight.Load()) })
-	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-		Name: "ready", Help: "1 when the edge is ready for traffic."}, func() float64 {
-		if s.Ready() {
-			return 1
-		}
-		return 0
-	})
-	for _, c := range []prometheus.Collector{m.requests, m.panics, bad, m.blockDropped, upstream, m.reloads, m.reloadOK, inflight, ready, shed} {
-		if err := reg.Register(c); err != nil {
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
+		Name: "upstream_in_flight", Help: "Requests being proxied to the upstream."}, func() float64 { return float64(c.inflight.Load()) })
+	for _, col := range []prometheus.Collector{m.requests, bad, m.blockDropped, shed, inflight} {
+		if err := reg.Register(col); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
 }
 
-func (m *metrics) forRule(name string) ruleCounters {
+func (m *coreMetrics) forRule(name string) ruleCounters {
 	v := m.requests
 	return ruleCounters{
 		allowed:         v.WithLabelValues(name, "allowed", "limiter"),
@@ -95,12 +73,55 @@ func (m *metrics) forRule(name string) ruleCounters {
 
 // dropRemoved forgets the series of rules that a reload removed, so the
 // rule label stays bounded by the rules in force.
-func (m *metrics) dropRemoved(old, cur *window.Rules) {
+func (m *coreMetrics) dropRemoved(old, cur *rules.Rules) {
 	for _, r := range old.Rules {
 		if cur.Lookup(r.Name) == nil {
 			m.requests.DeletePartialMatch(prometheus.Labels{"rule": r.Name})
 		}
 	}
+}
+
+// serverMetrics are the fasthttp front end's.
+type serverMetrics struct {
+	panics          prometheus.Counter
+	upstreamTimeout prometheus.Counter
+	upstreamError   prometheus.Counter
+	reloads         *prometheus.CounterVec
+	reloadOK        prometheus.Gauge
+}
+
+func newServerMetrics(reg prometheus.Registerer, s *Server) (*serverMetrics, error) {
+	upstream := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+		Name: "upstream_errors_total", Help: "Proxied requests the upstream failed, by kind (timeout: 504, error: 502)."}, []string{"kind"})
+	m := &serverMetrics{
+		panics: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "panics_total", Help: "Requests whose handling panicked and were answered 500."}),
+		upstreamTimeout: upstream.WithLabelValues("timeout"),
+		upstreamError:   upstream.WithLabelValues("error"),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "rule_reloads_total", Help: "Rule reloads, by result (applied, rejected)."}, []string{"result"}),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "rules_last_reload_ok", Help: "1 if the last rule reload was applied, 0 if it was rejected."}),
+	}
+	m.reloadOK.Set(1)
+	m.reloads.WithLabelValues("applied")
+	m.reloads.WithLabelValues("rejected")
+	if reg == nil {
+		return m, nil
+	}
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
+		Name: "ready", Help: "1 when the edge is ready for traffic."}, func() float64 {
+		if s.Ready() {
+			return 1
+		}
+		return 0
+	})
+	for _, c := range []prometheus.Collector{m.panics, upstream, m.reloads, m.reloadOK, ready} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
 // AdminHandler serves /metrics from gatherer, /healthz (the process is up)

@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
 	"github.com/valyala/fasthttp"
 )
 
@@ -24,16 +23,6 @@ var (
 	ctProblem        = "application/problem+json"
 )
 
-// quota is what the headers of one response say: the decision of the rule
-// that constrains the client most.
-type quota struct {
-	rule      *window.Rule
-	limit     uint64
-	remaining uint64
-	resetAt   int64 // Unix ns
-	releaseAt int64 // Unix ns, refused only
-}
-
 // ceilSeconds returns d rounded up to whole seconds, at least 0.
 func ceilSeconds(d int64) int64 {
 	if d <= 0 {
@@ -42,40 +31,49 @@ func ceilSeconds(d int64) int64 {
 	return (d + int64(time.Second) - 1) / int64(time.Second)
 }
 
+// AppendPolicy appends q's RateLimit-Policy field value: the policy name
+// as an sf-string with q (quota) and w (window, seconds).
+func AppendPolicy(dst []byte, q *Quota) []byte {
+	dst = append(dst, '"')
+	dst = append(dst, q.Rule.NameBytes()...)
+	dst = append(dst, `";q=`...)
+	dst = strconv.AppendUint(dst, q.Limit, 10)
+	dst = append(dst, ";w="...)
+	return strconv.AppendInt(dst, ceilSeconds(int64(q.Rule.Window)), 10)
+}
+
+// AppendRateLimit appends q's RateLimit field value at now (Unix ns): the
+// policy name with r (remaining) and t (seconds until the quota resets).
+func AppendRateLimit(dst []byte, q *Quota, now int64) []byte {
+	dst = append(dst, '"')
+	dst = append(dst, q.Rule.NameBytes()...)
+	dst = append(dst, `";r=`...)
+	dst = strconv.AppendUint(dst, q.Remaining, 10)
+	dst = append(dst, ";t="...)
+	return strconv.AppendInt(dst, ceilSeconds(q.ResetAt-now), 10)
+}
+
 // setQuotaHeaders writes the quota headers of q to the response, using buf
 // as scratch; it returns buf for reuse. It does not allocate once the
 // response's header buffers have grown.
-func setQuotaHeaders(h *fasthttp.ResponseHeader, q *quota, now int64, buf []byte) []byte {
-	reset := ceilSeconds(q.resetAt - now)
-	buf = append(buf[:0], '"')
-	buf = append(buf, q.rule.NameBytes()...)
-	buf = append(buf, `";q=`...)
-	buf = strconv.AppendUint(buf, q.limit, 10)
-	buf = append(buf, ";w="...)
-	buf = strconv.AppendInt(buf, ceilSeconds(int64(q.rule.Window)), 10)
+func setQuotaHeaders(h *fasthttp.ResponseHeader, q *Quota, now int64, buf []byte) []byte {
+	buf = AppendPolicy(buf[:0], q)
 	h.SetCanonical(hRateLimitPolicy, buf)
-
-	buf = append(buf[:0], '"')
-	buf = append(buf, q.rule.NameBytes()...)
-	buf = append(buf, `";r=`...)
-	buf = strconv.AppendUint(buf, q.remaining, 10)
-	buf = append(buf, ";t="...)
-	buf = strconv.AppendInt(buf, reset, 10)
+	buf = AppendRateLimit(buf[:0], q, now)
 	h.SetCanonical(hRateLimit, buf)
-
-	buf = strconv.AppendUint(buf[:0], q.limit, 10)
+	buf = strconv.AppendUint(buf[:0], q.Limit, 10)
 	h.SetCanonical(hXLimit, buf)
-	buf = strconv.AppendUint(buf[:0], q.remaining, 10)
+	buf = strconv.AppendUint(buf[:0], q.Remaining, 10)
 	h.SetCanonical(hXRemaining, buf)
-	buf = strconv.AppendInt(buf[:0], ceilSeconds(q.resetAt), 10) // Unix seconds, as GitHub's
+	buf = strconv.AppendInt(buf[:0], ceilSeconds(q.ResetAt), 10) // Unix seconds, as GitHub's
 	h.SetCanonical(hXReset, buf)
 	return buf
 }
 
-// retryAfter returns the Retry-After seconds for a refusal released at
-// releaseAt: never before the release, plus up to jitter so refused clients
-// spread their retries.
-func retryAfter(releaseAt, now int64, jitter time.Duration) int64 {
+// RetryAfter returns the Retry-After seconds for a refusal released at
+// releaseAt (Unix ns): never before the release, plus up to jitter so
+// refused clients spread their retries.
+func RetryAfter(releaseAt, now int64, jitter time.Duration) int64 {
 	s := ceilSeconds(releaseAt - now)
 	if j := int64(jitter / time.Second); j > 0 {
 		s += rand.Int64N(j + 1)
@@ -85,29 +83,35 @@ func retryAfter(releaseAt, now int64, jitter time.Duration) int64 {
 
 // writeRefusal writes a 429 with Retry-After, the quota headers and an RFC
 // 9457 problem body naming the violated policy.
-func writeRefusal(ctx *fasthttp.RequestCtx, q *quota, now int64, jitter time.Duration, buf []byte) []byte {
-	ra := retryAfter(q.releaseAt, now, jitter)
+func writeRefusal(ctx *fasthttp.RequestCtx, q *Quota, now int64, jitter time.Duration, buf []byte) []byte {
+	ra := RetryAfter(q.ReleaseAt, now, jitter)
 	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 	h := &ctx.Response.Header
 	buf = setQuotaHeaders(h, q, now, buf)
 	buf = strconv.AppendInt(buf[:0], ra, 10)
 	h.SetCanonical(hRetryAfter, buf)
 	h.SetContentType(ctProblem)
-	buf = append(buf[:0], `{"type":"https://poplimit.dev/problems/rate-limited","title":"Too Many Requests","status":429,"detail":"rate limit `...)
-	buf = append(buf, q.rule.NameBytes()...)
-	buf = append(buf, ` exceeded: at most `...)
-	buf = strconv.AppendUint(buf, q.limit, 10)
-	buf = append(buf, ` per `...)
-	buf = strconv.AppendInt(buf, ceilSeconds(int64(q.rule.Window)), 10)
-	buf = append(buf, ` s","policy":"`...)
-	buf = append(buf, q.rule.NameBytes()...) // rule names are [A-Za-z0-9-_.:/]: no escaping needed
-	buf = append(buf, `","limit":`...)
-	buf = strconv.AppendUint(buf, q.limit, 10)
-	buf = append(buf, `,"retry_after":`...)
-	buf = strconv.AppendInt(buf, ra, 10)
-	buf = append(buf, '}')
+	buf = AppendProblem(buf[:0], q, ra)
 	ctx.Response.SetBody(buf)
 	return buf
+}
+
+// AppendProblem appends the RFC 9457 problem body of a refusal by q's rule
+// whose Retry-After is ra seconds.
+func AppendProblem(dst []byte, q *Quota, ra int64) []byte {
+	dst = append(dst, `{"type":"https://poplimit.dev/problems/rate-limited","title":"Too Many Requests","status":429,"detail":"rate limit `...)
+	dst = append(dst, q.Rule.NameBytes()...)
+	dst = append(dst, ` exceeded: at most `...)
+	dst = strconv.AppendUint(dst, q.Limit, 10)
+	dst = append(dst, ` per `...)
+	dst = strconv.AppendInt(dst, ceilSeconds(int64(q.Rule.Window)), 10)
+	dst = append(dst, ` s","policy":"`...)
+	dst = append(dst, q.Rule.NameBytes()...) // rule names are [A-Za-z0-9-_.:/]: no escaping needed
+	dst = append(dst, `","limit":`...)
+	dst = strconv.AppendUint(dst, q.Limit, 10)
+	dst = append(dst, `,"retry_after":`...)
+	dst = strconv.AppendInt(dst, ra, 10)
+	return append(dst, '}')
 }
 
 // writeProblem writes a problem+json response for a request the edge will

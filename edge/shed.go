@@ -4,11 +4,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/rules"
 )
 
 // shedder decides load shedding in proxy mode from the upstream's requests
-// in flight and a moving average of its latency (window.Shedding). Safe for
+// in flight and a moving average of its latency (rules.Shedding). Safe for
 // concurrent use; it allocates nothing.
 type shedder struct {
 	latencyEWMA atomic.Int64 // ns, α = 1/16
@@ -22,7 +22,7 @@ func (sh *shedder) observe(d time.Duration) {
 }
 
 // load returns how loaded the upstream is, 1 meaning full.
-func (sh *shedder) load(cfg *window.Shedding, inflight int64) float64 {
+func (sh *shedder) load(cfg *rules.Shedding, inflight int64) float64 {
 	l := float64(inflight) / float64(cfg.MaxInFlight)
 	if cfg.Latency > 0 {
 		l = max(l, float64(sh.latencyEWMA.Load())/float64(cfg.Latency))
@@ -33,13 +33,13 @@ func (sh *shedder) load(cfg *window.Shedding, inflight int64) float64 {
 // threshold is the load at which a priority class is shed: low from 60 %,
 // normal from 80 %, high from 100 % of the share left after the critical
 // reserve, critical only at full load.
-func threshold(p window.Priority, reserved float64) float64 {
+func threshold(p rules.Priority, reserved float64) float64 {
 	switch p {
-	case window.Critical:
+	case rules.Critical:
 		return 1
-	case window.High:
+	case rules.High:
 		return 1 - reserved
-	case window.Normal:
+	case rules.Normal:
 		return 0.8 * (1 - reserved)
 	}
 	return 0.6 * (1 - reserved)
@@ -47,11 +47,11 @@ func threshold(p window.Priority, reserved float64) float64 {
 
 // priorityOf returns the class of the first shed rule matching the request,
 // or Normal.
-func priorityOf(rs *window.Rules, host, method, path []byte) window.Priority {
+func priorityOf(rs *rules.Rules, host, method, path []byte) rules.Priority {
 	for _, r := range rs.Rules {
-		if r.Kind == window.Shed && r.Matches(host, method, path) {
+		if r.Kind == rules.Shed && r.Matches(host, method, path) {
 			return r.Priority
 		}
 	}
-	return window.Normal
+	return rules.Normal
 }

@@ -33,7 +33,7 @@
 //     what every client experienced before, during and after, and
 //     convergence after the heal without any action.
 //   - TestClockSkew: one of two edges runs 10, 100 and 1000 ms ahead; the
-//     judge (cmd/aggregator/judge) measures the accuracy at each.
+//     judge (package judge) measures the accuracy at each.
 //   - TestAddShard: a fourth shard is added under load by restarting the
 //     edges one after the other with the new list: the keys ketama moves,
 //     their counters restarting from zero, and the over-admission it costs.

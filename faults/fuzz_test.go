@@ -12,10 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/rules"
+
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/poplimit/poplimit/window"
 	"github.com/valyala/fasthttp"
 )
 
@@ -63,7 +64,7 @@ func FuzzHostileRequestKey(f *testing.F) {
 		return ctx.Response.StatusCode(), req
 	}
 	byHeader := e.rules.Lookup("by-header")
-	keyRule := &window.Rule{Name: "k", Key: byHeader.Key[:1]}
+	keyRule := &rules.Rule{Name: "k", Key: byHeader.Key[:1]}
 
 	f.Fuzz(func(t *testing.T, path, xff string, key []byte, query, cookie string) {
 		n := strconv.FormatUint(nonce.Add(1), 10)
@@ -99,7 +100,7 @@ func FuzzHostileRequestKey(f *testing.F) {
 		if len(v) > 0 && v[0] <= 0x01 {
 			want = append([]byte{0x01}, v...)
 		}
-		k, ok := edge.AppendKey(nil, req, keyRule, netip.MustParseAddr("192.0.2.1"))
+		k, ok := edge.AppendKey(nil, edge.FastFields(req), keyRule, netip.MustParseAddr("192.0.2.1"))
 		if ok != (len(v) > 0) || ok && !bytes.Equal(k, want) {
 			t.Fatalf("key %q: AppendKey = %q, %v; the header holds %q, want %q", key, k, ok, v, want)
 		}

@@ -16,9 +16,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/rules"
+
 	"github.com/poplimit/poplimit/blockcache"
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/loadtest"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/shardproxy"
@@ -58,89 +61,43 @@ type edgeSpec struct {
 	reg          *prometheus.Registry // default a new one
 }
 
-// inEdge is an edge built in-process, the parts cmd/edge composes.
+// inEdge is an edge built in-process by the one test harness (edgetest),
+// as cmd/edge builds it.
 type inEdge struct {
+	*edge.Edge
 	srv    *edge.Server
 	lim    *window.Limiter
 	mc     *shardproxy.Client // nil with an in-memory store
 	blocks *blockcache.Cache
-	reg    *prometheus.Registry
-	rules  *window.Rules
-
-	stopOnce sync.Once
+	reg    edge.Registry
+	rules  *rules.Rules
 }
 
 // newEdge builds an edge as cmd/edge does, without listening; it is stopped
 // at cleanup (stop is idempotent).
 func newEdge(t testing.TB, s edgeSpec) *inEdge {
 	t.Helper()
-	rs, err := window.ParseRules([]byte(s.rules))
-	if err != nil {
-		t.Fatal(err)
+	o := edge.Options{Server: s.cfg, Events: s.events, ClockSkew: s.skew, Logger: discardLogger}
+	if s.reg != nil {
+		o.Registry = s.reg
 	}
-	if s.storeTimeout == 0 {
-		s.storeTimeout = 100 * time.Millisecond
+	o.Server.EdgeID = s.id
+	if o.Server.TrustedProxies == nil {
+		o.Server.TrustedProxies = loopback
 	}
-	if s.flush == 0 {
-		s.flush = 5 * time.Millisecond
-	}
-	reg := s.reg
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	rr := reg
-	e := &inEdge{reg: reg, rules: rs}
-	var store window.Store
-	var healthy func() bool
-	if len(s.servers) > 0 {
-		e.mc, err = shardproxy.New(shardproxy.Config{Servers: s.servers, Timeout: s.storeTimeout, RetryTimeout: s.retryTimeout}, rr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ms := &edge.MemcacheStore{Client: e.mc}
-		store, healthy = ms, ms.Healthy
-	} else {
-		store = window.NewMemStore(nil)
-	}
-	e.lim, err = window.New(window.Config{FlushInterval: s.flush, StoreTimeout: s.storeTimeout, MaxKeys: s.maxKeys, Registerer: rr}, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.lim.Start()
-	e.blocks, err = blockcache.New(blockcache.Config{MaxEntries: 1 << 16}, rr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.cfg
-	cfg.EdgeID = s.id
-	if cfg.TrustedProxies == nil {
-		cfg.TrustedProxies = loopback
-	}
-	if cfg.RetryJitter == 0 {
-		cfg.RetryJitter = time.Nanosecond
-	}
-	e.srv, err = edge.New(cfg, rs, edge.Deps{Limiter: e.lim, Blocks: e.blocks, Events: s.events,
-		StoreHealthy: healthy, Registerer: rr, ClockSkew: s.skew,
-		Logger: discardLogger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.stop() })
-	return e
+	o.Limiter.FlushInterval, o.Limiter.StoreTimeout, o.Limiter.MaxKeys = s.flush, s.storeTimeout, s.maxKeys
+	o.Memcache.Servers, o.Memcache.RetryTimeout = s.servers, s.retryTimeout
+	o.BlockCache.MaxEntries = 1 << 16
+	e := edgetest.New(t, s.rules, o)
+	return &inEdge{Edge: e, srv: e.Server, lim: e.Limiter, mc: e.Memcache(), blocks: e.Blocks, reg: e.Registry, rules: e.Rules()}
 }
 
 // stop shuts the edge down as SIGTERM does: it stops serving, flushes its
 // pending increments, and closes the store client and the block cache.
 func (e *inEdge) stop() {
-	e.stopOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		e.srv.Shutdown(ctx)
-		if e.mc != nil {
-			e.mc.Close()
-		}
-		e.blocks.Close()
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	e.Close(ctx)
 }
 
 // front is a listener whose requests go to whichever edge is current, so an
@@ -484,7 +441,7 @@ type client struct {
 
 // ruleKey returns the rule a client of the async/sync tests sends to
 // ("sync" on path /s, else "async") and its key under that rule in rs.
-func (c client) ruleKey(rs *window.Rules) (rule string, key uint64) {
+func (c client) ruleKey(rs *rules.Rules) (rule string, key uint64) {
 	rule = "async"
 	if c.path == "/s" {
 		rule = "sync"

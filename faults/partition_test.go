@@ -13,7 +13,7 @@ import (
 )
 
 // TestPartition splits two edges so that each reaches only part of the
-// shards, seed 002's "half the API servers see one copy, half see another":
+// shards, the classic interview question's "half the API servers see one copy, half see another":
 // edge 1 loses shard 2 and edge 2 loses shard 0 (their relays go silent;
 // both still reach shard 1), for 8 s here and 30 s in the full version, then
 // heals. Each edge ejects the shard it lost and counts that shard's keys on

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
+	"github.com/poplimit/poplimit/judge"
 )
 
 // TestMain removes the binaries the tests built.

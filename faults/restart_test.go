@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/rules"
+
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/poplimit/poplimit/window"
 )
 
 // restartRules: a generous rule for the flush check, a tight one for the
@@ -39,7 +40,7 @@ func TestEdgeRestart(t *testing.T) {
 	if err := os.WriteFile(rulesFile, []byte(restartRules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rs, err := window.ParseRules([]byte(restartRules))
+	rs, err := rules.ParseRules([]byte(restartRules))
 	if err != nil {
 		t.Fatal(err)
 	}

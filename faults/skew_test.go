@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
 	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/loadtest"
 )
 

@@ -5,11 +5,12 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
-	"github.com/poplimit/poplimit/window"
 	"io"
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/poplimit/poplimit/rules"
 )
 
 // ParseCLF parses one access-log line in the Common Log Format
@@ -383,7 +384,7 @@ func parseRequestLine(r *Request, line []byte) *fieldError {
 	switch {
 	case len(parts) == 0 || len(parts) == 1 && string(parts[0]) == "-":
 		return badf(ReasonNoRequest, "request %s", quoteShort(line))
-	case !window.IsToken(string(parts[0])) || len(parts[0]) > maxMethod:
+	case !rules.IsToken(string(parts[0])) || len(parts[0]) > maxMethod:
 		return badf(ReasonRequestLine, "method %s is not a token", quoteShort(parts[0]))
 	case len(parts) == 1:
 		return badf(ReasonRequestLine, "no request target in %s", quoteShort(line))

@@ -26,6 +26,8 @@
 //	headers    object of strings  no        extra headers, at most 64 (not Host, Content-Length,
 //	                                        Transfer-Encoding or Connection; no CR, LF or NUL)
 //	count      integer ≥ 1        no        identical requests due at that instant; default 1
+//	duration_ms number ≥ 0        no        how long the request took to answer; the offline
+//	                                        simulator holds its concurrency slots that long
 //
 // Lines are in time order; a line due before the previous one is sent (and
 // simulated) at once, as late. Unknown fields are ignored, so traces can carry

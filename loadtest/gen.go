@@ -4,12 +4,13 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
-	"github.com/poplimit/poplimit/window"
 	"iter"
 	"math"
 	"math/rand/v2"
 	"net/netip"
 	"time"
+
+	"github.com/poplimit/poplimit/rules"
 )
 
 // Endpoint is where a generator's requests go. Zero fields take the
@@ -242,7 +243,7 @@ func Abuser(cfg AbuserConfig) (Trace, error) {
 }
 
 // BurstConfig configures Burst: the boundary double-burst of a fixed window
-// (seed 003's 2× problem): Limit requests just before a window edge and
+// (the fixed window's 2× problem): Limit requests just before a window edge and
 // Limit more just after it. A fixed-window counter admits all 2×Limit; a
 // sliding window admits about Limit.
 type BurstConfig struct {
@@ -404,7 +405,7 @@ func Stuffing(cfg StuffingConfig) (Trace, error) {
 	if cfg.Gap <= 0 || cfg.Gap > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("loadtest: stuffing: Gap %v: must be above 0 and at most 24h", cfg.Gap))
 	}
-	if cfg.UserHeader != "" && (!window.IsToken(cfg.UserHeader) || replayerHeader(cfg.UserHeader)) {
+	if cfg.UserHeader != "" && (!rules.IsToken(cfg.UserHeader) || replayerHeader(cfg.UserHeader)) {
 		errs = append(errs, fmt.Errorf("loadtest: stuffing: UserHeader %q: not a header name the trace may set", cfg.UserHeader))
 	}
 	if err := errors.Join(errs...); err != nil {

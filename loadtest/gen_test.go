@@ -61,13 +61,13 @@ func TestGeneratorsReproducibleBySeed(t *testing.T) {
 	for name := range a {
 		ta, tb, tc := traceBytes(t, a[name]), traceBytes(t, b[name]), traceBytes(t, c[name])
 		if !bytes.Equal(ta, tb) {
-			t.Errorf("%s: seed 7 twice gave different traces", name)
+			t.Errorf("%s: seed=7 twice gave different traces", name)
 		}
 		if !bytes.Equal(ta, traceBytes(t, a[name])) {
 			t.Errorf("%s: ranging over the same trace twice gave different requests", name)
 		}
 		if name != "burst" && bytes.Equal(ta, tc) {
-			t.Errorf("%s: seeds 7 and 8 gave the same trace", name)
+			t.Errorf("%s: seed=7 and seed=8 gave the same trace", name)
 		}
 		// In time order, and valid trace lines.
 		var prev time.Duration

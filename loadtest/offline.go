@@ -2,17 +2,20 @@ package loadtest
 
 import (
 	"bytes"
+	"container/heap"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/pipeline"
+	"math"
 	"sort"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 	"github.com/valyala/fasthttp"
 )
@@ -20,7 +23,7 @@ import (
 // OfflineConfig configures Offline. The zero value of each field means the
 // default written beside it; Rules is required.
 type OfflineConfig struct {
-	Rules *window.Rules
+	Rules *rules.Rules
 	// Origin is the absolute time of the trace's offset 0. Default: the
 	// trace's own (from its first request with a Time), else the Unix
 	// epoch, a multiple of every window, so that offsets that are
@@ -87,6 +90,11 @@ type RuleReport struct {
 	Action    string `json:"action"`
 	Mode      string `json:"mode"`
 	Shadow    bool   `json:"shadow,omitempty"`
+	Kind      string `json:"kind"`
+	// NotSimulated says why the rule's effect is not in the figures: a
+	// shed rule depends on the live upstream's load; a concurrency rule
+	// needs the requests' durations, which the trace lacks.
+	NotSimulated string `json:"not_simulated,omitempty"`
 
 	Matched        int64 `json:"matched"` // requests the rule decided
 	Allowed        int64 `json:"allowed"`
@@ -151,13 +159,20 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	if cfg.MaxKeys == 0 {
 		cfg.MaxKeys = 100_000
 	}
-	sim := &offline{cfg: cfg, clock: &simClock{}, blocks: map[uint64]int64{}, blockSweep: 1024}
+	sim := &offline{cfg: cfg, clock: &simClock{}, blocks: &mapBlocks{m: map[uint64]int64{}, sweep: 1024}}
 	sim.rules = make([]ruleStats, len(cfg.Rules.Rules))
 	for i := range sim.rules {
 		sim.rules[i].keys = map[uint64]*keyStat{}
 	}
 	var err error
-	sim.lim, err = window.New(window.Config{FlushInterval: cfg.FlushInterval, Clock: sim.clock}, window.NewMemStore(sim.clock))
+	store := window.NewMemStore(sim.clock)
+	sim.lim, err = window.New(window.Config{FlushInterval: cfg.FlushInterval, Clock: sim.clock}, store)
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: offline: %w", err)
+	}
+	sim.slots = window.NewSlots(window.SlotsConfig{}, store)
+	sim.core, err = edge.NewCore(edge.CoreConfig{Observe: sim.observe}, cfg.Rules,
+		edge.CoreDeps{Limiter: sim.lim, Blocks: sim.blocks, Slots: sim.slots, Events: sim})
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: offline: %w", err)
 	}
@@ -206,11 +221,20 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 			}
 		}
 	}
+	sim.finishUntil(time.Duration(math.MaxInt64))
 	sim.lim.Close(context.Background())
+	sim.slots.Close()
 	rep.Origin, rep.Absolute = origin, originSet
 	rep.SpanMs = float64(last) / 1e6
 	for i, r := range cfg.Rules.Rules {
-		rep.Rules = append(rep.Rules, sim.rules[i].report(r, cfg.TopKeys, origin, originSet))
+		rr := sim.rules[i].report(r, cfg.TopKeys, origin, originSet)
+		switch {
+		case r.Kind == rules.Shed:
+			rr.NotSimulated = "a shed rule depends on the live upstream's load"
+		case r.Kind == rules.Concurrency && !sim.durations:
+			rr.NotSimulated = "a concurrency rule needs the requests' durations (duration_ms), which the trace lacks"
+		}
+		rep.Rules = append(rep.Rules, rr)
 	}
 	return rep, traceErr
 }
@@ -220,24 +244,25 @@ type simClock struct{ ns atomic.Int64 }
 
 func (c *simClock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
 
-// offline is the state of one Offline run.
+// offline is the state of one Offline run: the edge's decision core over
+// a limiter in simulated time, a block cache of its own and the rule
+// statistics the core's observer collects.
 type offline struct {
-	cfg        OfflineConfig
-	clock      *simClock
-	lim        *window.Limiter
-	lastFlush  int64
-	blocks     map[uint64]int64 // key hash → release, Unix ns: the block cache
-	blockSweep int
-	req        fasthttp.Request // scratch, to read paths, queries and cookies as the edge does
-	key, ub    []byte
-	rules      []ruleStats
-	ev         pipeline.Event // scratch for OnEvent
+	cfg       OfflineConfig
+	clock     *simClock
+	lim       *window.Limiter
+	slots     *window.Slots
+	core      *edge.Core
+	blocks    *mapBlocks
+	lastFlush int64
+	lastRenew int64
+	req       fasthttp.Request // scratch, to read paths, queries and cookies as the edge does
+	ub        []byte
+	rules     []ruleStats
+	at        time.Duration // the offset being decided, for the observer
+	pending   pendingHeap   // tracked requests still in flight
+	durations bool          // some request carried a duration
 }
-
-// maxBlocks bounds the simulated block cache, as the edge's
-// -block-cache-entries default. A block that does not fit is lost, which
-// costs the key's next request a trip through the limiter, as on the edge.
-const maxBlocks = 1 << 20
 
 type ruleStats struct {
 	matched, allowed, limited, fromCache, keysLimited int64
@@ -257,12 +282,15 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 	now := origin.Add(at)
 	t := now.UnixNano()
 	o.clock.ns.Store(t)
+	o.finishUntil(at)
 	if t-o.lastFlush >= int64(o.cfg.FlushInterval) {
 		o.lim.Flush(context.Background(), now)
 		o.lastFlush = t
 	}
-	d := OfflineDecision{Index: idx, At: at, Status: 200}
-
+	if t-o.lastRenew >= int64(time.Second) {
+		o.slots.Renew(context.Background(), now) // as the edge's renewer does
+		o.lastRenew = t
+	}
 	req := &o.req
 	req.Reset()
 	path := r.Path
@@ -275,123 +303,125 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 	for k, v := range r.Headers {
 		req.Header.Set(k, v)
 	}
-	p := edge.StripPrefix(req.URI().Path(), o.cfg.CheckPrefix)
 	method := r.Method
 	if method == "" {
 		method = "GET"
 	}
-	host := edge.HostOnly([]byte(r.Host))
-
-	rs := o.cfg.Rules
-	bestRemaining := uint64(0)
-	for _, rule := range rs.Rules {
-		if !rule.Matches(host, []byte(method), p) {
-			continue
+	o.durations = o.durations || r.Duration > 0
+	o.at = at
+	v := o.core.Decide(&edge.Request{Host: edge.HostOnly([]byte(r.Host)), Method: []byte(method),
+		Path: edge.StripPrefix(req.URI().Path(), o.cfg.CheckPrefix), Addr: r.IP,
+		Fields: edge.FastFields(req), Now: now, Tracked: r.Duration > 0})
+	d := OfflineDecision{Index: idx, At: at, Status: 200}
+	if v.Quota.Rule != nil {
+		d.Rule = v.Quota.Rule.Name
+	}
+	switch v.Outcome {
+	case edge.Limited:
+		d.Status, d.FromCache = 429, v.FromBlockCache
+		if v.Quota.ReleaseAt > 0 {
+			d.ReleaseAt = time.Unix(0, v.Quota.ReleaseAt)
 		}
-		key, ok := edge.AppendKey(o.key[:0], req, rule, r.IP)
-		if !ok {
-			switch rule.MissingKey {
-			case window.MissingKeySkip:
-				o.key = key
-				continue
-			case window.MissingKeyDeny:
-				o.key = key
-				d.Status, d.Rule = 400, rule.Name
-				return d
-			}
-			key = edge.AppendFallbackKey(key[:0], rule, r.IP)
-		}
-		o.key = key
-		cost := rule.Cost
-		if rule.CostHeader != "" {
-			if v := req.Header.Peek(rule.CostHeader); len(v) > 0 {
-				n, err := fasthttp.ParseUint(v)
-				if err != nil || n < 1 || uint64(n) > rule.MaxCost {
-					d.Status, d.Rule = 400, rule.Name
-					return d
-				}
-				cost = uint64(n)
-			}
-		}
-		st := &o.rules[rule.Index]
-		st.matched++
-		h := rule.Hash(key)
-		limit := rs.LimitFor(rule, key)
-		if rel, blocked := o.blocks[h]; blocked && rel > t {
-			if rule.Action == window.Block {
-				o.lim.Record(now, rule, h, cost)
-			}
-			o.event(t, rule, h, limit, cost, pipeline.Limited, true, window.Decision{})
-			st.limited++
-			st.fromCache++
-			o.limitedKey(st, h, key, at)
-			d.Status, d.Rule, d.FromCache, d.ReleaseAt = 429, rule.Name, true, time.Unix(0, rel)
-			return d
-		}
-		dec := o.lim.Decide(context.Background(), now, rule, h, limit, cost)
-		verdict := pipeline.Limited
-		if dec.Allowed {
-			verdict = pipeline.Allowed
-		}
-		o.event(t, rule, h, limit, cost, verdict, false, dec)
-		switch {
-		case dec.Allowed:
-			st.allowed++
-		case rule.Shadow:
-			st.limited++
-			o.limitedKey(st, h, key, at)
-		default:
-			st.limited++
-			o.limitedKey(st, h, key, at)
-			if dec.Fallback == window.FallbackNone && dec.ReleaseAt > t {
-				o.block(h, dec.ReleaseAt, t)
-			}
-			d.Status, d.Rule = 429, rule.Name
-			if dec.ReleaseAt > 0 {
-				d.ReleaseAt = time.Unix(0, dec.ReleaseAt)
-			}
-			return d
-		}
-		if d.Rule == "" || dec.Remaining < bestRemaining {
-			d.Rule, bestRemaining = rule.Name, dec.Remaining
-		}
-		if !rs.MatchAll {
-			break
-		}
+	case edge.Denied, edge.Undecidable:
+		d.Status = 400
+	}
+	if v.Outcome == edge.Allowed && r.Duration > 0 {
+		heap.Push(&o.pending, pendingReq{end: at + r.Duration, v: v}) // its slots are held until then
+	} else {
+		o.core.Finish(v)
 	}
 	return d
 }
 
-// event hands one rule's decision to OnEvent, shaped as the edge's.
-func (o *offline) event(t int64, r *window.Rule, h, limit, cost uint64, d pipeline.Decision, fromCache bool, dec window.Decision) {
-	if o.cfg.OnEvent == nil {
-		return
+// finishUntil completes the tracked requests that ended by at, giving
+// their concurrency slots back.
+func (o *offline) finishUntil(at time.Duration) {
+	for o.pending.Len() > 0 && o.pending[0].end <= at {
+		o.core.Finish(heap.Pop(&o.pending).(pendingReq).v)
 	}
-	o.ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
-		WindowMillis: uint32(r.Window / time.Millisecond), Estimate: float32(dec.Estimate),
-		Decision: d, Mode: pipeline.Mode(r.Mode), Action: pipeline.Action(r.Action),
-		FromBlockCache: fromCache, Shadow: r.Shadow, Fallback: dec.Fallback != window.FallbackNone}
-	o.cfg.OnEvent(&o.ev)
 }
 
-// block records a refused key until releaseAt; it never shortens a block.
-func (o *offline) block(h uint64, releaseAt, now int64) {
-	if cur, ok := o.blocks[h]; ok && cur >= releaseAt {
+// Emit takes the core's decision events: the caller's OnEvent sees each,
+// exactly as an edge emits it (Edge 0).
+func (o *offline) Emit(e *pipeline.Event) bool {
+	if o.cfg.OnEvent != nil {
+		o.cfg.OnEvent(e)
+	}
+	return true
+}
+
+// observe counts one rule decision in the rule's report.
+func (o *offline) observe(r *rules.Rule, key []byte, e *pipeline.Event) {
+	st := &o.rules[r.Index]
+	st.matched++
+	if e.Decision == pipeline.Allowed {
+		st.allowed++
 		return
 	}
-	if len(o.blocks) >= o.blockSweep {
-		for k, rel := range o.blocks {
+	st.limited++
+	if e.FromBlockCache {
+		st.fromCache++
+	}
+	o.limitedKey(st, e.KeyHash, key, o.at)
+}
+
+type pendingReq struct {
+	end time.Duration
+	v   *edge.Verdict
+}
+
+// pendingHeap orders tracked requests by their end.
+type pendingHeap []pendingReq
+
+func (h pendingHeap) Len() int           { return len(h) }
+func (h pendingHeap) Less(i, j int) bool { return h[i].end < h[j].end }
+func (h pendingHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *pendingHeap) Push(x any)        { *h = append(*h, x.(pendingReq)) }
+func (h *pendingHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// maxBlocks bounds the simulated block cache, as the edge's block cache
+// is bounded. A block that does not fit is lost, which costs the key's next
+// request a trip through the limiter, as on the edge.
+const maxBlocks = 1 << 20
+
+// mapBlocks is the simulator's block cache: exact and deterministic where
+// the edge's (ristretto) admits asynchronously.
+type mapBlocks struct {
+	m     map[uint64]int64 // key hash → release, Unix ns
+	sweep int
+}
+
+func (b *mapBlocks) Blocked(key uint64, now int64) (int64, bool) {
+	rel, ok := b.m[key]
+	return rel, ok && rel > now
+}
+
+// Block records a refused key until releaseAt; it never shortens a block.
+func (b *mapBlocks) Block(key uint64, releaseAt, now int64) bool {
+	if cur, ok := b.m[key]; ok && cur >= releaseAt {
+		return true
+	}
+	if len(b.m) >= b.sweep {
+		for k, rel := range b.m {
 			if rel <= now {
-				delete(o.blocks, k)
+				delete(b.m, k)
 			}
 		}
-		o.blockSweep = max(1024, 2*len(o.blocks))
+		b.sweep = max(1024, 2*len(b.m))
 	}
-	if len(o.blocks) >= maxBlocks {
-		return
+	if len(b.m) >= maxBlocks {
+		return false
 	}
-	o.blocks[h] = releaseAt
+	b.m[key] = releaseAt
+	return true
 }
+
+func (b *mapBlocks) Clear() { clear(b.m) }
 
 func (o *offline) limitedKey(st *ruleStats, h uint64, key []byte, at time.Duration) {
 	if k, ok := st.keys[h]; ok {
@@ -432,9 +462,9 @@ func displayKey(k []byte) string {
 	return s
 }
 
-func (st *ruleStats) report(r *window.Rule, top int, origin time.Time, absolute bool) RuleReport {
+func (st *ruleStats) report(r *rules.Rule, top int, origin time.Time, absolute bool) RuleReport {
 	rr := RuleReport{
-		Rule: r.Name, Limit: r.Limit, Window: r.Window.String(), Algorithm: r.Algorithm.String(),
+		Rule: r.Name, Kind: r.Kind.String(), Limit: r.Limit, Window: r.Window.String(), Algorithm: r.Algorithm.String(),
 		Action: r.Action.String(), Mode: r.Mode.String(), Shadow: r.Shadow,
 		Matched: st.matched, Allowed: st.allowed, Limited: st.limited, FromBlockCache: st.fromCache,
 		KeysLimited: st.keysLimited, Approximate: st.approximate, TopKeys: []KeyReport{},

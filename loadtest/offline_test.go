@@ -3,29 +3,28 @@ package loadtest_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/blockcache"
+	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/rules"
+
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/loadtest"
-	"github.com/poplimit/poplimit/window"
 )
 
-func parseRules(t testing.TB, yaml string) *window.Rules {
+func parseRules(t testing.TB, yaml string) *rules.Rules {
 	t.Helper()
-	rs, err := window.ParseRules([]byte(yaml))
+	rs, err := rules.ParseRules([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rs
 }
 
-// TestOfflineBoundaryBurst is seed 003's 2× problem: Limit requests just
+// TestOfflineBoundaryBurst is the fixed window's 2× problem: Limit requests just
 // before a window edge and Limit just after. A fixed window admits them
 // all; the sliding window admits the first Limit only.
 func TestOfflineBoundaryBurst(t *testing.T) {
@@ -168,185 +167,70 @@ func TestOfflineKeysBounded(t *testing.T) {
 	}
 }
 
-// TestOfflineAgreesWithLiveEdge replays one trace through a real edge
-// (in-process, on loopback, in-memory store; a sync rule, an async rule
-// and a header-keyed rule) and runs Offline over the same trace: they must
-// agree decision for decision, except where a request's real arrival, a
-// little after its schedule, crossed a window edge or its key's release
-// time, and on the same key's requests after such a difference (their
-// counts differ by it). The trace keeps those few: no request is due in
-// the last 40 ms of a window or within 10 ms before its key's release time
-// (loopback latency is far below both), and every key's requests are at
-// least 17 ms apart (none overtakes another). So a request can differ only
-// if it took longer than that to arrive ("at risk", counted from its real
-// timing), or follows such a one on its key.
-func TestOfflineAgreesWithLiveEdge(t *testing.T) {
+// Offline runs the edge's own decision core (edge.Core, the one the
+// fasthttp server calls), so it agrees with a live edge by construction.
+// What it must add is what a trace can and cannot tell: concurrency rules
+// are decided from the requests' durations when the trace has them, and
+// reported as not simulated when it has none; shed rules depend on the
+// live upstream and are reported so, never decided as rate rules.
+func TestOfflineShedAndConcurrencyRules(t *testing.T) {
 	const rulesYAML = `
+shedding: {max_in_flight: 2}
 rules:
-  - name: login
-    path_prefix: /login
-    mode: sync
-    limit: 5
-    window: 1s
-    ipv6_prefix: 128 # the trace's clients share a /64: each address a key
-  - name: api
-    path_prefix: /api
-    key: ["header:X-API-Key"]
-    missing_key: deny
-    limit: 10
-    window: 1s
-  - name: site
-    limit: 20
-    window: 1s
-    ipv6_prefix: 128
+  - {name: health, kind: shed, path_prefix: /health, priority: critical}
+  - {name: uploads, kind: concurrency, path_prefix: /upload, limit: 1}
+  - {name: per-client, limit: 100, window: 1m}
 `
-	const W = time.Second
-	addr := startEdge(t, rulesYAML)
-
-	var parts []loadtest.Trace
-	add := func(ip string, rate float64, path string, hdr map[string]string) {
-		a := must(t)(loadtest.Abuser(loadtest.AbuserConfig{Seed: uint64(len(parts)), IP: netip.MustParseAddr(ip), Rate: rate,
-			Duration: 4 * W, Jitter: 0.3, Endpoint: loadtest.Endpoint{Path: path}}))
-		parts = append(parts, func(yield func(loadtest.Request, error) bool) {
-			for r, err := range a {
-				r.Headers = hdr
-				if !yield(r, err) {
-					return
-				}
-			}
-		})
+	ip := netip.MustParseAddr("192.0.2.9")
+	ms := time.Millisecond
+	trace := []loadtest.Request{
+		{At: 0, IP: ip, Path: "/health"}, {At: 1 * ms, IP: ip, Path: "/health"}, {At: 2 * ms, IP: ip, Path: "/health"},
+		{At: 10 * ms, IP: ip, Path: "/upload", Duration: 100 * ms}, // holds the one slot until 110 ms
+		{At: 20 * ms, IP: ip, Path: "/upload", Duration: 100 * ms}, // refused: the slot is held
+		{At: 30 * ms, IP: ip, Path: "/upload", Duration: 100 * ms}, // refused
+		{At: 200 * ms, IP: ip, Path: "/upload", Duration: 10 * ms}, // the slot is free again
 	}
-	for i, rate := range []float64{8, 10, 13} {
-		add(fmt.Sprintf("198.51.100.%d", i+1), rate, "/login", nil)
-	}
-	for i, rate := range []float64{6, 15, 25} {
-		add(fmt.Sprintf("203.0.113.%d", i+1), rate, "/api/v1", map[string]string{"X-API-Key": fmt.Sprintf("key-%d", i)})
-	}
-	add("203.0.113.99", 1, "/api/nokey", nil)
-	for i, rate := range []float64{5, 15, 25, 40} {
-		add(fmt.Sprintf("2001:db8::%d", i+1), rate, "/", nil)
-	}
-	var reqs []loadtest.Request
-	for r, err := range loadtest.Mix(parts...) {
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.At%W < W-40*time.Millisecond {
-			reqs = append(reqs, r)
-		}
-	}
-	// Drop the requests due within margin before their key's release time,
-	// as the offline run finds them, until there are none (dropping one
-	// moves later releases).
-	const margin = 10 * time.Millisecond
-	rs := parseRules(t, rulesYAML)
-	for round := 0; ; round++ {
-		drop := map[int64]bool{}
-		if _, err := loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: rs, OnDecision: func(d loadtest.OfflineDecision) {
-			if !d.ReleaseAt.IsZero() && d.ReleaseAt.Sub(time.Unix(0, 0)) <= d.At+margin {
-				drop[d.Index] = true
-			}
-		}}, sliceTrace(reqs)); err != nil {
-			t.Fatal(err)
-		}
-		if len(drop) == 0 {
-			break
-		}
-		if round == 20 {
-			t.Fatalf("%d requests still due within %v of their release after 20 rounds", len(drop), margin)
-		}
-		kept := reqs[:0]
-		for i, r := range reqs {
-			if !drop[int64(i)] {
-				kept = append(kept, r)
-			}
-		}
-		reqs = kept
-	}
-
-	var mu sync.Mutex
-	live := make([]loadtest.Result, len(reqs))
-	rep, err := loadtest.Replay(context.Background(), loadtest.ReplayConfig{Targets: []string{addr}, Align: W,
-		OnResult: func(r loadtest.Result) { mu.Lock(); live[r.Index] = r; mu.Unlock() }}, sliceTrace(reqs))
+	var got []string
+	rep, err := loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: parseRules(t, rulesYAML),
+		OnDecision: func(d loadtest.OfflineDecision) { got = append(got, fmt.Sprintf("%d:%s", d.Status, d.Rule)) }},
+		sliceTrace(trace))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Completed != int64(len(reqs)) {
-		t.Fatalf("live: %d of %d completed (errors %v)", rep.Completed, len(reqs), rep.Errors)
+	want := "[200:per-client 200:per-client 200:per-client 200:uploads 429:uploads 429:uploads 200:uploads]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("decisions:\ngot  %v\nwant %s", got, want)
 	}
-	var offline []loadtest.OfflineDecision
-	orep, err := loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: parseRules(t, rulesYAML), Origin: rep.Start,
-		OnDecision: func(d loadtest.OfflineDecision) { offline = append(offline, d) }}, sliceTrace(reqs))
+	byName := map[string]loadtest.RuleReport{}
+	for _, r := range rep.Rules {
+		byName[r.Rule] = r
+	}
+	if r := byName["health"]; r.NotSimulated == "" || r.Matched != 0 || r.Limited != 0 {
+		t.Errorf("shed rule: %+v, want not simulated, nothing matched or limited", r)
+	}
+	if r := byName["uploads"]; r.NotSimulated != "" || r.Matched != 4 || r.Allowed != 2 || r.Limited != 2 || r.Kind != "concurrency" {
+		t.Errorf("concurrency rule: %+v, want simulated, 4 matched, 2 allowed, 2 limited", r)
+	}
+
+	// Without durations the concurrency rule cannot be simulated: it is
+	// said so, and the requests fall through to the next matching rule.
+	for i := range trace {
+		trace[i].Duration = 0
+	}
+	got = got[:0]
+	rep, err = loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: parseRules(t, rulesYAML),
+		OnDecision: func(d loadtest.OfflineDecision) { got = append(got, fmt.Sprintf("%d:%s", d.Status, d.Rule)) }},
+		sliceTrace(trace))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(offline) != len(reqs) {
-		t.Fatalf("offline decided %d of %d", len(offline), len(reqs))
+	if want := "[200:per-client 200:per-client 200:per-client 200:per-client 200:per-client 200:per-client 200:per-client]"; fmt.Sprint(got) != want {
+		t.Errorf("decisions without durations:\ngot  %v\nwant %s", got, want)
 	}
-
-	keyOf := func(i int) string {
-		r := reqs[i]
-		if k := r.Headers["X-API-Key"]; k != "" {
-			return k
+	for _, r := range rep.Rules {
+		if r.Rule == "uploads" && (r.NotSimulated == "" || r.Matched != 0) {
+			t.Errorf("concurrency rule without durations: %+v, want not simulated and nothing matched", r)
 		}
-		return r.IP.String()
-	}
-	var atRisk, atBoundary, edgeCross, releaseCross, reordered, cascades, unexplained, agree int
-	lastDiff := map[string]time.Time{}
-	lastDone := map[string]time.Time{}
-	var maxDelay time.Duration
-	for i, d := range offline {
-		l := live[i]
-		sched, done := l.Scheduled, l.Done
-		maxDelay = max(maxDelay, done.Sub(sched))
-		crossEdge := sched.Sub(rep.Start)/W != done.Sub(rep.Start)/W
-		crossRelease := !d.ReleaseAt.IsZero() && d.ReleaseAt.After(sched) && !d.ReleaseAt.After(done)
-		// Open-loop requests of one key may overtake each other on the way:
-		// if the key's previous request was still unanswered when this one
-		// was scheduled, the live edge may have decided them in either order.
-		k := keyOf(i)
-		prevDone, seenKey := lastDone[k]
-		reorder := seenKey && prevDone.After(sched)
-		lastDone[k] = done
-		if crossEdge || crossRelease {
-			atBoundary++
-		}
-		if crossEdge || crossRelease || reorder {
-			atRisk++
-		}
-		if l.Status == d.Status && (l.Rule == d.Rule || d.Status == 400) { // a 400 names no rule
-			agree++
-			continue
-		}
-		switch prev, ok := lastDiff[k]; {
-		case crossEdge:
-			edgeCross++
-		case reorder:
-			reordered++
-		case crossRelease:
-			releaseCross++
-		case ok && sched.Sub(prev) <= 2*W:
-			cascades++
-		default:
-			unexplained++
-			t.Errorf("request %d (%s %s at %v): live %d %q, offline %d %q, arrived %v after schedule, release %v",
-				i, k, reqs[i].Path, reqs[i].At, l.Status, l.Rule, d.Status, d.Rule, done.Sub(sched), d.ReleaseAt.Sub(rep.Start))
-		}
-		lastDiff[k] = sched
-	}
-	n := len(reqs)
-	t.Logf("%d requests (offline: %d allowed, %d limited, %d denied): %d agree (%.2f%%); %d differ: %d across a window edge, %d across a release time, %d overtaken by the key's next request, %d after those on the same key, %d unexplained; %d at risk (a boundary between schedule and response, or a possible overtaking); slowest response %v after its schedule",
-		n, orep.Allowed, orep.Limited, orep.Denied, agree, 100*float64(agree)/float64(n), n-agree, edgeCross, releaseCross, reordered, cascades, unexplained, atRisk, maxDelay)
-	// The bound the trace states: few requests are at risk, and only they
-	// (and what follows them on their key) may differ.
-	if atBoundary > n/50 {
-		t.Errorf("%d of %d requests at a window edge or release time, want at most 2%%", atBoundary, n)
-	}
-	if n-agree > atRisk+cascades || agree < n*95/100 {
-		t.Errorf("%d of %d differ with %d at risk, want at most the requests at risk and their cascades, and 95%% agreement", n-agree, n, atRisk)
-	}
-	if orep.Limited < 50 || orep.Denied != 4 {
-		t.Errorf("offline limited %d and denied %d: the trace should exercise refusals (≥ 50) and the keyless denials (4)", orep.Limited, orep.Denied)
 	}
 }
 
@@ -354,35 +238,11 @@ rules:
 // as a proxy so the replayer's X-Forwarded-For names the clients.
 func startEdge(t *testing.T, rulesYAML string) string {
 	t.Helper()
-	rs := parseRules(t, rulesYAML)
-	lim, err := window.New(window.Config{FlushInterval: 2 * time.Millisecond}, window.NewMemStore(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim.Start()
-	blocks, err := blockcache.New(blockcache.Config{MaxEntries: 1 << 14}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(blocks.Close)
-	trusted, _ := edge.ParsePrefixes("127.0.0.0/8")
-	srv, err := edge.New(edge.Config{TrustedProxies: trusted, RetryJitter: time.Nanosecond}, rs, edge.Deps{Limiter: lim, Blocks: blocks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { srv.Serve(ln); close(done) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-done
-	})
-	return ln.Addr().String()
+	var o edge.Options
+	o.Server.TrustedProxies, _ = edge.ParsePrefixes("127.0.0.0/8")
+	o.Limiter.FlushInterval = 2 * time.Millisecond
+	o.BlockCache.MaxEntries = 1 << 14
+	return edgetest.Start(t, rulesYAML, o).Addr()
 }
 
 func BenchmarkOffline(b *testing.B) {
@@ -403,7 +263,7 @@ func BenchmarkOffline(b *testing.B) {
 }
 
 func ExampleOffline() {
-	rules, _ := window.ParseRules([]byte(`
+	rules, _ := rules.ParseRules([]byte(`
 rules:
   - name: login
     path_prefix: /login

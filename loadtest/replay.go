@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/poplimit/poplimit/window"
 	"io"
 	"math"
 	"net"
@@ -18,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/poplimit/poplimit/rules"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/cespare/xxhash/v2"
@@ -154,7 +155,7 @@ func (c ReplayConfig) Validate() error {
 	if c.Align < 0 || c.Align > 24*time.Hour {
 		bad("Align", c.Align, "must be between 0 and 24h")
 	}
-	if c.ClientIPHeader != "" && !window.IsToken(c.ClientIPHeader) {
+	if c.ClientIPHeader != "" && !rules.IsToken(c.ClientIPHeader) {
 		bad("ClientIPHeader", strconv.Quote(c.ClientIPHeader), "not a header name")
 	}
 	if c.PathPrefix != "" && (c.PathPrefix[0] != '/' || !printableASCII(c.PathPrefix)) {

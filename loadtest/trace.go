@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/poplimit/poplimit/window"
 	"io"
 	"iter"
 	"maps"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/poplimit/poplimit/rules"
 )
 
 // Request is one request of a trace. The zero value is not valid: IP is
@@ -41,6 +42,10 @@ type Request struct {
 	Headers map[string]string
 	// Count is how many identical requests are due at At; 0 means 1.
 	Count int
+	// Duration is how long the request took to answer, when the trace
+	// knows (0: unknown): the offline simulator holds its concurrency
+	// slots that long.
+	Duration time.Duration
 }
 
 // count returns r.Count with 0 as 1.
@@ -127,6 +132,7 @@ type lineJSON struct {
 	Path         string            `json:"path"`
 	Headers      map[string]string `json:"headers"`
 	Count        *int64            `json:"count"`
+	DurationMs   json.Number       `json:"duration_ms"`
 }
 
 // ParseTraceLine parses one line of a JSON-lines trace (see the package
@@ -176,6 +182,13 @@ func parseTraceLine(line []byte) (Request, bool, *fieldError) {
 		}
 		r.Count = int(*j.Count)
 	}
+	if j.DurationMs != "" {
+		d, ok := parseMillis(string(j.DurationMs))
+		if !ok {
+			return Request{}, false, badf(ReasonField, "duration_ms %s: must be a number of milliseconds from 0 to 10 years", quoteShort(string(j.DurationMs)))
+		}
+		r.Duration = d
+	}
 	if fe := checkRequest(&r); fe != nil {
 		return Request{}, false, fe
 	}
@@ -184,7 +197,7 @@ func parseTraceLine(line []byte) (Request, bool, *fieldError) {
 
 // checkRequest validates the fields that every trace source must get right.
 func checkRequest(r *Request) *fieldError {
-	if r.Method != "" && (len(r.Method) > maxMethod || !window.IsToken(r.Method)) {
+	if r.Method != "" && (len(r.Method) > maxMethod || !rules.IsToken(r.Method)) {
 		return badf(ReasonField, "method %s: not an HTTP method token", quoteShort(r.Method))
 	}
 	if r.Path != "" && (len(r.Path) > maxPath || r.Path[0] != '/' || !printableASCII(r.Path)) {
@@ -197,7 +210,7 @@ func checkRequest(r *Request) *fieldError {
 		return badf(ReasonField, "%d headers: at most %d", len(r.Headers), maxHeaders)
 	}
 	for k, v := range r.Headers {
-		if len(k) > maxHeaderName || !window.IsToken(k) {
+		if len(k) > maxHeaderName || !rules.IsToken(k) {
 			return badf(ReasonField, "header name %s: not a token", quoteShort(k))
 		}
 		if replayerHeader(k) {
@@ -311,6 +324,10 @@ func AppendTraceLine(dst []byte, r *Request) []byte {
 	if r.Count > 1 {
 		dst = append(dst, `,"count":`...)
 		dst = strconv.AppendInt(dst, int64(r.Count), 10)
+	}
+	if r.Duration > 0 {
+		dst = append(dst, `,"duration_ms":`...)
+		dst = appendMillis(dst, r.Duration)
 	}
 	return append(dst, "}\n"...)
 }

@@ -18,8 +18,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
-	"github.com/poplimit/poplimit/pipeline"
 	"io"
 	"net/netip"
 	"os"
@@ -28,8 +26,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poplimit/poplimit/judge"
+	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/rules"
+
 	"github.com/poplimit/poplimit/loadtest"
-	"github.com/poplimit/poplimit/window"
 )
 
 func main() {
@@ -342,7 +343,7 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 			return fmt.Errorf("loadtest offline: %w", err)
 		}
 	}
-	rs, err := window.ParseRules(data)
+	rs, err := rules.ParseRules(data)
 	if err != nil {
 		return fmt.Errorf("loadtest offline: %s: %w", nameOr(*rulesPath, "built-in rules"), err)
 	}
@@ -351,7 +352,7 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		if err != nil {
 			return fmt.Errorf("loadtest offline: %w", err)
 		}
-		if rs.Overrides, err = window.ParseOverrides(od); err != nil {
+		if rs.Overrides, err = rules.ParseOverrides(od); err != nil {
 			return fmt.Errorf("loadtest offline: %s: %w", *overrides, err)
 		}
 	}

@@ -22,8 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/rules"
+
 	"github.com/poplimit/poplimit/deploy/internal/deploytest"
-	"github.com/poplimit/poplimit/window"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -527,7 +528,7 @@ func binaries(t *testing.T) map[string]binary {
 		"poplimit-aggregator": {listeners: []string{"listen"}, admin: "listen"},
 	} {
 		dir := filepath.Join("..", "..", "cmd", strings.TrimPrefix(name, "poplimit-"))
-		fs, err := deploytest.Flags(filepath.Join(dir, "main.go"))
+		fs, err := deploytest.Flags(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -637,7 +638,7 @@ func portOfAddr(t *testing.T, addr string) int32 {
 // TestContainersAgreeWithBinaries checks the poplimit containers against
 // their commands: flags exist, listeners are the container ports, probes
 // probe the admin listener on paths it serves, $(VAR)s and ConfigMap keys
-// exist, the rules file is a mounted ConfigMap that window.ParseRules
+// exist, the rules file is a mounted ConfigMap that rules.ParseRules
 // accepts, the memcache list names the StatefulSet's pods, and the edges
 // and the aggregator agree on the topic.
 func TestContainersAgreeWithBinaries(t *testing.T) {
@@ -784,9 +785,9 @@ func checkRulesMount(t *testing.T, w workload, c corev1.Container, o *objects, p
 				t.Fatalf("%s: volume %s of -rules is not a ConfigMap", w.name, v.Name)
 			}
 			data := configValue(t, o, v.ConfigMap.Name, key)
-			rs, err := window.ParseRules([]byte(data))
+			rs, err := rules.ParseRules([]byte(data))
 			if err != nil {
-				t.Errorf("%s: ConfigMap %s key %s: window.ParseRules: %v", w.name, v.ConfigMap.Name, key, err)
+				t.Errorf("%s: ConfigMap %s key %s: rules.ParseRules: %v", w.name, v.ConfigMap.Name, key, err)
 			} else if len(rs.Rules) == 0 {
 				t.Errorf("%s: ConfigMap %s key %s: no rules", w.name, v.ConfigMap.Name, key)
 			}

@@ -95,15 +95,15 @@ func TestCommandWords(t *testing.T) {
 }
 
 func TestFlags(t *testing.T) {
-	fs, err := Flags(filepath.Join("..", "..", "..", "cmd", "edge", "main.go"))
+	fs, err := Flags(filepath.Join("..", "..", "..", "cmd", "edge"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fs["listen"].Default != "127.0.0.1:7070" || fs["store-timeout"].Default != "100 * time.Millisecond" {
+	if fs["listen"].Default != "127.0.0.1:7070" || fs["store-timeout"].Default != "100ms" {
 		t.Errorf("listen %+v, store-timeout %+v", fs["listen"], fs["store-timeout"])
 	}
 	if _, ok := fs["mode"]; !ok {
-		t.Error("-mode (defined with fs.String) missing")
+		t.Error("-mode (defined with fs.Var) missing")
 	}
 }
 

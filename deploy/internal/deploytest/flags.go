@@ -1,94 +1,98 @@
 package deploytest
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/printer"
-	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 )
 
-// Flag is one command-line flag as a main.go defines it.
+// Flag is one command-line flag as the command itself lists it.
 type Flag struct {
 	Name string
-	// Default is the default value's source text: the unquoted string for
-	// a string literal, else the expression as written (e.g. "5 *
-	// time.Millisecond", "1 << 20").
+	// Default is the default value as -h prints it, unquoted (e.g.
+	// "127.0.0.1:7071", "100ms", "1048576"); empty for a zero default.
 	Default string
 }
 
-// flagDefiners are the flag.FlagSet methods (and flag package functions)
-// that define a flag, with the index of the name argument.
-var flagDefiners = map[string]int{
-	"Bool": 0, "BoolVar": 1, "BoolFunc": 0,
-	"Duration": 0, "DurationVar": 1,
-	"Float64": 0, "Float64Var": 1,
-	"Func": 0,
-	"Int":  0, "IntVar": 1, "Int64": 0, "Int64Var": 1,
-	"String": 0, "StringVar": 1,
-	"TextVar": 1,
-	"Uint":    0, "UintVar": 1, "Uint64": 0, "Uint64Var": 1,
-	"Var": 1,
-}
+var (
+	flagsMu    sync.Mutex
+	flagsCache = map[string]map[string]Flag{}
+)
 
-// Flags returns the flags that the Go file at path defines with the flag
-// package, by name: every call X.Bool(...), X.StringVar(...), ... whose
-// name argument is a string literal. It reads the source; it does not
-// build or run the command.
-func Flags(path string) (map[string]Flag, error) {
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+// Flags returns the flags of the command whose main package is in dir, by
+// name, read from the program: it builds the command once per process and
+// parses what its -h prints (the flag package's usage).
+func Flags(dir string) (map[string]Flag, error) {
+	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
 	}
-	flags := map[string]Flag{}
-	ast.Inspect(f, func(n ast.Node) bool {
-		call, ok := n.(*ast.CallExpr)
-		if !ok {
-			return true
-		}
-		sel, ok := call.Fun.(*ast.SelectorExpr)
-		if !ok {
-			return true
-		}
-		i, ok := flagDefiners[sel.Sel.Name]
-		if !ok || len(call.Args) <= i {
-			return true
-		}
-		lit, ok := call.Args[i].(*ast.BasicLit)
-		if !ok || lit.Kind != token.STRING {
-			return true
-		}
-		name, err := strconv.Unquote(lit.Value)
-		if err != nil {
-			return true
-		}
-		fl := Flag{Name: name}
-		// The default follows the name, except for Func, BoolFunc and Var,
-		// whose Value holds it.
-		if d := i + 1; d < len(call.Args) && sel.Sel.Name != "Func" && sel.Sel.Name != "BoolFunc" && sel.Sel.Name != "Var" {
-			fl.Default = sourceText(fset, call.Args[d])
-		}
-		flags[name] = fl
-		return true
-	})
-	if len(flags) == 0 {
-		return nil, fmt.Errorf("deploytest: %s defines no flags", path)
+	flagsMu.Lock()
+	defer flagsMu.Unlock()
+	if fs, ok := flagsCache[abs]; ok {
+		return fs, nil
 	}
-	return flags, nil
+	tmp, err := os.MkdirTemp("", "deploytest-flags-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	bin := filepath.Join(tmp, filepath.Base(abs))
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = abs
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("deploytest: go build %s: %v\n%s", dir, err, out)
+	}
+	out, _ := exec.Command(bin, "-h").CombinedOutput() // -h exits 2 with the usage
+	fs, err := parseUsage(out)
+	if err != nil {
+		return nil, fmt.Errorf("deploytest: %s -h: %w", dir, err)
+	}
+	flagsCache[abs] = fs
+	return fs, nil
 }
 
-func sourceText(fset *token.FileSet, e ast.Expr) string {
-	if lit, ok := e.(*ast.BasicLit); ok && lit.Kind == token.STRING {
-		if s, err := strconv.Unquote(lit.Value); err == nil {
-			return s
+var (
+	flagLine    = regexp.MustCompile(`^  -([\w-]+)(?: \S+)?$`)
+	defaultText = regexp.MustCompile(`\(default (.*)\)$`)
+)
+
+// parseUsage parses the flag package's PrintDefaults output: a line
+// "  -name type" per flag, then its usage lines, the last ending with
+// "(default X)" when the default is not the zero value.
+func parseUsage(out []byte) (map[string]Flag, error) {
+	flags := map[string]Flag{}
+	var cur *Flag
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if m := flagLine.FindStringSubmatch(line); m != nil {
+			flags[m[1]] = Flag{Name: m[1]}
+			f := flags[m[1]]
+			cur = &f
+			continue
+		}
+		if cur == nil || !strings.HasPrefix(line, "    \t") {
+			continue
+		}
+		if m := defaultText.FindStringSubmatch(line); m != nil {
+			d := m[1]
+			if u, err := strconv.Unquote(d); err == nil {
+				d = u
+			}
+			cur.Default = d
+			flags[cur.Name] = *cur
 		}
 	}
-	var b strings.Builder
-	if err := printer.Fprint(&b, fset, e); err != nil {
-		return ""
+	if len(flags) == 0 {
+		return nil, fmt.Errorf("no flags in its usage:\n%s", out)
 	}
-	return b.String()
+	return flags, nil
 }

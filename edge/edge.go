@@ -1,0 +1,334 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/poplimit/poplimit/blockcache"
+	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/shardproxy"
+	"github.com/poplimit/poplimit/window"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Options is every setting of an edge, each with its default in one place:
+// the zero value of a field means the default that DefaultOptions shows.
+// cmd/edge's flags set these fields; tests and programs that embed an edge
+// set them directly and build with Build, the same way.
+type Options struct {
+	Listen string // default "127.0.0.1:7070": rate-limited traffic
+	Admin  string // default "127.0.0.1:7071": /metrics, /healthz, /readyz
+
+	Server  Config        // the front end: mode, upstream, client addresses, limits, rule files
+	Limiter window.Config // flush interval, store timeout, key table bounds
+	// Memcache is the shared store; no Servers means an in-memory store
+	// (one edge alone: limits do not hold across edges). Timeout defaults
+	// to Limiter.StoreTimeout.
+	Memcache   shardproxy.Config
+	BlockCache blockcache.Config // default blockcache.DefaultMaxEntries entries
+
+	// Brokers receive decision events on Topic (none: no events), the
+	// events of a Sample share of keys.
+	Brokers []string
+	Topic   string  // default "poplimit.decisions"
+	Sample  float64 // default 1
+
+	Pprof           bool          // serve /debug/pprof/ on the admin listener
+	ShutdownTimeout time.Duration // default 10s: to finish requests and flush
+
+	Logger *slog.Logger // default slog.Default()
+
+	// Hooks for tests and embedding. Store replaces the store Memcache
+	// would build (several in-process edges can share one MemStore);
+	// Events replaces the producer Brokers would build; Registry receives
+	// every metric (default a new one with the Go and process collectors).
+	Store     window.Store
+	Events    Emitter
+	Registry  Registry
+	ClockSkew time.Duration // added to the edge's clock, to test skewed edges
+}
+
+// Registry is where an edge registers its metrics and whence /metrics
+// gathers them (a *prometheus.Registry).
+type Registry interface {
+	prometheus.Registerer
+	prometheus.Gatherer
+}
+
+// DefaultOptions returns the options with every default filled in, for
+// flags to show.
+func DefaultOptions() Options { return Options{}.withDefaults() }
+
+func (o Options) withDefaults() Options {
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:7070"
+	}
+	if o.Admin == "" {
+		o.Admin = "127.0.0.1:7071"
+	}
+	o.Server.setDefaults()
+	o.Limiter = o.Limiter.WithDefaults()
+	if o.Memcache.Timeout == 0 {
+		o.Memcache.Timeout = o.Limiter.StoreTimeout
+	}
+	if o.Memcache.Hash == "" {
+		o.Memcache.Hash = shardproxy.DefaultHash
+	}
+	if o.BlockCache.MaxEntries == 0 {
+		o.BlockCache.MaxEntries = blockcache.DefaultMaxEntries
+	}
+	if o.Topic == "" {
+		o.Topic = "poplimit.decisions"
+	}
+	if o.Sample == 0 {
+		o.Sample = 1
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Edge is a whole edge: its store client, limiter, concurrency slots, block
+// cache, event producer, decision core and fasthttp front end, built by
+// Build from Options. Close stops and closes all of it, in the reverse
+// order of building.
+type Edge struct {
+	Options  Options // as built, defaults filled in
+	Core     *Core
+	Server   *Server
+	Limiter  *window.Limiter
+	Slots    *window.Slots
+	Blocks   *blockcache.Cache
+	Registry Registry
+
+	memcache *shardproxy.Client // nil without Memcache servers
+	producer *pipeline.Producer // nil without Brokers
+	closers  []func(context.Context) error
+	ln, aln  net.Listener
+	admin    *http.Server
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Build builds an edge from o, with its rules read from o.Server's files
+// (or the built-in rule). Nothing listens until Listen; the limiter's
+// flusher runs from here on, so Close must be called.
+func Build(o Options) (e *Edge, err error) {
+	o = o.withDefaults()
+	rs, err := LoadFiles(o.Server.RulesFile, o.Server.OverridesFile)
+	if err != nil {
+		return nil, err
+	}
+	e = &Edge{Options: o, Registry: o.Registry}
+	defer func() {
+		if err != nil {
+			e.Close(context.Background())
+		}
+	}()
+	if e.Registry == nil {
+		r := prometheus.NewRegistry()
+		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		e.Registry = r
+	}
+	reg := e.Registry
+	store := o.Store
+	var healthy func() bool
+	if store == nil && len(o.Memcache.Servers) > 0 {
+		if e.memcache, err = shardproxy.New(o.Memcache, reg); err != nil {
+			return e, err
+		}
+		e.closers = append(e.closers, func(context.Context) error { e.memcache.Close(); return nil })
+		ms := &MemcacheStore{Client: e.memcache}
+		store, healthy = ms, ms.Healthy
+	}
+	if store == nil {
+		store = window.NewMemStore(nil)
+	}
+	lc := o.Limiter
+	lc.Registerer = reg
+	if e.Limiter, err = window.New(lc, store); err != nil {
+		return e, err
+	}
+	e.Limiter.Start()
+	e.closers = append(e.closers, e.Limiter.Close) // a last flush
+	e.Slots = window.NewSlots(window.SlotsConfig{StoreTimeout: o.Limiter.StoreTimeout}, store)
+	e.Slots.Start(0, nil)
+	e.closers = append(e.closers, func(context.Context) error { e.Slots.Close(); return nil })
+	if e.Blocks, err = blockcache.New(o.BlockCache, reg); err != nil {
+		return e, err
+	}
+	e.closers = append(e.closers, func(context.Context) error { e.Blocks.Close(); return nil })
+	events := o.Events
+	if events == nil && len(o.Brokers) > 0 {
+		pc := pipeline.DefaultProducerConfig()
+		pc.Brokers, pc.Topic, pc.SampleRate = o.Brokers, o.Topic, o.Sample
+		if e.producer, err = pipeline.NewProducer(pc, reg); err != nil {
+			return e, err
+		}
+		e.closers = append(e.closers, e.producer.Close)
+		events = e.producer
+	}
+	if e.Core, err = NewCore(CoreConfig{EdgeID: o.Server.EdgeID, Upstream: o.Server.Mode == Proxy}, rs,
+		CoreDeps{Limiter: e.Limiter, Blocks: e.Blocks, Slots: e.Slots, Events: events, Registerer: reg}); err != nil {
+		return e, err
+	}
+	e.Server, err = NewServer(o.Server, e.Core, Deps{StoreHealthy: healthy, Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew})
+	return e, err
+}
+
+// Listen binds the traffic and admin listeners (a port 0 picks a free
+// one). The admin listener serves /metrics, /healthz, /readyz and, with
+// Pprof, /debug/pprof/.
+func (e *Edge) Listen() error {
+	var err error
+	if e.ln, err = net.Listen("tcp", e.Options.Listen); err != nil {
+		return fmt.Errorf("edge: listen %s: %w", e.Options.Listen, err)
+	}
+	if e.aln, err = net.Listen("tcp", e.Options.Admin); err != nil {
+		e.ln.Close()
+		return fmt.Errorf("edge: admin listen %s: %w", e.Options.Admin, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", e.Server.AdminHandler(e.Registry))
+	if e.Options.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
+	e.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return nil
+}
+
+// Addr and AdminAddr are the listeners' addresses, after Listen.
+func (e *Edge) Addr() string      { return e.ln.Addr().String() }
+func (e *Edge) AdminAddr() string { return e.aln.Addr().String() }
+
+// Serve serves traffic and the admin listener, reloads the rule files when
+// they change or on SIGHUP, until ctx ends; then it finishes the requests
+// in flight and closes the edge within ShutdownTimeout.
+func (e *Edge) Serve(ctx context.Context) error {
+	if e.ln == nil {
+		if err := e.Listen(); err != nil {
+			return err
+		}
+	}
+	go e.admin.Serve(e.aln)
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	if e.Options.Server.RulesFile != "" || e.Options.Server.OverridesFile != "" {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go e.Server.WatchFiles(wctx, hup)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- e.Server.Serve(e.ln) }()
+	var serveErr error
+	select {
+	case err := <-errc:
+		if err != nil {
+			serveErr = fmt.Errorf("edge: serve: %w", err)
+		}
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), e.Options.ShutdownTimeout)
+	defer cancel()
+	return errors.Join(serveErr, e.Close(sctx))
+}
+
+// Close stops serving (waiting for requests in flight within ctx), then
+// closes what Build built in reverse order: the producer (flushing its
+// events), the block cache, the slots, the limiter (a last flush of its
+// counts), the store client. It is safe to call more than once and from
+// several goroutines: the first call closes, the others wait for it.
+func (e *Edge) Close(ctx context.Context) error {
+	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
+	return e.closeErr
+}
+
+func (e *Edge) close(ctx context.Context) error {
+	var errs []error
+	if e.Server != nil && e.ln != nil {
+		if err := e.Server.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, err)
+		}
+	}
+	if e.admin != nil {
+		e.admin.Close()
+	}
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		if err := e.closers[i](ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Rules returns the rules in force.
+func (e *Edge) Rules() *rules.Rules { return e.Core.Rules() }
+
+// LogStart logs that the edge started, with every default it took that
+// changes what it does.
+func (e *Edge) LogStart() {
+	o := &e.Options
+	store := "memory (single edge; pass -memcache to share counters)"
+	if len(o.Memcache.Servers) > 0 {
+		store = fmt.Sprintf("memcached, %d shards", len(o.Memcache.Servers))
+	} else if o.Store != nil {
+		store = "embedded"
+	}
+	events := "off (pass -brokers)"
+	if len(o.Brokers) > 0 {
+		events = strings.Join(o.Brokers, ",") + " topic " + o.Topic
+	}
+	rulesFrom := o.Server.RulesFile
+	if rulesFrom == "" {
+		rulesFrom = "built-in: default-per-client, 100 per 1m per client IP"
+	}
+	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "mode", string(o.Server.Mode),
+		"rules", rulesFrom, "store", store, "events", events, "flush_interval", o.Limiter.FlushInterval,
+		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.Server.EdgeID)
+}
+
+// ParseServers parses memcached shards as "host:port[:weight],...".
+func ParseServers(s string) ([]shardproxy.Server, error) {
+	var out []shardproxy.Server
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		parts := strings.Split(f, ":")
+		srv := shardproxy.Server{Addr: f}
+		if len(parts) == 3 {
+			w, err := strconv.Atoi(parts[2])
+			if err != nil {
+				return nil, fmt.Errorf("edge: memcache server %q: weight: %w", f, err)
+			}
+			srv.Addr, srv.Weight = parts[0]+":"+parts[1], w
+		}
+		out = append(out, srv)
+	}
+	return out, nil
+}
+
+// Memcache returns the edge's memcached client, nil without memcached.
+func (e *Edge) Memcache() *shardproxy.Client { return e.memcache }
