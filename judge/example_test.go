@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
+	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 )
 

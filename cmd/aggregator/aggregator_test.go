@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
 	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"

@@ -53,7 +53,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
+	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/cmd/aggregator/judge"
+	"github.com/poplimit/poplimit/judge"
 )
 
 // syncBuffer is an io.Writer safe for the logger and the test at once.
