@@ -13,8 +13,7 @@
 // before now is a miss even if the entry has not yet been evicted, so an
 // entry never outlives its release by a single request. Entries carry no
 // ristretto TTL: checking one reads the wall clock on every hit, which was
-// half the cost of a lookup (125–165 ns with it, about 70 ns without, on
-// the 2-core machine of BENCHMARKS.md). Released entries leave as the
+// about half the cost of a lookup (BENCHMARKS.md). Released entries leave as the
 // capacity policy evicts them, so memory stays bounded by MaxEntries, and
 // the entries gauge counts released entries not yet evicted.
 //

@@ -6,7 +6,7 @@
 #   2. a live PoP in async mode: 2 edges, 3 memcached shards, events through
 #      the aggregator's embedded Kafka broker;
 #   3. the same PoP with the rule in sync mode.
-# The standard workload: loadtest gen -kind mix -seed 1 -rate R -clients 2000
+# The standard workload: loadtest gen -kind mix -seed=1 -rate R -clients 2000
 # -duration D -limit 100 (Zipf(1.1) clients, an abuser at twice the limit,
 # a boundary double burst, a key flood, credential stuffing), against one
 # rule: 100 requests per 10 s per client IP, sliding window, throttle;
@@ -28,7 +28,7 @@ for c in edge aggregator loadtest; do go build -o "$tmp/$c" ./cmd/$c; done
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 wait_port() { for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
 
-"$tmp/loadtest" gen -kind mix -seed 1 -rate "$RATE" -clients 2000 -duration "$DUR" -limit 100 -o "$tmp/trace.jsonl"
+"$tmp/loadtest" gen -kind mix -seed=1 -rate "$RATE" -clients 2000 -duration "$DUR" -limit 100 -o "$tmp/trace.jsonl"
 echo "accuracy: standard workload: $(wc -l < "$tmp/trace.jsonl") trace lines, mix at $RATE/s for $DUR"
 rules() { # name mode
   printf 'rules:\n  - name: %s\n    limit: 100\n    window: 10s\n    mode: %s\n' "$1" "$2"

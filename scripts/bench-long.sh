@@ -51,7 +51,7 @@ fi
 
 if [[ $PARTS == *B* ]]; then
 echo; echo "== B. store operations per request and accuracy by flush interval (standard workload, $RATE/s for $TRACE_DUR, 2 edges)"
-"$tmp/loadtest" gen -kind mix -seed 1 -rate "$RATE" -clients 2000 -duration "$TRACE_DUR" -limit 100 -o "$tmp/trace.jsonl"
+"$tmp/loadtest" gen -kind mix -seed=1 -rate "$RATE" -clients 2000 -duration "$TRACE_DUR" -limit 100 -o "$tmp/trace.jsonl"
 printf "%8s %10s %14s %16s %16s %10s %10s %10s %18s\n" flush requests store_ops/req wrongly_allowed wrongly_limited wrong fallbacks late fallback_class_wa
 for fi in $FLUSH; do
   bp=$(port); ap=$(port)

@@ -86,7 +86,7 @@ func hashMD5(key []byte) uint32 {
 }
 
 // hashMurmur is nutcracker's hash_murmur (src/hashkit/nc_murmur.c),
-// MurmurHash2 with seed 0xdeadbeef*len, on a little-endian machine.
+// MurmurHash2 seeded with 0xdeadbeef*len, on a little-endian machine.
 func hashMurmur(key []byte) uint32 {
 	const (
 		m = uint32(0x5bd1e995)

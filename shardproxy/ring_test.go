@@ -46,7 +46,7 @@ func TestHashes(t *testing.T) {
 		{HashFNV1a64, "\x80", ((0x84222325 ^ 0xffffff80) * 0x1b3) & 0xffffffff},
 		{HashMD5, "", 0xd98c1dd4},  // d41d8cd9…, little-endian
 		{HashMD5, "a", 0xb975c10c}, // 0cc175b9…
-		{HashMurmur, "", 0},        // seed 0xdeadbeef×0
+		{HashMurmur, "", 0},        // seeded with 0xdeadbeef×0
 		{HashMurmur, "0123456789abcdef", hashMurmur([]byte("0123456789abcdef"))},
 	}
 	for _, tt := range tests {
