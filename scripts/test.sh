@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Go.
 #
-# It installs what the tests start for real (memcached, nutcracker, and
-# prometheus for promtool and the consoles) with apt when run as root and
-# they are missing; otherwise it names exactly what to install and stops. Then it vets the code and runs every package's tests
+# It installs what the tests start for real (memcached, nutcracker,
+# prometheus for promtool and the consoles, redis-server, and the proxies
+# caddy, nginx and haproxy) with apt when run as root and they are missing;
+# otherwise it names exactly what to install and stops. Then it vets the code and runs every package's tests
 # with the race detector. Extra arguments go to `go test` (e.g. -run Edge).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,10 @@ need=()
 command -v memcached >/dev/null 2>&1 || need+=(memcached)
 command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || need+=(nutcracker)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || need+=(redis-server)
+command -v caddy >/dev/null 2>&1 || need+=(caddy)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
