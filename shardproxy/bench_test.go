@@ -1,8 +1,11 @@
 package shardproxy
 
 import (
+	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // benchKeys returns n counter keys of random-looking key hashes.
@@ -62,4 +65,63 @@ func BenchmarkNewRing(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+func BenchmarkClientIncr(b *testing.B) {
+	ps := startShards(b, 2)
+	c := newClient(b, Config{Servers: serversOf(ps)})
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		k := rand.Uint64()
+		for pb.Next() {
+			if _, err := c.Incr(context.Background(), k, 0, 1, time.Minute); err != nil {
+				b.Error(err)
+				return
+			}
+			k++
+		}
+	})
+}
+
+func BenchmarkClientDoBatch(b *testing.B) {
+	ps := startShards(b, 4)
+	c := newClient(b, Config{Servers: serversOf(ps)})
+	ops := make([]Op, 64)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range ops {
+			ops[j] = Op{Key: uint64(j), Start: int64(i % 4), Delta: int64(j % 2), TTL: time.Minute}
+		}
+		c.Do(context.Background(), ops)
+		if ops[0].Err != nil {
+			b.Fatal(ops[0].Err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ops)), "ns/op-in-batch")
+}
+
+// BenchmarkClientDoBatch256 is a flush as the edge sends it: 256 ops over 3
+// shards, mostly increments of keys that exist, some decrements and reads.
+func BenchmarkClientDoBatch256(b *testing.B) {
+	ps := startShards(b, 3)
+	c := newClient(b, Config{Servers: serversOf(ps)})
+	ops := make([]Op, 256)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for j := range ops {
+			delta := int64(1 + j%3)
+			switch j % 16 {
+			case 5:
+				delta = -1
+			case 11, 13:
+				delta = 0
+			}
+			ops[j] = Op{Key: uint64(j) * 0x9e3779b97f4a7c15, Start: int64(i % 4), Delta: delta, TTL: time.Minute}
+		}
+		c.Do(context.Background(), ops)
+		if ops[0].Err != nil {
+			b.Fatal(ops[0].Err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ops)), "ns/op-in-batch")
 }

@@ -223,50 +223,6 @@ func TestDoMixedBatch(t *testing.T) {
 	}
 }
 
-func TestPlanGroupsReadsPerShard(t *testing.T) {
-	c := newClient(t, Config{Servers: testServers(4)})
-	ring := c.Ring()
-	var ops []Op
-	shards := map[int]int{}
-	for k := range uint64(300) {
-		for _, start := range []int64{0, 60_000} {
-			ops = append(ops, Op{Key: k, Start: start})
-			shards[ring.Lookup(AppendCounterKey(nil, k, start))]++
-		}
-	}
-	ops = append(ops, Op{Key: 1, Start: 0, Delta: 1, TTL: time.Second}, Op{Key: 2, Start: 0, Delta: -1})
-	b := getBatch()
-	defer b.release()
-	b.plan(c, ring, ops)
-	var reads, writes int
-	perShard := map[int]int{}
-	for _, un := range b.units {
-		n := 0
-		for _, i := range b.order[un.lo:un.hi] {
-			if got := ring.Lookup(b.key(i)); got != int(un.shard) {
-				t.Errorf("op %d: in a unit of shard %d, want shard %d", i, un.shard, got)
-			}
-			if b.ops[i].kind == kindGet {
-				n++
-			} else {
-				writes++
-			}
-		}
-		perShard[int(un.shard)] += n
-		reads += (n + maxKeysPerGet - 1) / maxKeysPerGet // multi-gets the unit sends
-	}
-	wantReads := 0
-	for s, n := range shards {
-		wantReads += (n + maxKeysPerGet - 1) / maxKeysPerGet
-		if perShard[s] != n {
-			t.Errorf("shard %d: got %d keys read, want %d", s, perShard[s], n)
-		}
-	}
-	if reads != wantReads || writes != 2 {
-		t.Errorf("got %d multi-gets and %d writes, want %d multi-gets (one per shard per %d keys) and 2", reads, writes, wantReads, maxKeysPerGet)
-	}
-}
-
 func TestEjectionAndReturn(t *testing.T) {
 	ps := startShards(t, 3)
 	reg := prometheus.NewRegistry()
@@ -488,24 +444,6 @@ func TestHungShardDelaysNoOtherShard(t *testing.T) {
 	}
 }
 
-func TestContextCancel(t *testing.T) {
-	const timeout = time.Second
-	c := newClient(t, Config{Servers: []Server{{Addr: hungServer(t)}}, Timeout: timeout})
-	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(30*time.Millisecond, cancel)
-	ops := []Op{{Key: 1, Delta: 1}, {Key: 2}}
-	begin := time.Now()
-	c.Do(ctx, ops)
-	if elapsed := time.Since(begin); elapsed > timeout/2 {
-		t.Errorf("Do cancelled after 30ms: took %v, want well under the %v timeout", elapsed, timeout)
-	}
-	for _, op := range ops {
-		if !errors.Is(op.Err, context.Canceled) {
-			t.Errorf("op %+v: got %v, want context.Canceled", op, op.Err)
-		}
-	}
-}
-
 func TestGarbageReplies(t *testing.T) {
 	tests := []struct {
 		name, reply string
@@ -559,52 +497,6 @@ func TestDoAfterClose(t *testing.T) {
 	}
 }
 
-func TestConfigValidate(t *testing.T) {
-	ok := []Server{{Addr: "127.0.0.1:11211"}}
-	tests := []struct {
-		name  string
-		cfg   Config
-		wants []string // substrings of the error; none means valid
-	}{
-		{"zero values are defaults", Config{Servers: ok}, nil},
-		{"all set", Config{Servers: ok, Hash: HashMD5, Timeout: time.Second, BatchTimeout: 2 * time.Second,
-			MaxConnsPerShard: 8, Parallelism: 2, FailureLimit: 1, RetryTimeout: time.Second}, nil},
-		{"no servers", Config{}, []string{"Servers: empty"}},
-		{"negatives", Config{Servers: ok, Timeout: -1, BatchTimeout: -2, MaxConnsPerShard: -3, Parallelism: -4, FailureLimit: -5, RetryTimeout: -6},
-			[]string{"Timeout: -1ns", "BatchTimeout: -2ns", "MaxConnsPerShard: -3", "Parallelism: -4", "FailureLimit: -5", "RetryTimeout: -6ns"}},
-		{"too large", Config{Servers: ok, Timeout: time.Hour, MaxConnsPerShard: 1 << 20, Parallelism: 1 << 20, FailureLimit: 1 << 20, RetryTimeout: 48 * time.Hour},
-			[]string{"Timeout: 1h0m0s", "MaxConnsPerShard: 1048576", "Parallelism: 1048576", "FailureLimit: 1048576", "RetryTimeout: 48h0m0s"}},
-		{"batch shorter than timeout", Config{Servers: ok, Timeout: time.Second, BatchTimeout: time.Millisecond},
-			[]string{"BatchTimeout: 1ms: less than Timeout (1s)"}},
-		{"batch shorter than default timeout", Config{Servers: ok, BatchTimeout: time.Millisecond},
-			[]string{"BatchTimeout: 1ms: less than Timeout (100ms)"}},
-		{"hash", Config{Servers: ok, Hash: "crc32"}, []string{`Hash: hash "crc32"`}},
-		{"server", Config{Servers: []Server{{Addr: "x"}}}, []string{`Servers[0].Addr: "x"`}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := tt.cfg.Validate()
-			if len(tt.wants) == 0 {
-				if err != nil {
-					t.Fatalf("got %v, want nil", err)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("got nil, want an error containing %q", tt.wants)
-			}
-			for _, w := range tt.wants {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("got %q, want it to contain %q", err, w)
-				}
-			}
-			if _, nerr := New(tt.cfg, nil); nerr == nil {
-				t.Error("New: got nil error for an invalid config")
-			}
-		})
-	}
-}
-
 func TestMetrics(t *testing.T) {
 	ps := startShards(t, 1)
 	reg := prometheus.NewRegistry()
@@ -637,103 +529,4 @@ func TestMetrics(t *testing.T) {
 	if problems, _ := testutil.GatherAndLint(reg); len(problems) != 0 {
 		t.Errorf("after a failed New: got lint problems %v", problems)
 	}
-}
-
-func TestParseCounter(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    uint64
-		wantErr bool
-	}{
-		{"0", 0, false},
-		{"5  ", 5, false}, // memcached pads a value a decr shortened
-		{"18446744073709551615", math.MaxUint64, false},
-		{"", 0, true},
-		{" 5", 0, true},
-		{"abc", 0, true},
-		{"18446744073709551616", 0, true},
-	}
-	for _, tt := range tests {
-		got, err := parseCounter([]byte(tt.in))
-		if got != tt.want || (err != nil) != tt.wantErr {
-			t.Errorf("parseCounter(%q): got %d, %v, want %d, error %v", tt.in, got, err, tt.want, tt.wantErr)
-		}
-	}
-}
-
-func TestTTLSeconds(t *testing.T) {
-	tests := []struct {
-		ttl     time.Duration
-		want    int32
-		wantErr bool
-	}{
-		{0, 1, false}, {-time.Second, 1, false}, {time.Nanosecond, 1, false}, {time.Second, 1, false},
-		{time.Second + 1, 2, false}, {2 * time.Minute, 120, false}, {30 * 24 * time.Hour, 2592000, false},
-		{30*24*time.Hour + 1, 0, true},
-	}
-	for _, tt := range tests {
-		got, err := ttlSeconds(tt.ttl)
-		if got != tt.want || (err != nil) != tt.wantErr {
-			t.Errorf("ttlSeconds(%v): got %d, %v, want %d, error %v", tt.ttl, got, err, tt.want, tt.wantErr)
-		}
-	}
-}
-
-func BenchmarkClientIncr(b *testing.B) {
-	ps := startShards(b, 2)
-	c := newClient(b, Config{Servers: serversOf(ps)})
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		k := rand.Uint64()
-		for pb.Next() {
-			if _, err := c.Incr(context.Background(), k, 0, 1, time.Minute); err != nil {
-				b.Error(err)
-				return
-			}
-			k++
-		}
-	})
-}
-
-func BenchmarkClientDoBatch(b *testing.B) {
-	ps := startShards(b, 4)
-	c := newClient(b, Config{Servers: serversOf(ps)})
-	ops := make([]Op, 64)
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		for j := range ops {
-			ops[j] = Op{Key: uint64(j), Start: int64(i % 4), Delta: int64(j % 2), TTL: time.Minute}
-		}
-		c.Do(context.Background(), ops)
-		if ops[0].Err != nil {
-			b.Fatal(ops[0].Err)
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ops)), "ns/op-in-batch")
-}
-
-// BenchmarkClientDoBatch256 is a flush as the edge sends it: 256 ops over 3
-// shards, mostly increments of keys that exist, some decrements and reads.
-func BenchmarkClientDoBatch256(b *testing.B) {
-	ps := startShards(b, 3)
-	c := newClient(b, Config{Servers: serversOf(ps)})
-	ops := make([]Op, 256)
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		for j := range ops {
-			delta := int64(1 + j%3)
-			switch j % 16 {
-			case 5:
-				delta = -1
-			case 11, 13:
-				delta = 0
-			}
-			ops[j] = Op{Key: uint64(j) * 0x9e3779b97f4a7c15, Start: int64(i % 4), Delta: delta, TTL: time.Minute}
-		}
-		c.Do(context.Background(), ops)
-		if ops[0].Err != nil {
-			b.Fatal(ops[0].Err)
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ops)), "ns/op-in-batch")
 }

@@ -9,6 +9,7 @@ import (
 // Defaults of Config, used where a field is zero.
 const (
 	DefaultHash             = HashFNV1a64
+	DefaultProtocol         = ProtocolText
 	DefaultTimeout          = 100 * time.Millisecond
 	DefaultBatchGrace       = 50 * time.Millisecond // BatchTimeout defaults to Timeout + this
 	DefaultMaxConnsPerShard = 64
@@ -29,6 +30,22 @@ const (
 	maxTTL           = 30 * 24 * time.Hour // memcached reads a larger expiry as a Unix time
 )
 
+// Protocol names how a Client sends increments to memcached.
+type Protocol string
+
+const (
+	// ProtocolText is the text protocol's incr; when the counter is
+	// missing, add, and when another client's add won, incr again: up to
+	// three round trips, in any memcached and through nutcracker.
+	ProtocolText Protocol = "text"
+
+	// ProtocolMeta is the meta protocol's arithmetic command, ma with N
+	// (create a missing counter with this TTL), J (its initial value, the
+	// delta) and D (the delta): one round trip, memcached 1.6 or later.
+	// nutcracker does not speak it: only for shards addressed directly.
+	ProtocolMeta Protocol = "meta"
+)
+
 // Config configures a Client. The zero value of each field other than
 // Servers means the default written on it; Validate rejects the rest.
 type Config struct {
@@ -42,19 +59,27 @@ type Config struct {
 	// "{}": counter keys carry their key hash between braces.
 	Hash Hash
 
+	// Protocol is how increments are sent: ProtocolText ("text", the
+	// default) or ProtocolMeta ("meta"). With "meta", every increment goes
+	// through the pipelined path, even alone on its shard, and an increment
+	// that creates its counter is not told from one that finds it (ma does
+	// not say), so increments count as result="ok", never "miss". Reads
+	// and decrements are the same in both.
+	Protocol Protocol
+
 	// Timeout bounds one round trip to a shard: the dial, and the write and
 	// read of one command (gomemcache's Timeout) or of one round of a
 	// pipeline, however many commands it carries. It is also what a hung
 	// shard costs an op. Default 100ms, at most one minute.
 	Timeout time.Duration
 
-	// BatchTimeout bounds one Do call: ops without a reply by then fail with
-	// ErrTimeout. An increment of a missing counter takes up to three round
-	// trips (incr, add, incr), each bounded by Timeout, and so does each
-	// further write of a counter in the same call; a call still running
-	// when Do returns finishes its round trip in the background and only
-	// updates the shard's health. Default Timeout + 50ms; not less than
-	// Timeout.
+	// BatchTimeout bounds one Do or DoValues call: ops without a reply by
+	// then fail with ErrTimeout. An increment of a missing counter takes up
+	// to three round trips (incr, add, incr; one with ProtocolMeta), each
+	// bounded by Timeout, and so does each further write of a counter in the
+	// same call; a round trip still running when the call returns finishes
+	// in the background and only updates the shard's health. Default
+	// Timeout + 50ms; not less than Timeout.
 	BatchTimeout time.Duration
 
 	// MaxConnsPerShard caps the connections in use to one shard, single
@@ -93,6 +118,9 @@ func (c Config) withDefaults() Config {
 	if c.Hash == "" {
 		c.Hash = DefaultHash
 	}
+	if c.Protocol == "" {
+		c.Protocol = DefaultProtocol
+	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
 	}
@@ -120,6 +148,9 @@ func (c Config) Validate() error {
 	errs := validateServers(c.Servers)
 	if c.Hash != "" && !c.Hash.valid() {
 		errs = append(errs, fmt.Errorf("Hash: %w", errHash(c.Hash)))
+	}
+	if c.Protocol != "" && c.Protocol != ProtocolText && c.Protocol != ProtocolMeta {
+		errs = append(errs, fmt.Errorf("Protocol: %q: want %q (default) or %q", string(c.Protocol), ProtocolText, ProtocolMeta))
 	}
 	dur := func(name string, d, limit time.Duration) {
 		if d < 0 || d > limit {

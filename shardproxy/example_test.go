@@ -2,7 +2,9 @@ package shardproxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/poplimit/poplimit/shardproxy"
@@ -71,4 +73,33 @@ func ExampleClient_Incr() {
 	defer c.Close()
 	n, err := c.Incr(context.Background(), 0x5eed, 1_700_000_000_000, 1, 2*time.Minute)
 	fmt.Println(n, err)
+}
+
+// A shared value updated by read-modify-write: read it with its token,
+// store the new value if nobody changed it meanwhile, and try again if
+// somebody did. A missing value is created with Add.
+func ExampleClient_CompareAndSwap() {
+	c, err := shardproxy.New(shardproxy.Config{Servers: []shardproxy.Server{{Addr: "127.0.0.1:11211"}}}, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	ctx := context.Background()
+	const key = 0x5eed
+	for attempt := 0; attempt < 5; attempt++ {
+		old, cas, err := c.Gets(ctx, key)
+		switch {
+		case errors.Is(err, shardproxy.ErrNotFound):
+			err = c.Add(ctx, key, []byte("1"), time.Minute)
+		case err == nil:
+			n, _ := strconv.Atoi(string(old))
+			err = c.CompareAndSwap(ctx, key, []byte(strconv.Itoa(n+1)), cas, time.Minute)
+		}
+		if errors.Is(err, shardproxy.ErrCASConflict) || errors.Is(err, shardproxy.ErrExists) {
+			continue // another edge wrote first: read again
+		}
+		fmt.Println(err)
+		return
+	}
 }

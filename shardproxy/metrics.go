@@ -1,39 +1,10 @@
 package shardproxy
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// opKind is the kind of an op, the bounded "op" label.
-type opKind uint8
-
-const (
-	kindIncr opKind = iota
-	kindDecr
-	kindGet
-	numKinds
-)
-
-var kindNames = [numKinds]string{"incr", "decr", "get"}
-
-func (k opKind) String() string { return kindNames[k] }
-
-// result is the outcome of one op as its caller saw it, the bounded
-// "result" label.
-type result uint8
-
-const (
-	resultOK      result = iota
-	resultMiss           // the counter did not exist: created (incr) or read as 0
-	resultError          // any other failure, ErrNoServers and cancellation included
-	resultTimeout        // ErrTimeout
-	numResults
-)
-
-var resultNames = [numResults]string{"ok", "miss", "error", "timeout"}
 
 // metrics are the Client's Prometheus collectors, with every label
 // combination resolved once so the hot path does no map look-ups.
@@ -55,7 +26,7 @@ func newMetrics(reg prometheus.Registerer, nshards int) (*metrics, error) {
 	m := &metrics{
 		opsVec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "ops_total",
-			Help: "Counter operations finished, by operation (incr, decr, get) and result (ok, miss, error, timeout).",
+			Help: "Operations finished, by operation (counters: incr, decr, get; values: gets, add, cas) and result (ok, miss, conflict: a lost compare-and-swap or add, error, timeout, canceled: by the caller).",
 		}, []string{"op", "result"}),
 		latencyVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "op_duration_seconds",
@@ -95,17 +66,4 @@ func newMetrics(reg prometheus.Registerer, nshards int) (*metrics, error) {
 		}
 	}
 	return m, nil
-}
-
-// classify returns the result label for an op's outcome.
-func classify(err error, miss bool) result {
-	switch {
-	case err == nil && miss:
-		return resultMiss
-	case err == nil:
-		return resultOK
-	case errors.Is(err, ErrTimeout):
-		return resultTimeout
-	}
-	return resultError
 }

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -49,10 +48,11 @@ var errOutOfStep = fmt.Errorf("%w: replies out of step with commands", ErrMalfor
 // pconn is a raw connection to one shard for pipelines. A worker holds it
 // for a whole unit; between units it waits in its shard's pipePool.
 type pconn struct {
-	nc   net.Conn
-	r    *bufio.Reader
-	w    []byte  // the round being written
-	next []int32 // ops that go on to the next round (misses, lost add races)
+	nc    net.Conn
+	r     *bufio.Reader
+	w     []byte  // the round being written
+	round []int32 // ops of round 2 or 3 being read
+	next  []int32 // ops that go on to the next round (misses, lost add races)
 }
 
 // pipePool keeps a shard's idle pipeline connections, most recently used
@@ -120,18 +120,21 @@ func (p *pipePool) drain(closing bool) error {
 type exchange struct {
 	b       *batch
 	pc      *pconn
+	u       int32 // the unit it runs
 	addr    string
 	timeout time.Duration
+	meta    bool // increments are ma commands (Config.Protocol "meta")
 }
 
 // run performs ops, which plan sorted by phase and, within a phase, reads
 // before writes. Each phase goes in chunks of at most maxPipelineOps ops
 // (a unit holds more when one counter is hot, since all of a counter's ops
 // are in one unit), each chunk in up to three rounds:
-// (1) the multi-gets of its reads and the incr or decr of its writes, (2)
-// an add for each incr that missed, (3) an incr for each add that lost a
-// race. Each round is one write and the reads of its replies, within
-// timeout. Chunks of a phase run in order, so its reads still precede its
+// (1) the multi-gets of its reads and the incr (or ma) or decr of its
+// writes, or its value ops, (2) an add for each incr that missed, (3) an
+// incr for each add that lost a race; a chunk of value ops is at most
+// maxValueRoundOps, and one round. Each round is one write and the reads
+// of its replies, within timeout. Chunks of a phase run in order, so its reads still precede its
 // writes.
 //
 // It returns nil when every round ended cleanly, or stopped early because
@@ -140,45 +143,54 @@ type exchange struct {
 // the connection must be closed and ops without an outcome fail with it.
 func (x *exchange) run(ops []int32) error {
 	b := x.b
+	limit := maxPipelineOps
+	if b.values {
+		limit = maxValueRoundOps
+	}
 	for len(ops) > 0 {
 		if b.ctx.Err() != nil {
 			return nil
 		}
 		phase := b.ops[ops[0]].phase
 		n := 1
-		for n < len(ops) && n < maxPipelineOps && b.ops[ops[n]].phase == phase {
+		for n < len(ops) && n < limit && b.ops[ops[n]].phase == phase {
 			n++
 		}
 		chunk := ops[:n]
 		ops = ops[n:]
-		err := x.chunk(chunk)
-		if errors.Is(err, errOutOfStep) {
-			for _, i := range chunk {
-				b.ops[i].reset()
-			}
-		}
-		if err != nil {
+		if err := x.chunk(chunk); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// chunk runs the rounds of ops of one phase.
+// chunk runs the rounds of ops of one phase. When a round's replies are
+// out of step with its commands, the outcomes read in that round are
+// forgotten, and only those: the rounds before it ended in step, so what
+// memcached confirmed in them stands (an increment failed after memcached
+// counted it would be sent again by the caller, and counted twice).
 func (x *exchange) chunk(ops []int32) error {
-	b := x.b
+	b, pc := x.b, x.pc
 	m := 0
 	for m < len(ops) && b.ops[ops[m]].kind == kindGet {
 		m++
 	}
 	if err := x.first(ops[:m], ops[m:]); err != nil {
+		if errors.Is(err, errOutOfStep) {
+			b.reset(ops)
+		}
 		return err
 	}
-	for round := 2; round <= 3 && len(x.pc.next) > 0; round++ {
+	for round := 2; round <= 3 && len(pc.next) > 0; round++ {
 		if b.ctx.Err() != nil {
 			return nil
 		}
+		pc.round, pc.next = pc.next, pc.round[:0]
 		if err := x.retry(round); err != nil {
+			if errors.Is(err, errOutOfStep) {
+				b.reset(pc.round)
+			}
 			return err
 		}
 	}
@@ -199,9 +211,26 @@ func (x *exchange) first(reads, writes []int32) error {
 	}
 	for _, i := range writes {
 		st := &b.ops[i]
-		if st.kind == kindIncr {
+		switch {
+		case st.kind >= kindGets:
+			w = x.appendValueCommand(w, i)
+			continue
+		case st.kind == kindIncr && x.meta:
+			// Increment, or create with the delta as initial value and the
+			// TTL, in one command.
+			w = append(w, "ma "...)
+			w = append(w, b.key(i)...)
+			w = append(w, " N"...)
+			w = strconv.AppendInt(w, int64(st.ttl), 10)
+			w = append(w, " J"...)
+			w = strconv.AppendUint(w, st.delta, 10)
+			w = append(w, " D"...)
+			w = strconv.AppendUint(w, st.delta, 10)
+			w = append(w, " v\r\n"...)
+			continue
+		case st.kind == kindIncr:
 			w = append(w, "incr "...)
-		} else {
+		default:
 			w = append(w, "decr "...)
 		}
 		w = append(w, b.key(i)...)
@@ -224,13 +253,24 @@ func (x *exchange) first(reads, writes []int32) error {
 		if err != nil {
 			return err
 		}
+		if st.kind >= kindGets {
+			if err := x.valueReply(i, line); err != nil {
+				return err
+			}
+			continue
+		}
+		if st.kind == kindIncr && x.meta {
+			if err := x.metaReply(st, line); err != nil {
+				return err
+			}
+			continue
+		}
 		switch {
 		case isNumber(line):
-			v, ok := parseDigits(line)
-			if !ok {
-				return malformedLine("incr/decr reply", line)
+			if st.value, err = number(line); err != nil {
+				return err
 			}
-			st.value, st.done = v, true
+			st.done = true
 		case bytes.Equal(line, replyNotFound):
 			if st.kind == kindIncr {
 				pc.next = append(pc.next, i) // add it in round 2
@@ -246,13 +286,44 @@ func (x *exchange) first(reads, writes []int32) error {
 	return x.end()
 }
 
-// retry sends and reads round 2 (add each counter pc.next holds, created
+// metaReply reads the reply of an ma command (with the v flag): "VA
+// <length>" and the counter's new value, whether it existed or not.
+func (x *exchange) metaReply(st *opState, line []byte) error {
+	switch {
+	case bytes.HasPrefix(line, replyMetaValue):
+		size, _, _ := bytes.Cut(line[len(replyMetaValue):], []byte{' '}) // flags, if any, follow
+		n, ok := parseDigits(size)
+		if !ok || n > maxValueLen {
+			return malformedLine("ma reply", line)
+		}
+		data, err := x.block(int(n))
+		if err != nil {
+			return err
+		}
+		v, ok := parseDigits(data[:n])
+		if !ok {
+			return malformedLine("ma value", data)
+		}
+		x.pc.r.Discard(int(n) + 2)
+		st.value, st.done = v, true
+	case bytes.Equal(line, replyMetaNotStored):
+		// memcached could not store the counter it was to create.
+		st.err, st.done = fmt.Errorf("shardproxy: incr %s: counter not created (NS)", x.addr), true
+	case bytes.HasPrefix(line, replyClientError):
+		st.err, st.done = x.clientError(kindIncr, line), true
+	default:
+		return x.unexpected(line)
+	}
+	return nil
+}
+
+// retry sends and reads round 2 (add each counter pc.round holds, created
 // with the op's delta and TTL) or round 3 (incr each one whose add lost a
 // race), and leaves in pc.next the ops that go on to the next round.
 func (x *exchange) retry(round int) error {
 	b, pc := x.b, x.pc
 	w := pc.w[:0]
-	for _, i := range pc.next {
+	for _, i := range pc.round {
 		st := &b.ops[i]
 		var digits [20]byte
 		d := strconv.AppendUint(digits[:0], st.delta, 10)
@@ -276,8 +347,7 @@ func (x *exchange) retry(round int) error {
 	if err := x.send(w); err != nil {
 		return err
 	}
-	next := pc.next[:0] // compacted in place: reads stay ahead of writes
-	for _, i := range pc.next {
+	for _, i := range pc.round {
 		st := &b.ops[i]
 		line, err := x.line()
 		if err != nil {
@@ -287,13 +357,12 @@ func (x *exchange) retry(round int) error {
 		case round == 2 && bytes.Equal(line, replyStored):
 			st.value, st.miss, st.done = st.delta, true, true // created
 		case round == 2 && bytes.Equal(line, replyNotStored):
-			next = append(next, i) // another client created it meanwhile
+			pc.next = append(pc.next, i) // another client created it meanwhile
 		case round == 3 && isNumber(line):
-			v, ok := parseDigits(line)
-			if !ok {
-				return malformedLine("incr reply", line)
+			if st.value, err = number(line); err != nil {
+				return err
 			}
-			st.value, st.done = v, true
+			st.done = true
 		case round == 3 && bytes.Equal(line, replyNotFound):
 			// Created by another client, then gone (expired, evicted or
 			// deleted) before this incr: as gomemcache reports it.
@@ -304,7 +373,6 @@ func (x *exchange) retry(round int) error {
 			return x.unexpected(line)
 		}
 	}
-	pc.next = next
 	return x.end()
 }
 
@@ -315,9 +383,7 @@ func (x *exchange) retry(round int) error {
 func (x *exchange) readGet(reads []int32) error {
 	err := x.readValues(reads)
 	if err != nil {
-		for _, i := range reads {
-			x.b.ops[i].reset()
-		}
+		x.b.reset(reads)
 	}
 	return err
 }
@@ -341,7 +407,7 @@ func (x *exchange) readValues(reads []int32) error {
 		if !bytes.HasPrefix(line, replyValue) {
 			return x.unexpected(line)
 		}
-		key, size, ok := parseValueLine(line[len(replyValue):])
+		key, size, _, ok := parseValueLine(line[len(replyValue):], false)
 		if !ok {
 			return malformedLine("VALUE line", line)
 		}
@@ -354,21 +420,14 @@ func (x *exchange) readValues(reads []int32) error {
 		if j == len(reads) {
 			return fmt.Errorf("%w: VALUE for key %.60q, not asked or out of order", ErrMalformed, key)
 		}
-		data, err := x.pc.r.Peek(size + 2)
+		data, err := x.block(size)
 		if err != nil {
-			return readErr(err, len(data) > 0)
+			return err
 		}
-		if data[size] != '\r' || data[size+1] != '\n' {
-			return malformedLine("VALUE data block", data)
-		}
+		// A value that is not a counter is memcached's answer: this op's
+		// error, as on the gomemcache path.
 		st := &b.ops[reads[j]]
-		if v, ok := parseDigits(data[:size]); ok {
-			st.value = v
-		} else {
-			// A value that is not a counter: memcached's answer, this op's
-			// error, as on the gomemcache path.
-			st.err = fmt.Errorf("shardproxy: get %s: %s: value %.40q is not a counter", x.addr, b.key(reads[j]), data[:size])
-		}
+		st.value, st.err = readCounter(x.addr, b.key(reads[j]), data[:size])
 		st.done = true
 		j++
 		x.pc.r.Discard(size + 2)
@@ -387,6 +446,21 @@ func (x *exchange) send(w []byte) error {
 	return err
 }
 
+// block returns the data block of size bytes that follows a VALUE or VA
+// line, checking its "\r\n"; it stays buffered (and valid) until the
+// caller discards its size+2 bytes. size is at most what the read buffer
+// holds.
+func (x *exchange) block(size int) ([]byte, error) {
+	data, err := x.pc.r.Peek(size + 2)
+	if err != nil {
+		return nil, readErr(err, len(data) > 0)
+	}
+	if data[size] != '\r' || data[size+1] != '\n' {
+		return nil, malformedLine("data block", data)
+	}
+	return data, nil
+}
+
 // end reads the reply to endCommand, which must be the round's last.
 func (x *exchange) end() error {
 	line, err := x.line()
@@ -397,117 +471,4 @@ func (x *exchange) end() error {
 		return errOutOfStep
 	}
 	return nil
-}
-
-// line reads one reply line and returns it without its "\r\n". It is valid
-// until the next read.
-func (x *exchange) line() ([]byte, error) {
-	l, err := x.pc.r.ReadSlice('\n')
-	if err != nil {
-		if errors.Is(err, bufio.ErrBufferFull) {
-			return nil, fmt.Errorf("%w: reply line longer than %d bytes", ErrMalformed, readBufSize)
-		}
-		return nil, readErr(err, len(l) > 0)
-	}
-	if len(l) < 2 || l[len(l)-2] != '\r' {
-		return nil, malformedLine("line not ended by \\r\\n", l)
-	}
-	return l[:len(l)-2], nil
-}
-
-// readErr describes an error reading a reply, partial when part of the
-// reply had arrived.
-func readErr(err error, partial bool) error {
-	if err != io.EOF {
-		return err // a timeout or a broken connection
-	}
-	if partial {
-		return fmt.Errorf("%w: reply truncated by the server closing the connection", ErrMalformed)
-	}
-	return fmt.Errorf("connection closed by the server: %w", io.ErrUnexpectedEOF)
-}
-
-// unexpected is the error of a reply line that is not an answer to the
-// command it is read for.
-func (x *exchange) unexpected(line []byte) error {
-	switch {
-	case bytes.HasPrefix(line, replyVersion):
-		return errOutOfStep // endCommand's reply where a command's was due
-	case bytes.HasPrefix(line, replyServerError):
-		// memcached's own failure (out of memory, …): it counts against
-		// the shard, and memcached may close the connection after it.
-		return fmt.Errorf("server error: %.100s", line[len(replyServerError):])
-	case bytes.Equal(line, replyError):
-		return fmt.Errorf("%w: memcached did not understand a command (ERROR)", ErrMalformed)
-	}
-	return malformedLine("reply", line)
-}
-
-// clientError is the error of an op memcached refused with CLIENT_ERROR
-// (an incr of a value that is not a number): its answer, not a failure.
-func (x *exchange) clientError(kind opKind, line []byte) error {
-	return fmt.Errorf("shardproxy: %s %s: client error: %.100s", kind, x.addr, line[len(replyClientError):])
-}
-
-func malformedLine(what string, line []byte) error {
-	return fmt.Errorf("%w: %s %.40q", ErrMalformed, what, line)
-}
-
-// Reply lines, without "\r\n", and prefixes.
-var (
-	replyNotFound    = []byte("NOT_FOUND")
-	replyStored      = []byte("STORED")
-	replyNotStored   = []byte("NOT_STORED")
-	replyEnd         = []byte("END")
-	replyError       = []byte("ERROR")
-	replyValue       = []byte("VALUE ")
-	replyVersion     = []byte("VERSION ")
-	replyClientError = []byte("CLIENT_ERROR ")
-	replyServerError = []byte("SERVER_ERROR ")
-)
-
-func isNumber(line []byte) bool { return len(line) > 0 && '0' <= line[0] && line[0] <= '9' }
-
-// parseDigits reads a counter: decimal digits, which memcached may pad
-// with trailing spaces after a decr shortens them in place. It reports
-// false for anything else, an empty value or one over math.MaxUint64.
-func parseDigits(b []byte) (uint64, bool) {
-	for len(b) > 0 && b[len(b)-1] == ' ' {
-		b = b[:len(b)-1]
-	}
-	if len(b) == 0 || len(b) > 20 {
-		return 0, false
-	}
-	var v uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		d := uint64(c - '0')
-		if v > (1<<64-1-d)/10 {
-			return 0, false
-		}
-		v = v*10 + d
-	}
-	return v, true
-}
-
-// parseValueLine reads "<key> <flags> <bytes>", the rest of a VALUE line.
-func parseValueLine(b []byte) (key []byte, size int, ok bool) {
-	key, b, ok = bytes.Cut(b, []byte{' '})
-	if !ok || len(key) == 0 {
-		return nil, 0, false
-	}
-	flags, b, ok := bytes.Cut(b, []byte{' '})
-	if !ok || len(flags) > 10 || len(b) > 10 {
-		return nil, 0, false
-	}
-	if _, ok := parseDigits(flags); !ok {
-		return nil, 0, false
-	}
-	n, ok := parseDigits(b)
-	if !ok || b[len(b)-1] == ' ' {
-		return nil, 0, false
-	}
-	return key, int(n), true
 }

@@ -3,7 +3,6 @@ package shardproxy
 import (
 	"bufio"
 	"fmt"
-	"github.com/poplimit/poplimit/internal/testenv"
 	"io"
 	"net"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/internal/testenv"
 )
 
 // This file starts real servers for the tests: memcached shards, nutcracker
@@ -257,3 +258,191 @@ func garbageServer(t testing.TB, reply string) string {
 func deadAddr(t testing.TB) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))
 }
+
+// skewRelay starts a loopback relay in front of a real memcached at target
+// that puts the replies of one pipeline round out of step with its
+// commands, once: on the first connection it carries, it sends an extra
+// "STORED" line before the round-th VERSION reply (every pipeline round
+// ends with a version command). With race set, it also plays the other
+// client of an add race: before forwarding an add, it creates that counter
+// with the value 100 through a connection of its own, so the add is
+// refused and a third round (an incr) follows. Everything else is carried
+// as memcached sent it.
+func skewRelay(t testing.TB, target string, round int, race bool) string {
+	t.Helper()
+	var mu sync.Mutex
+	conns := 0
+	return listen(t, func(c net.Conn) {
+		mu.Lock()
+		first := conns == 0
+		conns++
+		mu.Unlock()
+		up, err := net.DialTimeout("tcp", target, time.Second)
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		var side net.Conn
+		var sideR *bufio.Reader
+		if race {
+			if side, err = net.DialTimeout("tcp", target, time.Second); err != nil {
+				return
+			}
+			defer side.Close()
+			sideR = bufio.NewReader(side)
+		}
+		done := make(chan struct{})
+		go func() { // client to memcached
+			defer close(done)
+			defer up.Close()
+			r, w := bufio.NewReader(c), bufio.NewWriter(up)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if f := strings.Fields(line); race && len(f) == 5 && f[0] == "add" {
+					fmt.Fprintf(side, "set %s 0 60 3\r\n100\r\n", f[1])
+					if reply, err := sideR.ReadString('\n'); err != nil || reply != "STORED\r\n" {
+						return
+					}
+				}
+				w.WriteString(line)
+				if r.Buffered() == 0 && w.Flush() != nil {
+					return
+				}
+			}
+		}()
+		r, w := bufio.NewReader(up), bufio.NewWriter(c)
+		versions := 0
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				break
+			}
+			if strings.HasPrefix(line, "VERSION ") {
+				if versions++; first && versions == round {
+					w.WriteString("STORED\r\n")
+				}
+			}
+			w.WriteString(line)
+			if r.Buffered() == 0 && w.Flush() != nil {
+				break
+			}
+		}
+		c.Close()
+		<-done
+	})
+}
+
+// fakeMemcached is a memcached of the text protocol's get, incr, decr, add
+// and version over a map, with the counters of preset, for tests that
+// break its replies. fault, when not nil, sees each command line (its
+// index n on the connection, conn the connection's index) and the reply
+// memcached would give, and returns what to send instead: replyHang
+// stops replying, a reply ending in replyClose closes the connection after
+// sending the rest. Replies are flushed when no command is waiting, so a
+// pipeline's replies leave in one write, as memcached's do.
+func fakeMemcached(t testing.TB, preset map[string]string, fault func(conn, n int, cmd, reply string) string) string {
+	var mu sync.Mutex
+	vals := map[string]string{}
+	for k, v := range preset {
+		vals[k] = v
+	}
+	var conns int
+	exec := func(f []string, data string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case len(f) >= 2 && f[0] == "get":
+			var b strings.Builder
+			for _, k := range f[1:] {
+				if v, ok := vals[k]; ok {
+					fmt.Fprintf(&b, "VALUE %s 0 %d\r\n%s\r\n", k, len(v), v)
+				}
+			}
+			return b.String() + "END\r\n"
+		case len(f) == 3 && (f[0] == "incr" || f[0] == "decr"):
+			v, ok := vals[f[1]]
+			if !ok {
+				return "NOT_FOUND\r\n"
+			}
+			n, err := strconv.ParseUint(strings.TrimRight(v, " "), 10, 64)
+			d, _ := strconv.ParseUint(f[2], 10, 64)
+			if err != nil {
+				return "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
+			}
+			if f[0] == "incr" {
+				n += d
+			} else {
+				n -= min(n, d)
+			}
+			vals[f[1]] = strconv.FormatUint(n, 10)
+			return vals[f[1]] + "\r\n"
+		case len(f) == 5 && f[0] == "add":
+			if _, ok := vals[f[1]]; ok {
+				return "NOT_STORED\r\n"
+			}
+			vals[f[1]] = data
+			return "STORED\r\n"
+		case len(f) == 1 && f[0] == "version":
+			return "VERSION 1.6.18-fake\r\n"
+		}
+		return "ERROR\r\n"
+	}
+	return listen(t, func(c net.Conn) {
+		mu.Lock()
+		conn := conns
+		conns++
+		mu.Unlock()
+		defer c.Close()
+		r := bufio.NewReader(c)
+		w := bufio.NewWriter(c)
+		defer w.Flush()
+		hung := false
+		for n := 0; ; n++ {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			cmd := strings.TrimSuffix(line, "\r\n")
+			f := strings.Fields(cmd)
+			var data string
+			if len(f) > 0 && f[0] == "add" {
+				d, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				data = strings.TrimSuffix(d, "\r\n")
+			}
+			reply := exec(f, data)
+			if fault != nil {
+				reply = fault(conn, n, cmd, reply)
+			}
+			if hung {
+				continue
+			}
+			if rest, ok := strings.CutSuffix(reply, replyHang); ok {
+				w.WriteString(rest)
+				w.Flush()
+				hung = true
+				continue
+			}
+			if rest, ok := strings.CutSuffix(reply, replyClose); ok {
+				w.WriteString(rest)
+				return
+			}
+			w.WriteString(reply)
+			if r.Buffered() == 0 {
+				if err := w.Flush(); err != nil {
+					return
+				}
+			}
+		}
+	})
+}
+
+const (
+	replyHang  = "\x00hang"
+	replyClose = "\x00close"
+)
