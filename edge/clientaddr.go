@@ -3,6 +3,7 @@ package edge
 import (
 	"bytes"
 	"net/netip"
+	"net/textproto"
 	"strings"
 	"unsafe"
 )
@@ -140,10 +141,17 @@ type clientAddr struct {
 	forwarding Forwarding
 	fwdName    []byte // the forwarding header's name
 	ipHeader   []byte // ClientIPHeader's name; empty: none
+	// The same in net/http's canonical form.
+	fwdCanon, ipCanon string
 }
 
 func newClientAddr(trusted []netip.Prefix, f Forwarding, ipHeader string) clientAddr {
-	return clientAddr{trusted: trusted, forwarding: f, fwdName: []byte(f.headerName()), ipHeader: []byte(ipHeader)}
+	c := clientAddr{trusted: trusted, forwarding: f, fwdName: []byte(f.headerName()), ipHeader: []byte(ipHeader),
+		fwdCanon: textproto.CanonicalMIMEHeaderKey(f.headerName())}
+	if ipHeader != "" {
+		c.ipCanon = textproto.CanonicalMIMEHeaderKey(ipHeader)
+	}
+	return c
 }
 
 // isAddressHeader reports whether name is a header the resolution reads.
@@ -226,4 +234,30 @@ func isPort(s string) bool {
 		n = n*10 + int(s[i]-'0')
 	}
 	return n <= 65535
+}
+
+// ClientAddr resolves the client address of a request from peer whose
+// header section is hdr (a net/http Header: canonical names, every line
+// of a field in order), as the fasthttp front end does: the peer itself
+// unless it is one of Config.TrustedProxies, then ClientIPHeader's last
+// line or the walk of the forwarding header's hops. h is scratch space.
+// It does not allocate.
+func (s *Server) ClientAddr(peer netip.Addr, hdr map[string][]string, h *Hops) netip.Addr {
+	peer = peer.Unmap().WithZone("")
+	a := &s.addr
+	if !a.isTrusted(peer) {
+		return peer
+	}
+	h.Reset()
+	for _, v := range hdr[a.fwdCanon] {
+		h.AddLine(a.forwarding, unsafe.Slice(unsafe.StringData(v), len(v)))
+	}
+	var ip []byte
+	if a.ipCanon != "" {
+		if vs := hdr[a.ipCanon]; len(vs) > 0 {
+			v := vs[len(vs)-1]
+			ip = unsafe.Slice(unsafe.StringData(v), len(v))
+		}
+	}
+	return a.resolve(peer, ip, h)
 }

@@ -306,9 +306,33 @@ func (c *Core) Decide(req *Request) *Verdict {
 // rule's cost. Concurrency and shed rules cannot be decided this way:
 // their Verdict is Undecidable with the reason.
 func (c *Core) DecideKey(now time.Time, rule string, key []byte, cost uint64) *Verdict {
-	d := c.get(now)
 	sn := c.rules.Load()
-	r := sn.rules.Lookup(rule)
+	if cost == 0 {
+		if r := sn.rules.Lookup(rule); r != nil {
+			cost = r.Cost
+		}
+	}
+	return c.decideKey(sn, now, sn.rules.Lookup(rule), key, cost)
+}
+
+// DecideRule decides key under rs.Rules[index] as DecideKey does, for front
+// ends that map their requests to rules themselves (Envoy's rate limit
+// service maps descriptors). cost is taken as it is: 0 checks the key
+// without counting anything. rs must be the Rules the front end looked the
+// rule up in: when a reload swapped them since, the Verdict is
+// Undecidable ("the rules changed"), and the front end asks again.
+func (c *Core) DecideRule(now time.Time, rs *rules.Rules, index int, key []byte, cost uint64) *Verdict {
+	sn := c.rules.Load()
+	if sn.rules != rs || index < 0 || index >= len(rs.Rules) {
+		d := c.get(now)
+		d.Outcome, d.Reason = Undecidable, "the rules changed"
+		return d
+	}
+	return c.decideKey(sn, now, rs.Rules[index], key, cost)
+}
+
+func (c *Core) decideKey(sn *snapshot, now time.Time, r *rules.Rule, key []byte, cost uint64) *Verdict {
+	d := c.get(now)
 	switch {
 	case r == nil:
 		d.Outcome, d.Reason = Undecidable, "no such rule"
@@ -320,9 +344,6 @@ func (c *Core) DecideKey(now time.Time, rule string, key []byte, cost uint64) *V
 	case cost > max(r.MaxCost, r.Cost):
 		d.Outcome, d.Quota.Rule, d.Reason = Denied, r, "cost is above the rule's bound"
 		return d
-	}
-	if cost == 0 {
-		cost = r.Cost
 	}
 	d.key = append(d.key[:0], key...)
 	if c.decide(sn, r, d, d.now.UnixNano(), cost) {

@@ -88,6 +88,9 @@ func (o Options) withDefaults() Options {
 	if o.Memcache.Hash == "" {
 		o.Memcache.Hash = shardproxy.DefaultHash
 	}
+	if o.Memcache.Protocol == "" {
+		o.Memcache.Protocol = shardproxy.DefaultProtocol
+	}
 	if o.BlockCache.MaxEntries == 0 {
 		o.BlockCache.MaxEntries = blockcache.DefaultMaxEntries
 	}

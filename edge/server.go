@@ -159,15 +159,18 @@ func (s *Server) Handler() fasthttp.RequestHandler { return s.guard }
 // guard is the panic guard around handle: a panic answers 500 and is
 // counted, never taking the edge down.
 func (s *Server) guard(ctx *fasthttp.RequestCtx) {
-	defer func() {
-		if p := recover(); p != nil {
-			s.m.panics.Inc()
-			s.log.Error("edge: handler panic", "panic", p)
-			ctx.Response.Reset()
-			writeProblem(ctx, fasthttp.StatusInternalServerError, "Internal Server Error", "the rate limiter failed on this request")
-		}
-	}()
+	defer s.recover(ctx)
 	s.handle(ctx)
+}
+
+// recover answers 500 for a panic of the request's handling and counts it.
+func (s *Server) recover(ctx *fasthttp.RequestCtx) {
+	if p := recover(); p != nil {
+		s.m.panics.Inc()
+		s.log.Error("edge: handler panic", "panic", p)
+		ctx.Response.Reset()
+		writeProblem(ctx, fasthttp.StatusInternalServerError, "Internal Server Error", "the rate limiter failed on this request")
+	}
 }
 
 // decidePath is the JSON decision endpoint in decision mode.
@@ -181,9 +184,25 @@ func (s *Server) now() time.Time {
 	return t
 }
 
-func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+func (s *Server) handle(ctx *fasthttp.RequestCtx) { s.serve(ctx, nil) }
+
+// Wrap returns next behind the edge's decision: a refused request is
+// answered by the edge (429, 400, 503), an admitted one by next, with the
+// quota headers added to its response; concurrency slots are held while
+// next runs. It is the fasthttp middleware for programs that embed an
+// edge (Build, then Wrap instead of Serve), with the panic guard.
+func (s *Server) Wrap(next fasthttp.RequestHandler) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		defer s.recover(ctx)
+		s.serve(ctx, next)
+	}
+}
+
+// serve decides ctx's request and answers it: by next when not nil, else
+// as the mode says (forward to the upstream, or 200).
+func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	path := ctx.Path()
-	if s.cfg.Mode == Decision {
+	if s.cfg.Mode == Decision && next == nil {
 		if string(path) == decidePath {
 			s.handleDecideJSON(ctx)
 			return
@@ -195,7 +214,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	addr, trusted := s.client(ctx, &sc.hops)
 	req := Request{Host: HostOnly(ctx.Host()), Method: ctx.Method(), Path: path,
 		Addr: addr, Fields: fastFields{&ctx.Request}, Now: s.now(),
-		Tracked: s.cfg.Mode == Proxy}
+		Tracked: s.cfg.Mode == Proxy || next != nil}
 	if trusted && s.cfg.Mode == Decision && s.cfg.ForwardedMethodHeader != "" {
 		// A proxy that asks with GET whatever the request (Caddy's
 		// forward_auth) says the real method in a header.
@@ -222,9 +241,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", d.Reason)
 		return
 	}
-	if s.cfg.Mode == Proxy {
+	switch {
+	case next != nil:
+		next(ctx)
+	case s.cfg.Mode == Proxy:
 		s.proxy(ctx)
-	} else {
+	default:
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	}
 	if d.Quota.Rule != nil {

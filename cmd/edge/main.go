@@ -62,6 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 		return err
 	})
 	fs.Var(textVar[shardproxy.Hash]{&o.Memcache.Hash}, "hash", "key hash of the ketama ring, as nutcracker's hash:")
+	fs.Var(textVar[shardproxy.Protocol]{&o.Memcache.Protocol}, "memcache-protocol", `"text", or "meta" (memcached ≥ 1.6's ma: one round trip for a new counter; not through nutcracker)`)
 	fs.DurationVar(&o.Limiter.StoreTimeout, "store-timeout", o.Limiter.StoreTimeout, "timeout of one store operation")
 	fs.DurationVar(&o.Limiter.FlushInterval, "flush-interval", o.Limiter.FlushInterval, "how often coalesced increments go to the store")
 	fs.IntVar(&o.Limiter.MaxKeys, "max-keys", o.Limiter.MaxKeys, "keys with a local view at most")

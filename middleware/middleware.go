@@ -1,0 +1,187 @@
+// Package middleware puts a poplimit edge in front of a Go program's own
+// handlers: net/http middleware (func(http.Handler) http.Handler) and a
+// fasthttp handler wrapper, over the same decision core as the edge
+// server, with the same rules file, store options (memory, memcached),
+// decision events, response headers and refusal body.
+//
+// Build the edge from edge.Options as cmd/edge would (rules file, store,
+// brokers, trusted proxies), then wrap handlers with it instead of calling
+// Serve; close the edge when the program stops:
+//
+//	e, err := edge.Build(opts)
+//	...
+//	defer e.Close(ctx)
+//	http.ListenAndServe(addr, middleware.NetHTTP(e)(mux))
+//
+// A refused request is answered by the middleware (429 with Retry-After,
+// the RateLimit-Policy, RateLimit and X-RateLimit-* fields and an RFC 9457
+// problem body; 400 for a missing key or a bad cost), an admitted one by
+// the wrapped handler with the quota fields already set on its response.
+// Concurrency rules hold their slot while the handler runs. The client is
+// the connection's peer, or what a trusted proxy says
+// (Options.Server.TrustedProxies).
+package middleware
+
+import (
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/poplimit/poplimit/edge"
+	"github.com/valyala/fasthttp"
+)
+
+// FastHTTP returns next behind e's decision (see edge.Server.Wrap).
+func FastHTTP(e *edge.Edge, next fasthttp.RequestHandler) fasthttp.RequestHandler {
+	return e.Server.Wrap(next)
+}
+
+// NetHTTP returns net/http middleware deciding every request by e's rules
+// before the wrapped handler sees it.
+func NetHTTP(e *edge.Edge) func(http.Handler) http.Handler {
+	m := &netHTTP{e: e, jitter: e.Options.Server.RetryJitter}
+	m.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
+	}
+}
+
+type netHTTP struct {
+	e      *edge.Edge
+	jitter time.Duration
+	pool   sync.Pool // *scratch
+	canon  sync.Map  // header name → its canonical form
+}
+
+type scratch struct {
+	hops edge.Hops
+	buf  []byte
+	f    fields
+}
+
+func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	sc := m.pool.Get().(*scratch)
+	defer m.pool.Put(sc)
+	peer, _ := netip.ParseAddrPort(r.RemoteAddr)
+	sc.f = fields{m, r}
+	defer func() { sc.f = fields{} }()
+	req := edge.Request{Host: edge.HostOnly(bytesOf(r.Host)), Method: bytesOf(r.Method), Path: bytesOf(r.URL.Path),
+		Addr: m.e.Server.ClientAddr(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: time.Now(), Tracked: true}
+	v := m.e.Core.Decide(&req)
+	defer m.e.Core.Finish(v)
+	t := req.Now.UnixNano()
+	h := w.Header()
+	if v.Quota.Rule != nil && (v.Outcome == edge.Allowed || v.Outcome == edge.Limited) {
+		sc.buf = m.setQuota(h, &v.Quota, t, sc.buf)
+	}
+	switch v.Outcome {
+	case edge.Allowed:
+		next.ServeHTTP(w, r)
+	case edge.Limited:
+		ra := edge.RetryAfter(v.Quota.ReleaseAt, t, m.jitter)
+		h["Retry-After"] = []string{strconv.FormatInt(ra, 10)}
+		h["Content-Type"] = []string{"application/problem+json"}
+		w.WriteHeader(http.StatusTooManyRequests)
+		sc.buf = edge.AppendProblem(sc.buf[:0], &v.Quota, ra)
+		w.Write(sc.buf)
+	case edge.Shed:
+		h["Retry-After"] = []string{strconv.FormatInt(edge.RetryAfter(v.Quota.ReleaseAt, t, m.jitter), 10)}
+		problem(w, http.StatusServiceUnavailable, "the service is overloaded and sheds this class of request; retry later")
+	default:
+		problem(w, http.StatusBadRequest, v.Reason)
+	}
+}
+
+// setQuota sets the quota fields of q. net/http keeps each value as a
+// string in a slice of its own: the five slices share one array (capped,
+// so an append by the handler copies), the strings are one each.
+func (m *netHTTP) setQuota(h http.Header, q *edge.Quota, now int64, buf []byte) []byte {
+	v := make([]string, 5)
+	buf = edge.AppendPolicy(buf[:0], q)
+	v[0] = string(buf)
+	buf = edge.AppendRateLimit(buf[:0], q, now)
+	v[1] = string(buf)
+	v[2] = strconv.FormatUint(q.Limit, 10)
+	v[3] = strconv.FormatUint(q.Remaining, 10)
+	v[4] = strconv.FormatInt((q.ResetAt+int64(time.Second)-1)/int64(time.Second), 10)
+	h["Ratelimit-Policy"], h["Ratelimit"] = v[0:1:1], v[1:2:2]
+	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = v[2:3:3], v[3:4:4], v[4:5:5]
+	return buf
+}
+
+func problem(w http.ResponseWriter, status int, detail string) {
+	w.Header()["Content-Type"] = []string{"application/problem+json"}
+	w.WriteHeader(status)
+	w.Write([]byte(`{"type":"about:blank","title":"` + http.StatusText(status) + `","status":` + strconv.Itoa(status) + `,"detail":"` + detail + `"}`))
+}
+
+// fields reads a net/http request's header fields, query parameters and
+// cookies for the core, without allocating for names already seen.
+type fields struct {
+	m *netHTTP
+	r *http.Request
+}
+
+func (f *fields) Header(name string) []byte {
+	vs := f.r.Header[f.m.canonical(name)]
+	if len(vs) == 0 {
+		return nil
+	}
+	return bytesOf(vs[0])
+}
+
+// Query returns the first value of query parameter name; a value with
+// escapes is unescaped (which allocates), others are returned as they are.
+func (f *fields) Query(name string) []byte {
+	q := f.r.URL.RawQuery
+	for q != "" {
+		var kv string
+		kv, q, _ = strings.Cut(q, "&")
+		k, v, _ := strings.Cut(kv, "=")
+		if k != name {
+			continue
+		}
+		if strings.ContainsAny(v, "%+") {
+			if u, err := unescape(v); err == nil {
+				return []byte(u)
+			}
+		}
+		return bytesOf(v)
+	}
+	return nil
+}
+
+// Cookie returns the value of the first cookie called name.
+func (f *fields) Cookie(name string) []byte {
+	for _, line := range f.r.Header["Cookie"] {
+		for line != "" {
+			var c string
+			c, line, _ = strings.Cut(line, ";")
+			k, v, ok := strings.Cut(strings.TrimSpace(c), "=")
+			if ok && k == name {
+				return bytesOf(strings.Trim(v, `"`))
+			}
+		}
+	}
+	return nil
+}
+
+func (m *netHTTP) canonical(name string) string {
+	if c, ok := m.canon.Load(name); ok {
+		return c.(string)
+	}
+	c := textproto.CanonicalMIMEHeaderKey(name)
+	m.canon.Store(name, c)
+	return c
+}
+
+// bytesOf views s as bytes the core only reads during the call.
+func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+func unescape(v string) (string, error) { return url.QueryUnescape(v) }
