@@ -75,7 +75,23 @@ type Config struct {
 	RulesFile     string
 	OverridesFile string
 	ReloadPoll    time.Duration // default 2s
+
+	// TLSCert and TLSKey, both set, serve the traffic listener over TLS
+	// (1.2 and 1.3 only, AEAD suites); the pair is reloaded when either
+	// file changes (polled every ReloadPoll, and on SIGHUP) without
+	// dropping connections, and a pair that does not load keeps the old
+	// one and is counted.
+	TLSCert, TLSKey string
+
+	// DecideToken turns on POST /_poplimit/decide in decision mode for
+	// callers that send "Authorization: Bearer <DecideToken>" (at least 16
+	// bytes). Without it the endpoint is off: any caller reaching it could
+	// spend any key's quota. It is never served in proxy mode.
+	DecideToken string
 }
+
+// minTokenLen is the shortest bearer token accepted.
+const minTokenLen = 16
 
 // DefaultRules is the built-in rule of an edge started without a rules
 // file: 100 requests per minute per client IP.
@@ -176,6 +192,12 @@ func (c Config) Validate() error {
 	}
 	if c.ForwardedMethodHeader != "" && !rules.IsToken(c.ForwardedMethodHeader) {
 		bad("ForwardedMethodHeader", fmt.Sprintf("%q", c.ForwardedMethodHeader), "is not a header name")
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("TLSCert", fmt.Sprintf("%q and TLSKey %q", c.TLSCert, c.TLSKey), "must be set together")
+	}
+	if c.DecideToken != "" && (len(c.DecideToken) < minTokenLen || strings.ContainsAny(c.DecideToken, " \t\r\n")) {
+		bad("DecideToken", fmt.Sprintf("of %d bytes", len(c.DecideToken)), "must be at least 16 bytes with no white space")
 	}
 	if c.ClientIPHeader != "" && strings.ContainsAny(c.ClientIPHeader, " :\t\r\n") {
 		bad("ClientIPHeader", fmt.Sprintf("%q", c.ClientIPHeader), "is not a header name")

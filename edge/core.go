@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -171,6 +172,10 @@ type snapshot struct {
 	failHard bool           // some rule fails closed
 	shedding bool           // load shedding is on (Upstream and max_in_flight set)
 	hasConc  bool           // some rule limits concurrency
+	// blockSalt is mixed into block-cache keys: each generation of rules
+	// has blocks of its own, so a block from before a reload can never
+	// answer under the new rules, whatever races the cache's Clear.
+	blockSalt uint64
 }
 
 // NewCore returns a core deciding by rs.
@@ -196,15 +201,16 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 // Rules returns the rules in force.
 func (c *Core) Rules() *rules.Rules { return c.rules.Load().rules }
 
-// SetRules swaps in new rules. Cached blocks are dropped, since a changed
-// limit or window changes every release time. It refuses rules the core
+// SetRules swaps in new rules. Cached blocks no longer apply, since a
+// changed limit or window changes every release time: each generation of
+// rules keys its blocks apart, and the old ones are cleared. It refuses rules the core
 // cannot run, keeping the old ones.
 func (c *Core) SetRules(rs *rules.Rules) error {
 	if rs == nil || len(rs.Rules) == 0 {
 		return errors.New("edge: no rules")
 	}
 	sn := &snapshot{rules: rs, counters: make([]ruleCounters, len(rs.Rules)),
-		shedding: rs.Shedding.MaxInFlight > 0 && c.cfg.Upstream}
+		shedding: rs.Shedding.MaxInFlight > 0 && c.cfg.Upstream, blockSalt: rand.Uint64()}
 	n := 0
 	for i, r := range rs.Rules {
 		sn.counters[i] = c.m.forRule(r.Name)
@@ -395,7 +401,8 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
 		Mode: pipeline.Mode(r.Mode), Action: pipeline.Action(r.Action), Shadow: r.Shadow}
 	d.Quota = Quota{Rule: r, Limit: limit}
-	if rel, blocked := c.blocks.Blocked(h, t); blocked {
+	bk := h ^ sn.blockSalt
+	if rel, blocked := c.blocks.Blocked(bk, t); blocked {
 		if r.Action == window.Block {
 			c.lim.Record(d.now, &r.Policy, h, cost) // a blocked client's real rate stays visible
 		}
@@ -425,7 +432,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		rc.limitedFallback.Inc()
 	default:
 		rc.limited.Inc()
-		if v.ReleaseAt > t && !c.blocks.Block(h, v.ReleaseAt, t) {
+		if v.ReleaseAt > t && !c.blocks.Block(bk, v.ReleaseAt, t) {
 			c.m.blockDropped.Inc()
 		}
 	}

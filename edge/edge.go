@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,7 +48,11 @@ type Options struct {
 	Topic   string  // default "poplimit.decisions"
 	Sample  float64 // default 1
 
-	Pprof           bool          // serve /debug/pprof/ on the admin listener
+	Pprof bool // serve /debug/pprof/ on the admin listener
+	// PprofToken, when set, is the bearer token /debug/pprof/ requires
+	// (at least 16 bytes): the admin listener is loopback by default, and
+	// a profile reveals what the process holds.
+	PprofToken      string
 	ShutdownTimeout time.Duration // default 10s: to finish requests and flush
 
 	Logger *slog.Logger // default slog.Default()
@@ -56,11 +61,17 @@ type Options struct {
 	// would build (several in-process edges can share one MemStore);
 	// Events replaces the producer Brokers would build; Registry receives
 	// every metric (default a new one with the Go and process collectors).
-	Store     window.Store
-	Events    Emitter
-	Registry  Registry
-	ClockSkew time.Duration // added to the edge's clock, to test skewed edges
+	Store    window.Store
+	Events   Emitter
+	Registry Registry
+	// ClockSkew is added to the edge's clock: a test hook (the fault
+	// suite's skewed edges), refused beyond ±MaxClockSkew.
+	ClockSkew time.Duration
 }
+
+// MaxClockSkew bounds Options.ClockSkew: a test hook must not be able to
+// move an edge's windows far.
+const MaxClockSkew = time.Minute
 
 // Registry is where an edge registers its metrics and whence /metrics
 // gathers them (a *prometheus.Registry).
@@ -137,6 +148,12 @@ type Edge struct {
 // flusher runs from here on, so Close must be called.
 func Build(o Options) (e *Edge, err error) {
 	o = o.withDefaults()
+	if o.ClockSkew < -MaxClockSkew || o.ClockSkew > MaxClockSkew {
+		return nil, fmt.Errorf("edge: ClockSkew %v: a test hook, at most ±%v", o.ClockSkew, MaxClockSkew)
+	}
+	if o.PprofToken != "" && len(o.PprofToken) < minTokenLen {
+		return nil, fmt.Errorf("edge: PprofToken of %d bytes: at least %d", len(o.PprofToken), minTokenLen)
+	}
 	rs, err := LoadFiles(o.Server.RulesFile, o.Server.OverridesFile)
 	if err != nil {
 		return nil, err
@@ -213,8 +230,8 @@ func (e *Edge) Listen() error {
 	mux := http.NewServeMux()
 	mux.Handle("/", e.Server.AdminHandler(e.Registry))
 	if e.Options.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.Handle("/debug/pprof/", bearer(e.Options.PprofToken, http.HandlerFunc(pprof.Index)))
+		mux.Handle("/debug/pprof/profile", bearer(e.Options.PprofToken, http.HandlerFunc(pprof.Profile)))
 	}
 	e.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return nil
@@ -236,7 +253,7 @@ func (e *Edge) Serve(ctx context.Context) error {
 	go e.admin.Serve(e.aln)
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
-	if e.Options.Server.RulesFile != "" || e.Options.Server.OverridesFile != "" {
+	if e.Options.Server.RulesFile != "" || e.Options.Server.OverridesFile != "" || e.Options.Server.TLSCert != "" {
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
@@ -335,3 +352,20 @@ func ParseServers(s string) ([]shardproxy.Server, error) {
 
 // Memcache returns the edge's memcached client, nil without memcached.
 func (e *Edge) Memcache() *shardproxy.Client { return e.memcache }
+
+// bearer requires "Authorization: Bearer <token>" before h when token is
+// set, compared in constant time.
+func bearer(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(token)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="poplimit admin"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

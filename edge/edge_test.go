@@ -69,6 +69,11 @@ func (te *testEdge) shutdown(t *testing.T) {
 	te.Close(ctx)
 }
 
+func metricSum(t *testing.T, e *testEdge, name string, labels ...string) float64 {
+	t.Helper()
+	return testenv.MetricSum(t, e.reg, name, labels...)
+}
+
 var client = &http.Client{Timeout: 5 * time.Second}
 
 func get(t *testing.T, addr, path string, hdr ...string) *http.Response {
@@ -443,13 +448,27 @@ func TestProxyMode(t *testing.T) {
 	}
 }
 
+const decideToken = "s3cret-token-of-sixteen"
+
+// postDecide posts body to the JSON decision endpoint with the token.
+func postDecide(t *testing.T, addr, token, body string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+addr+"/_poplimit/decide", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
 func TestDecideJSON(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: threePerMinute})
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{DecideToken: decideToken}})
 	post := func(body string) (int, edge.DecideResponse) {
-		resp, err := client.Post("http://"+e.addr+"/_poplimit/decide", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := postDecide(t, e.addr, decideToken, body)
 		defer resp.Body.Close()
 		var d edge.DecideResponse
 		json.NewDecoder(resp.Body).Decode(&d)
@@ -469,20 +488,46 @@ func TestDecideJSON(t *testing.T) {
 	}
 }
 
+// The JSON endpoint spends any key's quota, so it needs its token: a
+// caller without it (or with another) gets 401 and spends nothing; with no
+// token configured the endpoint is off and the path is a check like any.
+func TestDecideJSONNeedsItsToken(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1, window: 1m}]", cfg: edge.Config{DecideToken: decideToken}})
+	for _, tok := range []string{"", "wrong-token-of-sixteen!", decideToken + "x"} {
+		resp := postDecide(t, e.addr, tok, `{"rule":"api","key":"victim"}`)
+		resp.Body.Close()
+		if resp.StatusCode != 401 || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") {
+			t.Errorf("token %q: %d %v, want 401 with WWW-Authenticate", tok, resp.StatusCode, resp.Header)
+		}
+	}
+	resp := postDecide(t, e.addr, decideToken, `{"rule":"api","key":"victim"}`)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("the victim's first decision after the refused callers: %d, want 200 (nothing spent)", resp.StatusCode)
+	}
+
+	off := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1, window: 1m}]"})
+	for i, want := range []int{200, 429} { // a check of the path, keyed by the caller's address
+		resp := postDecide(t, off.addr, decideToken, `{"rule":"api","key":"victim"}`)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || strings.Contains(string(body), `"allowed"`) {
+			t.Errorf("endpoint off, request %d: %d %s, want %d as a check", i+1, resp.StatusCode, body, want)
+		}
+	}
+}
+
 // The JSON endpoint decides rate rules only: a concurrency or shed rule
 // depends on live requests, and saying "allowed" for it would be a guess.
 func TestDecideJSONRefusesLiveKinds(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: `
+	e := startEdge(t, edgeOpts{cfg: edge.Config{DecideToken: decideToken}, rules: `
 rules:
   - {name: uploads, kind: concurrency, limit: 1}
   - {name: reports, kind: shed, path_prefix: /reports, priority: low}
   - {name: api, limit: 3, window: 1m}
 `})
 	for _, rule := range []string{"uploads", "reports"} {
-		resp, err := client.Post("http://"+e.addr+"/_poplimit/decide", "application/json", strings.NewReader(`{"rule":"`+rule+`","key":"k"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := postDecide(t, e.addr, decideToken, `{"rule":"`+rule+`","key":"k"}`)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 422 || resp.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(body), "cannot be decided for a key") {

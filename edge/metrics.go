@@ -88,6 +88,7 @@ type serverMetrics struct {
 	upstreamError   prometheus.Counter
 	reloads         *prometheus.CounterVec
 	reloadOK        prometheus.Gauge
+	tlsReloads      *prometheus.CounterVec
 }
 
 func newServerMetrics(reg prometheus.Registerer, s *Server) (*serverMetrics, error) {
@@ -102,7 +103,11 @@ func newServerMetrics(reg prometheus.Registerer, s *Server) (*serverMetrics, err
 			Name: "rule_reloads_total", Help: "Rule reloads, by result (applied, rejected)."}, []string{"result"}),
 		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "rules_last_reload_ok", Help: "1 if the last rule reload was applied, 0 if it was rejected."}),
+		tlsReloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "tls_reloads_total", Help: "Reloads of the traffic listener's TLS certificate, by result (applied, rejected)."}, []string{"result"}),
 	}
+	m.tlsReloads.WithLabelValues("applied")
+	m.tlsReloads.WithLabelValues("rejected")
 	m.reloadOK.Set(1)
 	m.reloads.WithLabelValues("applied")
 	m.reloads.WithLabelValues("rejected")
@@ -116,7 +121,7 @@ func newServerMetrics(reg prometheus.Registerer, s *Server) (*serverMetrics, err
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{m.panics, upstream, m.reloads, m.reloadOK, ready} {
+	for _, c := range []prometheus.Collector{m.panics, upstream, m.reloads, m.reloadOK, m.tlsReloads, ready} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -3,6 +3,8 @@ package edge
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -46,7 +48,11 @@ type Server struct {
 
 	srv      *fasthttp.Server
 	upstream *fasthttp.HostClient
+	certs    *certs    // nil without TLS
 	scratch  sync.Pool // *scratch
+	// loaded and loadedTLS stamp the files as of the server's building,
+	// so a change made before WatchFiles starts is not missed.
+	loaded, loadedTLS string
 }
 
 // scratch is per-request working space of the front end, pooled.
@@ -76,6 +82,12 @@ func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.warn(core.Rules())
+	if cfg.TLSCert != "" {
+		if s.certs, err = newCerts(cfg.TLSCert, cfg.TLSKey); err != nil {
+			return nil, err
+		}
+	}
+	s.loaded, s.loadedTLS = s.rulesStamp(), s.tlsStamp()
 	if cfg.Mode == Proxy {
 		s.upstream = &fasthttp.HostClient{
 			Addr:                          cfg.Upstream,
@@ -133,6 +145,27 @@ func (s *Server) Core() *Core { return s.core }
 // Rules returns the rules in force.
 func (s *Server) Rules() *rules.Rules { return s.core.Rules() }
 
+// rulesStamp identifies the rules and overrides files' versions.
+func (s *Server) rulesStamp() string {
+	var b []byte
+	for _, f := range []string{s.cfg.RulesFile, s.cfg.OverridesFile} {
+		if f == "" {
+			continue
+		}
+		if st, err := os.Stat(f); err == nil {
+			b = fmt.Appendf(b, "%s:%d:%d;", f, st.ModTime().UnixNano(), st.Size())
+		}
+	}
+	return string(b)
+}
+
+func (s *Server) tlsStamp() string {
+	if s.certs == nil {
+		return ""
+	}
+	return s.certs.stamp()
+}
+
 // SetRules swaps in new rules (see Core.SetRules).
 func (s *Server) SetRules(rs *rules.Rules) error {
 	if err := s.core.SetRules(rs); err != nil {
@@ -142,9 +175,28 @@ func (s *Server) SetRules(rs *rules.Rules) error {
 	return nil
 }
 
-// Serve serves the edge on ln until Shutdown.
+// Serve serves the edge on ln until Shutdown, over TLS when configured.
 func (s *Server) Serve(ln net.Listener) error {
+	if s.certs != nil {
+		ln = tls.NewListener(ln, s.certs.config())
+	}
 	return s.srv.Serve(ln)
+}
+
+// ReloadTLS loads the certificate and key files again; a pair that does
+// not load keeps the running one, and is logged and counted.
+func (s *Server) ReloadTLS() error {
+	if s.certs == nil {
+		return nil
+	}
+	if err := s.certs.reload(); err != nil {
+		s.m.tlsReloads.WithLabelValues("rejected").Inc()
+		s.log.Error("edge: TLS reload rejected; the running certificate stays", "err", err)
+		return err
+	}
+	s.m.tlsReloads.WithLabelValues("applied").Inc()
+	s.log.Info("edge: TLS certificate reloaded", "cert", s.cfg.TLSCert)
+	return nil
 }
 
 // Shutdown stops accepting and waits for requests in flight within ctx.
@@ -203,7 +255,12 @@ func (s *Server) Wrap(next fasthttp.RequestHandler) fasthttp.RequestHandler {
 func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	path := ctx.Path()
 	if s.cfg.Mode == Decision && next == nil {
-		if string(path) == decidePath {
+		if string(path) == decidePath && s.cfg.DecideToken != "" {
+			if !s.authorized(ctx) {
+				ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="poplimit decide"`)
+				writeProblem(ctx, fasthttp.StatusUnauthorized, "Unauthorized", "the decision endpoint needs its bearer token")
+				return
+			}
 			s.handleDecideJSON(ctx)
 			return
 		}
@@ -368,19 +425,10 @@ func (s *Server) Reload() error {
 // WatchFiles reloads when the rules or overrides file changes (polled every
 // ReloadPoll) or when hup receives, until ctx ends.
 func (s *Server) WatchFiles(ctx context.Context, hup <-chan os.Signal) {
-	stamp := func() string {
-		var b []byte
-		for _, f := range []string{s.cfg.RulesFile, s.cfg.OverridesFile} {
-			if f == "" {
-				continue
-			}
-			if st, err := os.Stat(f); err == nil {
-				b = fmt.Appendf(b, "%s:%d:%d;", f, st.ModTime().UnixNano(), st.Size())
-			}
-		}
-		return string(b)
-	}
-	last := stamp()
+	stamp, tlsStamp := s.rulesStamp, s.tlsStamp
+	s.reloadMu.Lock()
+	last, lastTLS := s.loaded, s.loadedTLS // as of the files this server was built from
+	s.reloadMu.Unlock()
 	t := time.NewTicker(s.cfg.ReloadPoll)
 	defer t.Stop()
 	for {
@@ -388,15 +436,27 @@ func (s *Server) WatchFiles(ctx context.Context, hup <-chan os.Signal) {
 		case <-ctx.Done():
 			return
 		case <-hup:
-			last = stamp()
+			last, lastTLS = stamp(), tlsStamp()
 			s.Reload()
+			s.ReloadTLS()
 		case <-t.C:
 			if cur := stamp(); cur != last {
 				last = cur
 				s.Reload()
 			}
+			if cur := tlsStamp(); cur != lastTLS {
+				lastTLS = cur
+				s.ReloadTLS()
+			}
 		}
 	}
+}
+
+// authorized reports whether the request carries the decision endpoint's
+// bearer token, compared in constant time.
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	tok, ok := bytes.CutPrefix(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization), []byte("Bearer "))
+	return ok && subtle.ConstantTimeCompare(tok, []byte(s.cfg.DecideToken)) == 1
 }
 
 // isMethod reports whether m is an HTTP method token of at most 32 bytes.

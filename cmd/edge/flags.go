@@ -1,0 +1,95 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/shardproxy"
+)
+
+// parseFlags turns the command line into edge.Options.
+func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
+	o := edge.DefaultOptions()
+	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &o.Server
+	fs.StringVar(&o.Listen, "listen", o.Listen, "address for rate-limited traffic")
+	fs.StringVar(&o.Admin, "admin", o.Admin, "address for /metrics, /healthz and /readyz")
+	fs.Var(textVar[edge.Mode]{&c.Mode}, "mode", `"decision" (answer 200/429, Envoy ext_authz) or "proxy" (forward allowed requests to -upstream)`)
+	fs.StringVar(&c.Upstream, "upstream", c.Upstream, "upstream host:port in proxy mode")
+	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", c.UpstreamTimeout, "upstream timeout (504 past it)")
+	fs.StringVar(&c.RulesFile, "rules", "", "rules YAML file, reloaded on change and SIGHUP (default: the built-in rule)")
+	fs.StringVar(&c.OverridesFile, "overrides", "", "key → tier overrides YAML file")
+	fs.IntVar(&c.EdgeID, "edge-id", c.EdgeID, "this edge's id in decision events (0-65535)")
+	fs.Func("trusted-proxies", "comma-separated CIDRs whose forwarding headers are believed", func(s string) (err error) {
+		c.TrustedProxies, err = edge.ParsePrefixes(s)
+		return err
+	})
+	fs.Var(textVar[edge.Forwarding]{&c.Forwarding}, "forwarded-header", `header trusted proxies append client hops to: "x-forwarded-for" or "forwarded" (RFC 7239); every line counts`)
+	fs.StringVar(&c.ForwardedMethodHeader, "forwarded-method-header", "", "header a trusted proxy sets to the request's method in decision mode (e.g. X-Forwarded-Method, for Caddy's forward_auth)")
+	fs.StringVar(&c.ClientIPHeader, "client-ip-header", "", "header a trusted proxy sets to the client IP (e.g. CF-Connecting-IP)")
+	fs.StringVar(&c.CheckPrefix, "check-prefix", c.CheckPrefix, "path prefix stripped from checks in decision mode")
+	fs.IntVar(&c.MaxHeaderSize, "max-header-bytes", c.MaxHeaderSize, "largest request head; larger gets 431")
+	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "requests in flight at most; beyond, 503")
+	fs.DurationVar(&c.RetryJitter, "retry-jitter", c.RetryJitter, "most jitter added to Retry-After")
+	fs.Func("memcache", "memcached shards host:port[:weight],... (default: in-memory store, single edge)", func(s string) (err error) {
+		o.Memcache.Servers, err = edge.ParseServers(s)
+		return err
+	})
+	fs.Var(textVar[shardproxy.Hash]{&o.Memcache.Hash}, "hash", "key hash of the ketama ring, as nutcracker's hash:")
+	fs.Var(textVar[shardproxy.Protocol]{&o.Memcache.Protocol}, "memcache-protocol", `"text", or "meta" (memcached ≥ 1.6's ma: one round trip for a new counter; not through nutcracker)`)
+	fs.DurationVar(&o.Limiter.StoreTimeout, "store-timeout", o.Limiter.StoreTimeout, "timeout of one store operation")
+	fs.DurationVar(&o.Limiter.FlushInterval, "flush-interval", o.Limiter.FlushInterval, "how often coalesced increments go to the store")
+	fs.IntVar(&o.Limiter.MaxKeys, "max-keys", o.Limiter.MaxKeys, "keys with a local view at most")
+	fs.DurationVar(&o.Limiter.NewKeyWait, "new-key-wait", 0, "how long a request waits for the shared count of a key new to this edge (0: the store timeout; negative: never)")
+	fs.Int64Var(&o.BlockCache.MaxEntries, "block-cache-entries", o.BlockCache.MaxEntries, "blocked keys remembered at most")
+	fs.Func("brokers", "Kafka brokers host:port,... for decision events (default: none)", func(s string) error {
+		o.Brokers = strings.Split(s, ",")
+		return nil
+	})
+	fs.StringVar(&o.Topic, "topic", o.Topic, "Kafka topic of decision events")
+	fs.Float64Var(&o.Sample, "sample", o.Sample, "fraction of keys whose events are sent (0-1]")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&o.ClockSkew, "clock-skew", 0, "add this to the clock: a fault-test hook, at most ±1m")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate of the traffic listener (with -tls-key): TLS 1.2+, reloaded on change")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of -tls-cert")
+	fs.Func("decide-token-file", "file holding the bearer token that turns on POST /_poplimit/decide (decision mode; off without it)", func(f string) (err error) {
+		c.DecideToken, err = readToken(f)
+		return err
+	})
+	fs.Func("pprof-token-file", "file holding the bearer token /debug/pprof/ requires", func(f string) (err error) {
+		o.PprofToken, err = readToken(f)
+		return err
+	})
+	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "time to finish requests and flush on SIGTERM")
+	fs.BoolVar(&o.Pprof, "pprof", false, "serve /debug/pprof/ on the admin listener")
+	if err := fs.Parse(args); err != nil {
+		return o, "", err
+	}
+	if fs.NArg() > 0 {
+		return o, "", fmt.Errorf("edge: unexpected arguments %q", fs.Args())
+	}
+	return o, *logLevel, nil
+}
+
+// readToken reads a secret from a file, so that it is not on the command
+// line for every process listing to see.
+func readToken(file string) (string, error) {
+	b, err := os.ReadFile(file)
+	return strings.TrimSpace(string(b)), err
+}
+
+// textVar is a flag.Value over a string type.
+type textVar[T ~string] struct{ p *T }
+
+func (v textVar[T]) String() string {
+	if v.p == nil {
+		return ""
+	}
+	return string(*v.p)
+}
+func (v textVar[T]) Set(s string) error { *v.p = T(s); return nil }

@@ -1,0 +1,135 @@
+package edge_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/poplimit/poplimit/edge"
+)
+
+// A cost header within its bounds spends that many units; one out of its
+// bounds or not a number is refused with 400 and spends nothing.
+func TestCostHeaderThroughTheEdge(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: `
+rules:
+  - {name: metered, key: ["header:K"], limit: 10, window: 1m, cost_header: X-Cost, max_cost: 5}
+`})
+	cost := func(c string) int {
+		hdr := []string{"K", "k1"}
+		if c != "" {
+			hdr = append(hdr, "X-Cost", c)
+		}
+		return get(t, e.addr, "/check/", hdr...).StatusCode
+	}
+	for _, tc := range []struct {
+		cost string
+		want int
+	}{{"5", 200}, {"6", 400}, {"0", 400}, {"-1", 400}, {"abc", 400}, {"4", 200}, {"", 200}, {"1", 429}} {
+		if got := cost(tc.cost); got != tc.want {
+			t.Errorf("cost %q: %d, want %d (5 + 4 + 1 of 10 spent by then)", tc.cost, got, tc.want)
+		}
+	}
+	if n := sumBad(t, e); n != 4 {
+		t.Errorf("bad cost requests counted %v, want 4", n)
+	}
+}
+
+func sumBad(t *testing.T, e *testEdge) float64 {
+	t.Helper()
+	return metricSum(t, e, "poplimit_edge_bad_requests_total", "reason", "bad_cost")
+}
+
+// A key moves from the free tier to pro while the edge runs: the
+// overrides file is reloaded and its next requests get pro's limit.
+func TestTiersAndOverridesReload(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	over := filepath.Join(dir, "overrides.yaml")
+	os.WriteFile(rules, []byte(`
+rules:
+  - {name: api, key: ["header:X-API-Key"], limit: 2, window: 1m, tiers: {free: 2, pro: 5}}
+`), 0o644)
+	os.WriteFile(over, []byte("overrides:\n  other: pro\n"), 0o644)
+	e := startEdge(t, edgeOpts{cfg: edge.Config{RulesFile: rules, OverridesFile: over, ReloadPoll: 20 * time.Millisecond}})
+	send := func(n int) (ok int, limit string) {
+		for i := 0; i < n; i++ {
+			r := get(t, e.addr, "/check/", "X-API-Key", "k1")
+			if r.StatusCode == 200 {
+				ok++
+			}
+			limit = r.Header.Get("X-RateLimit-Limit")
+		}
+		return ok, limit
+	}
+	if ok, limit := send(3); ok != 2 || limit != "2" {
+		t.Fatalf("free: %d admitted of 3, limit %s; want 2, 2", ok, limit)
+	}
+	e.blocks.Wait() // the refusal's block is in the cache before the reload clears it
+	os.WriteFile(over+".new", []byte("overrides:\n  other: pro\n  k1: pro\n"), 0o644)
+	os.Rename(over+".new", over) // replaced whole, as a deploy does
+	deadline := time.Now().Add(5 * time.Second)
+	for e.srv.Rules().Overrides["k1"] != "pro" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if e.srv.Rules().Overrides["k1"] != "pro" {
+		t.Fatal("the overrides file was not reloaded")
+	}
+	// Pro's limit over the same window: 5, of which 2 are spent.
+	if ok, limit := send(4); ok != 3 || limit != "5" {
+		t.Errorf("pro: %d admitted of 4, limit %s; want 3, 5", ok, limit)
+	}
+	// A bad overrides file is refused whole; the tiers stay.
+	os.WriteFile(over, []byte("overrides:\n  k1: \"not a tier!\"\n"), 0o644)
+	if err := e.srv.Reload(); err == nil {
+		t.Error("bad overrides: want an error")
+	}
+	if e.srv.Rules().Overrides["k1"] != "pro" {
+		t.Error("a rejected overrides file changed the running tiers")
+	}
+}
+
+// The block action counts every request, those answered from the block
+// cache too: a client that keeps sending stays blocked across timeouts,
+// one that stops is released when its timeout ends.
+func TestBlockActionCountedFromTheBlockCache(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: `
+rules:
+  - {name: mitigate, key: ["header:K"], limit: 5, window: 2s, action: block, timeout: 500ms}
+`})
+	send := func(k string) int { return get(t, e.addr, "/check/", "K", k).StatusCode }
+	// Both clients go over: 10 requests at once.
+	for _, k := range []string{"keeps", "stops"} {
+		for i := 0; i < 10; i++ {
+			send(k)
+			e.blocks.Wait()
+		}
+		if s := send(k); s != 429 {
+			t.Fatalf("%s after 10 quick requests: %d, want 429 (blocked)", k, s)
+		}
+	}
+	// "keeps" sends 20 requests a second for 1.5 s (three timeouts): every
+	// one is counted, so its rate stays over the limit and it stays blocked.
+	start := time.Now()
+	allowed := 0
+	for time.Since(start) < 1500*time.Millisecond {
+		if send("keeps") == 200 {
+			allowed++
+		}
+		e.blocks.Wait()
+		time.Sleep(50 * time.Millisecond)
+	}
+	if allowed > 1 {
+		t.Errorf("a client sending 20/s against 5 per 2 s was admitted %d times across three timeouts, want at most 1", allowed)
+	}
+	// "stops" sent nothing for those 1.5 s: its block has ended, but its
+	// 2 s window still holds its burst; once that has passed it is admitted.
+	time.Sleep(time.Until(start.Add(2500 * time.Millisecond)))
+	if s := send("stops"); s != 200 {
+		t.Errorf("a client that stopped, 2.5 s later: %d, want 200 (released)", s)
+	}
+	if n := metricSum(t, e, "poplimit_edge_requests_total", "rule", "mitigate", "source", "blockcache"); n < 20 {
+		t.Errorf("block-cache answers counted %v, want the ~30 of the blocked requests", n)
+	}
+}
