@@ -43,14 +43,22 @@ func FreePort(t testing.TB) int {
 }
 
 // WaitAccept waits until addr accepts a connection, or until exited is
-// closed, or 5 seconds.
+// closed, or 5 seconds. A process that exits just after addr accepted did
+// not bind it: another one (of another test binary that took the free port
+// meanwhile) answered, and WaitAccept says so rather than let the test
+// share that server.
 func WaitAccept(addr string, exited <-chan struct{}) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return nil
+			select {
+			case <-exited:
+				return fmt.Errorf("exited after %s accepted: another process holds the port", addr)
+			case <-time.After(50 * time.Millisecond): // a failed bind exits well within this
+				return nil
+			}
 		}
 		select {
 		case <-exited:
