@@ -198,3 +198,27 @@ func mustRules(t testing.TB, yaml string) *Rules {
 	}
 	return rs
 }
+
+// FuzzParseOverrides: any input is parsed or refused with ErrInvalid,
+// never a panic; what is accepted holds only keys and tiers within bounds.
+func FuzzParseOverrides(f *testing.F) {
+	f.Add([]byte("overrides:\n  api-key-123: pro\n"))
+	f.Add([]byte("overrides: {\"\": pro}"))
+	f.Add([]byte("overrides:\n  k: \"not a tier!\"\n"))
+	f.Add([]byte("overrides: [1, 2]"))
+	f.Add([]byte("nope: 1"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ov, err := ParseOverrides(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			return
+		}
+		for k, tier := range ov {
+			if k == "" || len(k) > maxOverrideKey || tier == "" || len(tier) > MaxRuleName || !printableName(tier) {
+				t.Fatalf("accepted %q: %q", k, tier)
+			}
+		}
+	})
+}
