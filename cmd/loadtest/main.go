@@ -26,9 +26,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
-	"github.com/poplimit/poplimit/rules"
 
 	"github.com/poplimit/poplimit/loadtest"
 )
@@ -53,15 +53,6 @@ commands:
   offline   run rules over a trace with no server: what would they limit?
 
 "loadtest COMMAND -h" lists a command's flags.
-`
-
-// defaultRules is the edge's built-in rule (edge.DefaultRules; a test keeps
-// them equal), so offline answers for an edge started without -rules.
-const defaultRules = `
-rules:
-  - name: default-per-client
-    limit: 100
-    window: 1m
 `
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -333,28 +324,16 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.StringVar(&cfg.CheckPrefix, "check-prefix", "/check", "path prefix stripped before matching, as the edge's")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	judgeIt := fs.Bool("judge", false, "judge every decision with the aggregator's judge: the algorithm's own accuracy, undistributed")
+	phases := fs.Int("phases", 1, "with -judge: run the trace this many times, its start shifted by k/N of the longest window against the window grid, and report each phase's accuracy with the worst and the mean (a trace that starts on a window boundary flatters the sliding-window estimate)")
 	if err := parse(fs, args, 0); err != nil {
 		return err
 	}
-	data := []byte(defaultRules)
-	if *rulesPath != "" {
-		var err error
-		if data, err = os.ReadFile(*rulesPath); err != nil {
-			return fmt.Errorf("loadtest offline: %w", err)
-		}
+	if *phases < 1 || *phases > 64 || *phases > 1 && (!*judgeIt || *tracePath == "-" || *origin != "") {
+		return errors.New("loadtest offline: -phases N: 1 to 64, with -judge, a -trace file and no -origin")
 	}
-	rs, err := rules.ParseRules(data)
+	rs, err := edge.LoadFiles(*rulesPath, *overrides) // the edge's own loader: same files, same built-in rule
 	if err != nil {
-		return fmt.Errorf("loadtest offline: %s: %w", nameOr(*rulesPath, "built-in rules"), err)
-	}
-	if *overrides != "" {
-		od, err := os.ReadFile(*overrides)
-		if err != nil {
-			return fmt.Errorf("loadtest offline: %w", err)
-		}
-		if rs.Overrides, err = rules.ParseOverrides(od); err != nil {
-			return fmt.Errorf("loadtest offline: %s: %w", *overrides, err)
-		}
+		return fmt.Errorf("loadtest offline: %w", err)
 	}
 	cfg.Rules = rs
 	if *origin != "" {
@@ -365,6 +344,9 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	tr, err := traceFrom(*tracePath, *asLog, stdin)
 	if err != nil {
 		return err
+	}
+	if *phases > 1 {
+		return offlinePhases(ctx, cfg, *phases, func() (loadtest.Trace, error) { return traceFrom(*tracePath, *asLog, stdin) }, stdout, *asJSON)
 	}
 	var j *judge.Judge
 	if *judgeIt {
@@ -388,6 +370,65 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	if werr := writeReport(stdout, *asJSON, rep, rep.WriteText); err == nil {
 		err = werr
 	}
+	return err
+}
+
+// phaseResult is the accuracy of one run of offlinePhases.
+type phaseResult struct {
+	PhaseMillis float64     `json:"phase_ms"` // the trace's start into the window grid
+	Enforced    judge.Tally `json:"enforced"`
+	WorstRatio  float64     `json:"worst_key_ratio"` // the most over-admitted key's count ÷ its limit (0: none)
+}
+
+// offlinePhases judges the trace at phases k/n of the longest window:
+// origin = the Unix epoch (a multiple of every window) + k·W/n.
+func offlinePhases(ctx context.Context, cfg loadtest.OfflineConfig, n int, open func() (loadtest.Trace, error), w io.Writer, asJSON bool) error {
+	var longest time.Duration
+	for _, r := range cfg.Rules.Rules {
+		longest = max(longest, r.Window)
+	}
+	var res []phaseResult
+	for k := 0; k < n; k++ {
+		tr, err := open()
+		if err != nil {
+			return err
+		}
+		jc := judge.DefaultConfig()
+		jc.Hold = 0
+		j, err := judge.New(jc, nil)
+		if err != nil {
+			return err
+		}
+		c := cfg
+		phase := longest * time.Duration(k) / time.Duration(n)
+		c.Origin = time.Unix(0, 0).Add(phase)
+		c.OnEvent = func(e *pipeline.Event) { j.Add(e.Time, *e) }
+		if _, err := loadtest.Offline(ctx, c, tr); err != nil {
+			return err
+		}
+		j.Flush()
+		r := j.Report()
+		pr := phaseResult{PhaseMillis: float64(phase) / 1e6, Enforced: r.Enforced}
+		for _, kk := range r.TopFalseNegatives {
+			pr.WorstRatio = max(pr.WorstRatio, kk.Ratio)
+		}
+		res = append(res, pr)
+	}
+	worst, mean, worstKey := 0.0, 0.0, 0.0
+	for _, r := range res {
+		worst = max(worst, r.Enforced.WrongRatio)
+		mean += r.Enforced.WrongRatio / float64(len(res))
+		worstKey = max(worstKey, r.WorstRatio)
+	}
+	if asJSON {
+		return writeReport(w, true, map[string]any{"phases": res, "worst_wrong_ratio": worst, "mean_wrong_ratio": mean, "worst_key_ratio": worstKey}, nil)
+	}
+	fmt.Fprintf(w, "%-10s %10s %10s %10s %9s %10s\n", "phase", "decisions", "w.allowed", "w.limited", "wrong", "worst key")
+	for _, r := range res {
+		fmt.Fprintf(w, "%-10s %10d %10d %10d %8.3f%% %9.2f×\n", time.Duration(r.PhaseMillis*1e6).String(), r.Enforced.Decisions,
+			r.Enforced.WronglyAllowed, r.Enforced.WronglyLimited, 100*r.Enforced.WrongRatio, r.WorstRatio)
+	}
+	_, err := fmt.Fprintf(w, "over %d phases: wrong %.3f%% worst, %.3f%% mean; worst key %.2f× its limit\n", n, 100*worst, 100*mean, worstKey)
 	return err
 }
 

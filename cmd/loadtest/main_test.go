@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/loadtest"
 	"github.com/valyala/fasthttp"
 )
@@ -18,12 +17,6 @@ func runCmd(t *testing.T, stdin string, args ...string) (string, string, error) 
 	var out, errb bytes.Buffer
 	err := run(context.Background(), args, strings.NewReader(stdin), &out, &errb)
 	return out.String(), errb.String(), err
-}
-
-func TestDefaultRulesAreTheEdges(t *testing.T) {
-	if defaultRules != edge.DefaultRules {
-		t.Errorf("defaultRules %q differs from edge.DefaultRules %q", defaultRules, edge.DefaultRules)
-	}
 }
 
 func TestGenIsReproducibleAndParses(t *testing.T) {
