@@ -2,7 +2,6 @@ package faults
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,78 +13,27 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/judge"
 )
 
-// TestMain removes the binaries the tests built.
+// TestMain removes the commands the tests built.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if bins.dir != "" {
-		os.RemoveAll(bins.dir)
-	}
+	testenv.RemoveCommands()
 	os.Exit(code)
 }
 
-// bins are the commands built for the tests that run real processes (the
-// soak, the key flood, restarts), built once per test binary, without the
-// race detector: the processes are measured as they are deployed.
-var bins struct {
-	mu    sync.Mutex
-	dir   string
-	built map[string]string
-}
+// binary returns the path of cmd/<name>, built once per test binary
+// without the race detector: the processes are measured as deployed.
+func binary(t testing.TB, name string) string { return testenv.Command(t, name) }
 
-// binary returns the path of cmd/<name>, building it on first use.
-func binary(t testing.TB, name string) string {
-	t.Helper()
-	bins.mu.Lock()
-	defer bins.mu.Unlock()
-	if p, ok := bins.built[name]; ok {
-		return p
-	}
-	if bins.dir == "" {
-		d, err := os.MkdirTemp("", "poplimit-faults-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		bins.dir, bins.built = d, map[string]string{}
-	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(bins.dir, name)
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/%s: %v\n%s", name, err, b)
-	}
-	bins.built[name] = out
-	return out
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// lockedBuffer is a process's output, safe for concurrent use.
+type lockedBuffer = testenv.LockedBuffer
 
 // process is a command started by a test; it is killed at cleanup if still
 // running.

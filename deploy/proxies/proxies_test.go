@@ -25,76 +25,16 @@ import (
 // TestMain removes the edge binary the tests built.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if bins.dir != "" {
-		os.RemoveAll(bins.dir)
-	}
+	testenv.RemoveCommands()
 	os.Exit(code)
 }
 
-// bins holds cmd/edge, built once per test binary without the race
-// detector, as it is deployed.
-var bins struct {
-	mu   sync.Mutex
-	dir  string
-	edge string
-}
+// edgeBinary returns the path of cmd/edge, built once per test binary
+// without the race detector, as it is deployed.
+func edgeBinary(t testing.TB) string { return testenv.Command(t, "edge") }
 
-// moduleRoot returns the directory of the module's go.mod.
-func moduleRoot(t testing.TB) string {
-	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		t.Fatal("go env GOMOD: not in a module")
-	}
-	return filepath.Dir(mod)
-}
-
-// edgeBinary returns the path of cmd/edge, building it on first use.
-func edgeBinary(t testing.TB) string {
-	t.Helper()
-	bins.mu.Lock()
-	defer bins.mu.Unlock()
-	if bins.edge != "" {
-		return bins.edge
-	}
-	if bins.dir == "" {
-		d, err := os.MkdirTemp("", "poplimit-proxies-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		bins.dir = d
-	}
-	out := filepath.Join(bins.dir, "edge")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/edge")
-	cmd.Dir = moduleRoot(t)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/edge: %v\n%s", err, b)
-	}
-	bins.edge = out
-	return out
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// lockedBuffer is a process's output, safe for concurrent use.
+type lockedBuffer = testenv.LockedBuffer
 
 // proc is a process a test started, in a process group of its own so that
 // its children (nginx's workers) go with it. Cleanup stops it with SIGTERM,
