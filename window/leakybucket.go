@@ -74,9 +74,16 @@ func (lb LeakyBucket) Validate() error {
 	}
 	if lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 && !algMulAddFits(lb.Capacity, int64(lb.Per), lb.Rate) {
 		errs = append(errs, fmt.Errorf("window: LeakyBucket.Capacity %d × Per %v overflows int64 nanoseconds: state a shorter Per", lb.Capacity, lb.Per))
+	} else if lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 && lb.Capacity*int64(lb.Per)/lb.Rate > int64(maxDrain) {
+		errs = append(errs, fmt.Errorf("window: LeakyBucket of Capacity %d draining %d per %v: a full bucket drains in more than %v", lb.Capacity, lb.Rate, lb.Per, maxDrain))
 	}
 	return errors.Join(errs...)
 }
+
+// maxDrain bounds the time a full bucket takes to drain, so that a
+// theoretical arrival time (now plus at most that) fits in int64 Unix
+// nanoseconds for centuries.
+const maxDrain = 100 * 365 * 24 * time.Hour
 
 func (lb LeakyBucket) valid() bool { return lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 }
 
@@ -121,6 +128,9 @@ func (lb LeakyBucket) Allow(s *LeakyBucketState, now, n int64) (ok bool, remaini
 		}
 		total := frac + n*int64(lb.Per) // < Rate + Capacity·Per, fits (Validate)
 		s.TAT, s.Frac = tat+total/lb.Rate, total%lb.Rate
+		if s.TAT < tat { // past int64: a configuration Validate refuses
+			s.TAT, s.Frac = math.MaxInt64, 0
+		}
 		lvl += n * int64(lb.Per)
 		ok = true
 	}

@@ -539,3 +539,24 @@ func FuzzLeakyBucket(f *testing.F) {
 		}
 	})
 }
+
+// A bucket whose drain time would carry the theoretical arrival time past
+// int64 is refused by Validate, and Allow saturates instead of wrapping
+// (a wrapped TAT admitted a second request into a full bucket).
+func TestLeakyBucketHugeDrain(t *testing.T) {
+	lb := window.LeakyBucket{Rate: 1, Per: 8e18, Capacity: 1}
+	if err := lb.Validate(); err == nil {
+		t.Error("Validate accepted a bucket that drains in 253 years")
+	}
+	now := int64(1.7e18)
+	var s window.LeakyBucketState
+	if ok, _, _ := lb.Allow(&s, now, 1); !ok {
+		t.Fatal("first unit refused")
+	}
+	if s.TAT < now {
+		t.Fatalf("TAT %d wrapped below now %d", s.TAT, now)
+	}
+	if ok, _, _ := lb.Allow(&s, now+1, 1); ok {
+		t.Error("a second unit was admitted into a full bucket")
+	}
+}
