@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/internal/mix"
+
 	"github.com/dgraph-io/ristretto/v2"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -134,14 +136,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Cache, error) {
 // finalizer), so that keys that are not well-spread hashes still spread over
 // ristretto's shards and sketch; being a bijection, it cannot collide, and no
 // conflict hash is needed.
-func keyToHash(key uint64) (uint64, uint64) {
-	key ^= key >> 30
-	key *= 0xbf58476d1ce4e5b9
-	key ^= key >> 27
-	key *= 0x94d049bb133111eb
-	key ^= key >> 31
-	return key, 0
-}
+func keyToHash(key uint64) (uint64, uint64) { return mix.Mix64(key), 0 }
 
 // Block records that key is blocked until releaseAt (Unix nanoseconds), as
 // of now (Unix nanoseconds). It never

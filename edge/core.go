@@ -399,7 +399,8 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	ev := &d.ev
 	*ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
 		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
-		Mode: pipeline.Mode(r.Mode), Action: pipeline.Action(r.Action), Shadow: r.Shadow}
+		Mode: pipeline.Mode(r.Mode), Action: pipeline.Action(r.Action), Shadow: r.Shadow,
+		Algorithm: pipeline.Algorithm(r.Algorithm), Burst: uint32(r.Burst)}
 	d.Quota = Quota{Rule: r, Limit: limit}
 	bk := h ^ sn.blockSalt
 	if rel, blocked := c.blocks.Blocked(bk, t); blocked {

@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/poplimit/poplimit/internal/mix"
+
 	"github.com/poplimit/poplimit/rules"
 )
 
@@ -86,13 +88,7 @@ func addrAt(p netip.Prefix, off uint64) netip.Addr {
 // below 2^bits: a bijection, so flooded keys never repeat.
 func permute(i, seed uint64, bits int) uint64 {
 	if bits >= 64 {
-		x := i + seed
-		x ^= x >> 30
-		x *= 0xbf58476d1ce4e5b9
-		x ^= x >> 27
-		x *= 0x94d049bb133111eb
-		x ^= x >> 31
-		return x
+		return mix.Mix64(i + seed)
 	}
 	mask := uint64(1)<<bits - 1
 	return (i*0x9e3779b97f4a7c15 + seed) & mask // odd multiplier: a bijection mod 2^bits

@@ -37,7 +37,8 @@ func TestProducerConfigValidate(t *testing.T) {
 			c.Async, c.RequiredAcks, c.Compression = false, kafka.RequireAll, 0
 		}, nil},
 		{"zero value", func(c *pipeline.ProducerConfig) { *c = pipeline.ProducerConfig{} }, []string{
-			"Brokers = []", `Topic = ""`, "QueueSize = 0", "SampleRate = 0", "BatchSize = 0", "BatchBytes = 0",
+			"Brokers = []", `Topic = ""`, "QueueSize = 0", "SampleRate = 0", "FrameEvents = 0", "FrameBytes = 0",
+			"BatchSize = 0", "BatchBytes = 0",
 			"BatchTimeout = 0s", "WriteTimeout = 0s", "MaxAttempts = 0", "WriteBackoffMin = 0s",
 			"MaxWritesInFlight = 0", "DialTimeout = 0s", "MetadataTTL = 0s",
 		}},
@@ -49,6 +50,11 @@ func TestProducerConfigValidate(t *testing.T) {
 		{"negative batch timeout", func(c *pipeline.ProducerConfig) { c.BatchTimeout = -1 }, []string{"BatchTimeout = -1ns"}},
 		{"small batch bytes", func(c *pipeline.ProducerConfig) { c.BatchBytes = 100 }, []string{"BatchBytes = 100"}},
 		{"backoff max below min", func(c *pipeline.ProducerConfig) { c.WriteBackoffMax = 1 }, []string{"WriteBackoffMax = 1ns"}},
+		{"one event per frame", func(c *pipeline.ProducerConfig) { c.FrameEvents, c.FrameBytes = 1, 322 }, nil},
+		{"frame events over 65535", func(c *pipeline.ProducerConfig) { c.FrameEvents = 1 << 16 }, []string{"FrameEvents = 65536"}},
+		{"frame bytes below one event", func(c *pipeline.ProducerConfig) { c.FrameBytes = 321 }, []string{"FrameBytes = 321"}},
+		{"frame bytes over batch bytes", func(c *pipeline.ProducerConfig) { c.BatchBytes, c.FrameBytes = 4096, 4096 },
+			[]string{"FrameBytes = 4096: must be at most BatchBytes-64 (4032)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,6 +87,9 @@ func TestConsumerConfigValidate(t *testing.T) {
 		{"heartbeat not below session", func(c *pipeline.ConsumerConfig) { c.HeartbeatInterval = c.SessionTimeout }, []string{"HeartbeatInterval = 10s"}},
 		{"max bytes below min bytes", func(c *pipeline.ConsumerConfig) { c.MinBytes = 1 << 30 }, []string{"MaxBytes = 10485760"}},
 		{"offset 5", func(c *pipeline.ConsumerConfig) { c.StartOffset = 5 }, []string{"StartOffset = 5"}},
+		{"no frame dedup", func(c *pipeline.ConsumerConfig) { c.DedupFrames = 0 }, nil},
+		{"negative frame dedup", func(c *pipeline.ConsumerConfig) { c.DedupFrames = -1 }, []string{"DedupFrames = -1"}},
+		{"frame dedup over 2^24", func(c *pipeline.ConsumerConfig) { c.DedupFrames = 1<<24 + 1 }, []string{"DedupFrames = 16777217"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -13,152 +13,6 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// ConsumerConfig configures a Consumer. Start from DefaultConsumerConfig and
-// set Brokers, Topic and GroupID. As with ProducerConfig, Validate rejects
-// zero values instead of letting kafka-go replace them, and every field is
-// passed to kafka-go explicitly. Offsets are always committed synchronously,
-// after apply (kafka-go's CommitInterval is 0), which is not configurable:
-// it is what makes a restart neither lose nor replay committed work. The
-// zero value is invalid.
-type ConsumerConfig struct {
-	// Brokers are the bootstrap brokers, each host:port. Required.
-	Brokers []string
-	// Topic is read. Required; it must exist.
-	Topic string
-	// GroupID names the consumer group; consumers sharing it split the
-	// topic's partitions and resume from the group's committed offsets.
-	// Required.
-	GroupID string
-	// ClientID names the consumer to the brokers. Default "poplimit-pipeline".
-	ClientID string
-
-	// MaxBatch is the most events handed to apply at once. Default 1000.
-	MaxBatch int
-	// MaxBatchWait is how long Run waits for more messages after the first
-	// of a batch before it applies what it has. Default 50 ms.
-	MaxBatchWait time.Duration
-	// QueueCapacity is how many fetched messages kafka-go buffers ahead of
-	// Run (ReaderConfig.QueueCapacity). Default 1000.
-	QueueCapacity int
-	// MinBytes and MaxBytes bound one fetch response, in bytes
-	// (ReaderConfig.MinBytes/MaxBytes). Defaults 1 and 10 MiB.
-	MinBytes int
-	MaxBytes int
-	// MaxWait is how long the broker may hold a fetch waiting for MinBytes
-	// (ReaderConfig.MaxWait); also the reader's ReadBatchTimeout. Default 500 ms.
-	MaxWait time.Duration
-	// HeartbeatInterval, SessionTimeout and RebalanceTimeout drive group
-	// membership (ReaderConfig fields of the same names). The broker bounds
-	// SessionTimeout (Kafka: 6 s to 30 min by default). Defaults 3 s, 10 s,
-	// 5 s. After a broker outage the group is formed again only when the
-	// coordinator's rebalance ends, so RebalanceTimeout is most of the time
-	// the aggregator takes to catch up (faults TestBrokerOutage: 25 s with
-	// 30 s, 6 s with 5 s); the judge commits and rejoins well within it.
-	// SessionTimeout is how long a dead aggregator's partitions wait.
-	HeartbeatInterval time.Duration
-	SessionTimeout    time.Duration
-	RebalanceTimeout  time.Duration
-	// JoinGroupBackoff is the wait before rejoining the group after an
-	// error. Default 1 s.
-	JoinGroupBackoff time.Duration
-	// ReadBackoffMin and ReadBackoffMax bound the wait between fetch
-	// retries. Defaults 100 ms and 1 s.
-	ReadBackoffMin time.Duration
-	ReadBackoffMax time.Duration
-	// MaxAttempts is how many times kafka-go tries a group operation, such
-	// as a commit, before it reports an error. Default 3.
-	MaxAttempts int
-	// CommitTimeout bounds one commit. Run commits with it even after its
-	// context is done, so that a batch apply accepted is not replayed.
-	// Default 5 s.
-	CommitTimeout time.Duration
-	// StartOffset is where a group without a committed offset for a
-	// partition starts: kafka.FirstOffset or kafka.LastOffset. Default
-	// kafka.FirstOffset.
-	StartOffset int64
-	// DialTimeout bounds opening a connection to a broker. Default 2 s.
-	DialTimeout time.Duration
-}
-
-// DefaultConsumerConfig returns the defaults documented on ConsumerConfig,
-// with Brokers, Topic and GroupID empty.
-func DefaultConsumerConfig() ConsumerConfig {
-	return ConsumerConfig{
-		ClientID:          "poplimit-pipeline",
-		MaxBatch:          1000,
-		MaxBatchWait:      50 * time.Millisecond,
-		QueueCapacity:     1000,
-		MinBytes:          1,
-		MaxBytes:          10 << 20,
-		MaxWait:           500 * time.Millisecond,
-		HeartbeatInterval: 3 * time.Second,
-		SessionTimeout:    10 * time.Second,
-		RebalanceTimeout:  5 * time.Second,
-		JoinGroupBackoff:  time.Second,
-		ReadBackoffMin:    100 * time.Millisecond,
-		ReadBackoffMax:    time.Second,
-		MaxAttempts:       3,
-		CommitTimeout:     5 * time.Second,
-		StartOffset:       kafka.FirstOffset,
-		DialTimeout:       2 * time.Second,
-	}
-}
-
-// Validate reports every invalid field, each with its name and value, joined
-// into one error that wraps ErrConfig.
-func (c *ConsumerConfig) Validate() error {
-	var errs []error
-	bad := func(field string, value any, why string) {
-		errs = append(errs, fmt.Errorf("%w: ConsumerConfig.%s = %v: %s", ErrConfig, field, value, why))
-	}
-	positive := func(field string, d time.Duration) {
-		if d <= 0 {
-			bad(field, d, "must be positive")
-		}
-	}
-	validateBrokers(c.Brokers, "ConsumerConfig", &errs)
-	if c.Topic == "" {
-		bad("Topic", `""`, "required")
-	}
-	if c.GroupID == "" {
-		bad("GroupID", `""`, "required")
-	}
-	if c.MaxBatch < 1 {
-		bad("MaxBatch", c.MaxBatch, "must be at least 1")
-	}
-	positive("MaxBatchWait", c.MaxBatchWait)
-	if c.QueueCapacity < 1 {
-		bad("QueueCapacity", c.QueueCapacity, "must be at least 1")
-	}
-	if c.MinBytes < 1 {
-		bad("MinBytes", c.MinBytes, "must be at least 1")
-	}
-	if c.MaxBytes < MaxEventLen+1024 || c.MaxBytes < c.MinBytes {
-		bad("MaxBytes", c.MaxBytes, "must be at least MinBytes and hold an event ("+strconv.Itoa(MaxEventLen+1024)+")")
-	}
-	positive("MaxWait", c.MaxWait)
-	positive("HeartbeatInterval", c.HeartbeatInterval)
-	positive("SessionTimeout", c.SessionTimeout)
-	if c.HeartbeatInterval >= c.SessionTimeout && c.SessionTimeout > 0 {
-		bad("HeartbeatInterval", c.HeartbeatInterval, "must be shorter than SessionTimeout")
-	}
-	positive("RebalanceTimeout", c.RebalanceTimeout)
-	positive("JoinGroupBackoff", c.JoinGroupBackoff)
-	positive("ReadBackoffMin", c.ReadBackoffMin)
-	if c.ReadBackoffMax < c.ReadBackoffMin {
-		bad("ReadBackoffMax", c.ReadBackoffMax, "must be at least ReadBackoffMin")
-	}
-	if c.MaxAttempts < 1 {
-		bad("MaxAttempts", c.MaxAttempts, "must be at least 1")
-	}
-	positive("CommitTimeout", c.CommitTimeout)
-	if c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset {
-		bad("StartOffset", c.StartOffset, "must be kafka.FirstOffset (-2) or kafka.LastOffset (-1)")
-	}
-	positive("DialTimeout", c.DialTimeout)
-	return errors.Join(errs...)
-}
-
 // Consumer reads events as a member of a consumer group and hands them to a
 // function, committing offsets only after the function accepted them
 // (at-least-once). Run and Close may be called from different goroutines.
@@ -227,16 +81,19 @@ func NewConsumer(cfg ConsumerConfig, reg prometheus.Registerer) (*Consumer, erro
 
 // Run fetches events and calls apply with them, in batches of at most
 // MaxBatch, until ctx is done or Close is called; then it returns nil. It
-// commits a batch's offsets only after apply returned nil, so a consumer that
-// stops (or crashes) and another that takes over in the same group neither
-// lose nor replay what was committed; what was applied but not yet committed
-// is applied again (at-least-once). Each partition's events arrive in the
-// order they were produced.
+// commits a batch's offsets only after apply returned nil for all of it, so
+// a consumer that stops (or crashes) and another that takes over in the
+// same group neither lose nor replay what was committed; what was applied
+// but not yet committed is applied again (at-least-once), except that a
+// frame this Run already read is recognised and dropped (DedupFrames).
+// Each partition's events arrive in the order they were produced.
 //
-// A message that does not decode is counted and skipped (its offset is
-// committed with the batch). Errors of the group (a broker that is down) are
-// counted and waited out: the reader rejoins by itself. If apply returns an
-// error, Run returns it, wrapped, without committing the batch.
+// A message is a frame of events or a single event (as producers before
+// frames wrote, version 1 or 2). A message that does not decode is counted
+// and skipped whole (its offset is committed with the batch). Errors of the
+// group (a broker that is down) are counted and waited out: the reader
+// rejoins by itself. If apply returns an error, Run returns it, wrapped,
+// without committing the batch.
 //
 // apply must not keep batch or the Rule bytes of its events after it
 // returns: Run reuses them. Copy what you keep.
@@ -263,6 +120,7 @@ func (c *Consumer) Run(ctx context.Context, apply func(batch []Event) error) err
 		msgs = make([]kafka.Message, 0, c.cfg.MaxBatch)
 		evs  = make([]Event, 0, c.cfg.MaxBatch)
 		lag  = map[int]prometheus.Gauge{}
+		b    = batch{seen: newFrameSet(c.cfg.DedupFrames)}
 	)
 	for {
 		m, err := c.r.FetchMessage(ctx)
@@ -282,25 +140,20 @@ func (c *Consumer) Run(ctx context.Context, apply func(batch []Event) error) err
 			}
 			continue
 		}
+		b.frames = 0
 		msgs = append(msgs[:0], m)
-		msgs = c.fill(ctx, msgs)
+		evs = c.decode(&b, evs[:0], &msgs[0])
+		msgs, evs = c.fill(ctx, &b, msgs, evs)
 
-		evs = evs[:0]
-		for i := range msgs {
-			var e Event
-			if err := DecodeEvent(msgs[i].Value, &e); err != nil {
-				c.m.decodeErrors.Inc()
-				continue
-			}
-			evs = append(evs, e)
-		}
-		if len(evs) > 0 {
-			if err := apply(evs); err != nil {
+		for i := 0; i < len(evs); i += c.cfg.MaxBatch {
+			chunk := evs[i:min(i+c.cfg.MaxBatch, len(evs))]
+			if err := apply(chunk); err != nil {
 				c.m.applyErrors.Inc()
-				return fmt.Errorf("pipeline: apply %d events: %w", len(evs), err)
+				return fmt.Errorf("pipeline: apply %d events: %w", len(chunk), err)
 			}
-			c.m.consumed.Add(float64(len(evs)))
+			c.m.consumed.Add(float64(len(chunk)))
 		}
+		c.m.framesConsumed.Add(float64(b.frames))
 		c.commit(ctx, msgs)
 		c.observeLag(lag, msgs)
 		clear(evs)
@@ -311,21 +164,57 @@ func (c *Consumer) Run(ctx context.Context, apply func(batch []Event) error) err
 	}
 }
 
-// fill adds to msgs what arrives within MaxBatchWait, up to MaxBatch.
-func (c *Consumer) fill(ctx context.Context, msgs []kafka.Message) []kafka.Message {
-	if len(msgs) >= c.cfg.MaxBatch {
-		return msgs
+// batch is Run's decoding state.
+type batch struct {
+	seen   frameSet
+	frames int // frames decoded into the batch
+	head   FrameHeader
+}
+
+// decode appends the events of m to evs: a frame's, unless it was read
+// before, or a single event. What does not decode is counted and skipped.
+func (c *Consumer) decode(b *batch, evs []Event, m *kafka.Message) []Event {
+	if !IsFrame(m.Value) {
+		var e Event
+		if err := DecodeEvent(m.Value, &e); err != nil {
+			c.m.decodeErrors.Inc()
+			return evs
+		}
+		return append(evs, e)
+	}
+	n := len(evs)
+	evs, err := DecodeFrame(m.Value, &b.head, evs)
+	if err != nil {
+		c.m.decodeErrors.Inc()
+		return evs
+	}
+	if b.seen.seen(b.head.Edge, m.Partition, b.head.Seq) {
+		c.m.duplicateFrames.Inc()
+		c.m.duplicateEvents.Add(float64(b.head.Count))
+		clear(evs[n:])
+		return evs[:n]
+	}
+	b.frames++
+	return evs
+}
+
+// fill adds to msgs, and their events to evs, what arrives within
+// MaxBatchWait, until evs or msgs holds MaxBatch.
+func (c *Consumer) fill(ctx context.Context, b *batch, msgs []kafka.Message, evs []Event) ([]kafka.Message, []Event) {
+	if len(evs) >= c.cfg.MaxBatch || len(msgs) >= c.cfg.MaxBatch {
+		return msgs, evs
 	}
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.MaxBatchWait)
 	defer cancel()
-	for len(msgs) < c.cfg.MaxBatch {
+	for len(evs) < c.cfg.MaxBatch && len(msgs) < c.cfg.MaxBatch {
 		m, err := c.r.FetchMessage(wctx) // on a timeout no message is lost: it stays queued in the reader
 		if err != nil {
 			break
 		}
 		msgs = append(msgs, m)
+		evs = c.decode(b, evs, &msgs[len(msgs)-1])
 	}
-	return msgs
+	return msgs, evs
 }
 
 // commit commits msgs' offsets, even after ctx is done, within CommitTimeout.
@@ -373,27 +262,4 @@ func (c *Consumer) Close() error {
 		}
 	})
 	return c.closeErr
-}
-
-type consumerMetrics struct {
-	consumed, decodeErrors, commitErrors, applyErrors, fetchErrors prometheus.Counter
-	lag                                                            *prometheus.GaugeVec
-	collectors                                                     []prometheus.Collector
-}
-
-func newConsumerMetrics() consumerMetrics {
-	m := consumerMetrics{
-		consumed:     prometheus.NewCounter(counterOpts("events_consumed_total", "Events decoded and accepted by apply.")),
-		decodeErrors: prometheus.NewCounter(counterOpts("decode_errors_total", "Messages skipped because they did not decode as events.")),
-		commitErrors: prometheus.NewCounter(counterOpts("commit_errors_total", "Offset commits that failed (their events may be replayed).")),
-		applyErrors:  prometheus.NewCounter(counterOpts("apply_errors_total", "Batches that apply refused, ending Run.")),
-		fetchErrors:  prometheus.NewCounter(counterOpts("fetch_errors_total", "Errors of the consumer group reported by fetches; the reader retries.")),
-		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: namespace, Subsystem: subsystem,
-			Name: "consumer_lag_messages",
-			Help: "Messages behind the partition's high watermark at the last message consumed from it.",
-		}, []string{"partition"}),
-	}
-	m.collectors = []prometheus.Collector{m.consumed, m.decodeErrors, m.commitErrors, m.applyErrors, m.fetchErrors, m.lag}
-	return m
 }

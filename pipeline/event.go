@@ -4,29 +4,48 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
-	"strconv"
 )
 
-// Version is the encoding version that AppendEvent writes and DecodeEvent
-// accepts. It is the first byte of every encoded event.
-const Version = 1
+// Version is the event encoding version that AppendEvent writes: the first
+// byte of every event it encodes. DecodeEvent accepts it and VersionV1.
+const Version = 2
+
+// VersionV1 is the first event encoding, without the algorithm, burst and
+// delay. DecodeEvent still reads it (as a sliding-window event whose Burst
+// is its Limit); nothing writes it any more.
+const VersionV1 = 1
 
 // MaxRuleLen is the longest rule name, in bytes, that an event can carry.
 const MaxRuleLen = 255
 
-// MaxEventLen is the longest encoding of one event, in bytes: the fixed head,
-// the longest varints and a rule name of MaxRuleLen bytes.
-const MaxEventLen = 296
+// MaxEventLen is the longest encoding of one event of any version, in
+// bytes: the version 2 head, the longest varints (a delay included) and a
+// rule name of MaxRuleLen bytes. Version 1 events are at most 296 bytes.
+const MaxEventLen = 307
 
-// The build fails unless MaxEventLen matches the layout.
-var _ [0]struct{} = [MaxEventLen - (headLen + 3 + 3*5 + 1 + MaxRuleLen)]struct{}{}
+// The build fails unless MaxEventLen matches both layouts.
+var (
+	_ [0]struct{} = [MaxEventLen - (headLen + 3 + 5*5 + 1 + MaxRuleLen)]struct{}{}
+	_ [0]struct{} = [maxEventLenV1 - (headLenV1 + 3 + 3*5 + 1 + MaxRuleLen)]struct{}{}
+	_ [MaxEventLen - maxEventLenV1]struct{}
+)
 
 const (
-	// headLen is the fixed part: version, flags, time, key hash, estimate.
-	headLen = 1 + 1 + 8 + 8 + 4
-	// minEventLen is the shortest event: the head, four one-byte varints
-	// and an empty rule name.
-	minEventLen = headLen + 4 + 1
+	// headLen is the fixed part of version 2: version, flags, algorithm,
+	// time, key hash, estimate.
+	headLen = 1 + 1 + 1 + 8 + 8 + 4
+	// minEventLen is the shortest version 2 event: the head, five one-byte
+	// varints (edge, cost, limit, window, burst) and an empty rule name.
+	minEventLen = headLen + 5 + 1
+
+	// headLenV1 is the fixed part of version 1: version, flags, time, key
+	// hash, estimate.
+	headLenV1 = 1 + 1 + 8 + 8 + 4
+	// minEventLenV1 is the shortest version 1 event: the head, four
+	// one-byte varints and an empty rule name.
+	minEventLenV1 = headLenV1 + 4 + 1
+	// maxEventLenV1 is the longest version 1 event.
+	maxEventLenV1 = 296
 )
 
 // Flag bits of the second byte.
@@ -37,90 +56,42 @@ const (
 	flagFromBlockCache = 1 << 3
 	flagShadow         = 1 << 4
 	flagFallback       = 1 << 5
-	flagsReserved      = 0xff &^ (1<<6 - 1)
+	flagDelayed        = 1 << 6 // version 2 only
+	flagsReserved      = 0xff &^ (1<<7 - 1)
+	flagsReservedV1    = 0xff &^ (1<<6 - 1)
 )
 
-// Errors that DecodeEvent and AppendEvent return. They are returned bare (not
-// wrapped) so that decoding allocates nothing even when it fails; check them
-// with errors.Is, since callers may wrap them.
+// Errors that DecodeEvent, AppendEvent and the frame functions return. They
+// are returned bare (not wrapped) so that decoding allocates nothing even
+// when it fails; check them with errors.Is, since callers may wrap them.
 var (
-	// ErrVersion reports an event whose first byte is not Version.
+	// ErrVersion reports an event or frame whose first byte is not a
+	// version this package reads.
 	ErrVersion = errors.New("pipeline: unknown event version")
-	// ErrTruncated reports an input that ends inside an event.
+	// ErrTruncated reports an input that ends inside an event or frame.
 	ErrTruncated = errors.New("pipeline: truncated event")
-	// ErrTrailing reports bytes after a complete event.
+	// ErrTrailing reports bytes after a complete event or frame.
 	ErrTrailing = errors.New("pipeline: trailing bytes after event")
 	// ErrRuleTooLong reports a rule name longer than MaxRuleLen bytes.
 	ErrRuleTooLong = errors.New("pipeline: rule name longer than 255 bytes")
 	// ErrMalformed reports a field outside its domain: a reserved flag bit
 	// set, a varint that is not minimally encoded or overflows its field,
-	// or an enumeration value (Decision, Mode, Action) that does not exist.
+	// an enumeration value (Decision, Mode, Action, Algorithm) that does
+	// not exist, a delay on an event that was not delayed, or, in a frame,
+	// an event count or length out of range or an event of another edge or
+	// version.
 	ErrMalformed = errors.New("pipeline: malformed event")
 )
 
-// Decision is what the edge decided for one request. The zero value is
-// Allowed.
-type Decision uint8
-
-const (
-	Allowed Decision = iota // the request went through
-	Limited                 // the request was refused (429)
-)
-
-func (d Decision) String() string {
-	switch d {
-	case Allowed:
-		return "allowed"
-	case Limited:
-		return "limited"
-	}
-	return "Decision(" + strconv.Itoa(int(d)) + ")"
-}
-
-// Mode is how the rule counts. The zero value is ModeAsync.
-type Mode uint8
-
-const (
-	ModeAsync Mode = iota // decided from the local view, counted by a coalesced flush
-	ModeSync              // decided on the count returned by one store round trip
-)
-
-func (m Mode) String() string {
-	switch m {
-	case ModeAsync:
-		return "async"
-	case ModeSync:
-		return "sync"
-	}
-	return "Mode(" + strconv.Itoa(int(m)) + ")"
-}
-
-// Action is what a rule does to a client over its limit. The zero value is
-// ActionThrottle.
-type Action uint8
-
-const (
-	ActionThrottle Action = iota // refuse the excess, count admitted requests only
-	ActionBlock                  // block the key for a timeout, count every attempt
-)
-
-func (a Action) String() string {
-	switch a {
-	case ActionThrottle:
-		return "throttle"
-	case ActionBlock:
-		return "block"
-	}
-	return "Action(" + strconv.Itoa(int(a)) + ")"
-}
-
 // Event is one rate-limit decision, as an edge emits it and the aggregator
-// judges it. It carries everything the judge needs (limit, window, action,
-// mode), so no event needs a rule table to be understood.
+// judges it. It carries everything the judge needs to compute the exact
+// truth of the rule's algorithm (limit, window, burst, action, mode), so no
+// event needs a rule table to be understood.
 //
-// The zero value is a valid event: an allowed async throttle decision at the
-// Unix epoch on edge 0 with an empty rule name. Fields are ordered to keep
-// the struct at 64 bytes without padding holes.
+// The zero value is a valid event: an allowed async throttle decision of a
+// sliding-window rule at the Unix epoch on edge 0 with an empty rule name.
+// Fields are ordered to keep the struct at 80 bytes with no padding between
+// fields.
 type Event struct {
 	Time    int64  // when the edge decided, Unix nanoseconds
 	KeyHash uint64 // 64-bit hash of the rule and the client key, never the key itself
@@ -129,17 +100,40 @@ type Event struct {
 	// input is and must be copied to be kept longer.
 	Rule         []byte
 	Cost         uint32  // how much this request counts (usually 1)
-	Limit        uint32  // the limit in force for this key, requests per window
+	Limit        uint32  // the limit in force for this key: units per window (a bucket's rate per window)
 	WindowMillis uint32  // the rule's window, milliseconds
 	Estimate     float32 // the estimated request count in the window that the edge decided on
-	Edge         uint16  // the edge server that decided
+	// Burst is the capacity of a token_bucket or leaky_bucket rule, in
+	// units; edges set it to Limit for the other algorithms, which do not
+	// use it. A version 1 event decodes with Burst = Limit.
+	Burst uint32
+	// DelayMicros is how long a leaky-bucket queue held the request before
+	// it went through, microseconds; it must be 0 unless Delayed is set.
+	DelayMicros uint32
+	Edge        uint16 // the edge server that decided
 
 	Decision       Decision
 	Mode           Mode
 	Action         Action
-	FromBlockCache bool // answered from the block cache without consulting the counters
-	Shadow         bool // the rule is in shadow (log-only) mode: the decision was recorded, not enforced
-	Fallback       bool // decided by the rule's failure policy because the store was unavailable
+	Algorithm      Algorithm // the rule's algorithm; version 1 events decode as AlgorithmSlidingWindow
+	FromBlockCache bool      // answered from the block cache without consulting the counters
+	Shadow         bool      // the rule is in shadow (log-only) mode: the decision was recorded, not enforced
+	Fallback       bool      // decided by the rule's failure policy because the store was unavailable
+	// Delayed reports a request that a leaky-bucket queue delayed (by
+	// DelayMicros) instead of refusing it.
+	Delayed bool
+}
+
+// check reports why AppendEvent would reject e, or nil.
+func (e *Event) check() error {
+	if len(e.Rule) > MaxRuleLen {
+		return ErrRuleTooLong
+	}
+	if e.Decision > Limited || e.Mode > ModeSync || e.Action > ActionBlock || e.Algorithm > AlgorithmSlidingLog ||
+		(!e.Delayed && e.DelayMicros != 0) {
+		return ErrMalformed
+	}
+	return nil
 }
 
 // uvarintLen is the number of bytes binary.AppendUvarint writes for v.
@@ -155,28 +149,36 @@ func uvarintLen(v uint64) int {
 // EncodedLen is the number of bytes AppendEvent writes for e, or 0 if
 // AppendEvent would reject e.
 func EncodedLen(e *Event) int {
-	if len(e.Rule) > MaxRuleLen || e.Decision > Limited || e.Mode > ModeSync || e.Action > ActionBlock {
+	if e.check() != nil {
 		return 0
 	}
-	return headLen + uvarintLen(uint64(e.Edge)) + uvarintLen(uint64(e.Cost)) +
-		uvarintLen(uint64(e.Limit)) + uvarintLen(uint64(e.WindowMillis)) + 1 + len(e.Rule)
+	n := headLen + uvarintLen(uint64(e.Edge)) + uvarintLen(uint64(e.Cost)) + uvarintLen(uint64(e.Limit)) +
+		uvarintLen(uint64(e.WindowMillis)) + uvarintLen(uint64(e.Burst)) + 1 + len(e.Rule)
+	if e.Delayed {
+		n += uvarintLen(uint64(e.DelayMicros))
+	}
+	return n
 }
 
-// AppendEvent appends the encoding of e to dst and returns the extended
-// buffer. It allocates only if dst lacks the capacity (EncodedLen(e) or
-// MaxEventLen bytes are always enough). It returns dst unchanged with
-// ErrRuleTooLong if e.Rule is longer than MaxRuleLen bytes, or with
-// ErrMalformed if e.Decision, e.Mode or e.Action is not a defined value.
+// AppendEvent appends the version 2 encoding of e to dst and returns the
+// extended buffer. It allocates only if dst lacks the capacity
+// (EncodedLen(e) or MaxEventLen bytes are always enough). It returns dst
+// unchanged with ErrRuleTooLong if e.Rule is longer than MaxRuleLen bytes,
+// or with ErrMalformed if e.Decision, e.Mode, e.Action or e.Algorithm is not
+// a defined value or e.DelayMicros is set on an event that is not Delayed.
 //
 // The encoding is canonical: one event has exactly one encoding, so
-// AppendEvent(nil, decoded) reproduces the bytes DecodeEvent accepted.
+// AppendEvent(nil, decoded) reproduces the version 2 bytes DecodeEvent
+// accepted.
 func AppendEvent(dst []byte, e *Event) ([]byte, error) {
-	if len(e.Rule) > MaxRuleLen {
-		return dst, ErrRuleTooLong
+	if err := e.check(); err != nil {
+		return dst, err
 	}
-	if e.Decision > Limited || e.Mode > ModeSync || e.Action > ActionBlock {
-		return dst, ErrMalformed
-	}
+	return appendEvent(dst, e), nil
+}
+
+// appendEvent is AppendEvent for an event that check accepted.
+func appendEvent(dst []byte, e *Event) []byte {
 	var flags byte
 	if e.Decision == Limited {
 		flags |= flagLimited
@@ -196,7 +198,10 @@ func AppendEvent(dst []byte, e *Event) ([]byte, error) {
 	if e.Fallback {
 		flags |= flagFallback
 	}
-	dst = append(dst, Version, flags)
+	if e.Delayed {
+		flags |= flagDelayed
+	}
+	dst = append(dst, Version, flags, byte(e.Algorithm))
 	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Time))
 	dst = binary.BigEndian.AppendUint64(dst, e.KeyHash)
 	dst = binary.BigEndian.AppendUint32(dst, math.Float32bits(e.Estimate))
@@ -204,41 +209,69 @@ func AppendEvent(dst []byte, e *Event) ([]byte, error) {
 	dst = binary.AppendUvarint(dst, uint64(e.Cost))
 	dst = binary.AppendUvarint(dst, uint64(e.Limit))
 	dst = binary.AppendUvarint(dst, uint64(e.WindowMillis))
+	dst = binary.AppendUvarint(dst, uint64(e.Burst))
+	if e.Delayed {
+		dst = binary.AppendUvarint(dst, uint64(e.DelayMicros))
+	}
 	dst = append(dst, byte(len(e.Rule)))
-	return append(dst, e.Rule...), nil
+	return append(dst, e.Rule...)
 }
 
-// DecodeEvent decodes exactly one event from b into e. It allocates nothing;
-// e.Rule aliases b (capacity-limited, so appending to it cannot overwrite b).
+// DecodeEvent decodes exactly one event of version 2 or 1 from b into e. It
+// allocates nothing; e.Rule aliases b (capacity-limited, so appending to it
+// cannot overwrite b). A version 1 event decodes with Algorithm
+// AlgorithmSlidingWindow and Burst = Limit, and re-encodes as version 2.
 //
-// It returns ErrVersion if b does not start with Version, ErrTruncated if b
-// ends inside the event, ErrTrailing if bytes follow it, and ErrMalformed if a
-// field is outside its domain (see ErrMalformed). The version is checked
-// before the length, so a future version is reported as such even when it is
-// shorter than this one. On error e is left unchanged. DecodeEvent never
-// panics, whatever b holds.
+// It returns ErrVersion if b does not start with Version or VersionV1,
+// ErrTruncated if b ends inside the event, ErrTrailing if bytes follow it,
+// and ErrMalformed if a field is outside its domain (see ErrMalformed). The
+// version is checked before the length, so a future version is reported as
+// such even when it is shorter than this one. On error e is left unchanged.
+// DecodeEvent never panics, whatever b holds.
 func DecodeEvent(b []byte, e *Event) error {
 	if len(b) == 0 {
 		return ErrTruncated
 	}
-	if b[0] != Version {
-		return ErrVersion
+	switch b[0] {
+	case Version:
+		return decodeEvent(b, e, true)
+	case VersionV1:
+		return decodeEvent(b, e, false)
 	}
-	if len(b) < minEventLen {
+	return ErrVersion
+}
+
+// decodeEvent decodes b, whose version byte has been checked: version 2 if
+// v2, else version 1.
+func decodeEvent(b []byte, e *Event, v2 bool) error {
+	minLen, reserved := minEventLenV1, byte(flagsReservedV1)
+	if v2 {
+		minLen, reserved = minEventLen, flagsReserved
+	}
+	if len(b) < minLen {
 		return ErrTruncated
 	}
 	flags := b[1]
-	if flags&flagsReserved != 0 {
+	if flags&reserved != 0 {
 		return ErrMalformed
 	}
-	ev := Event{
-		Time:           int64(binary.BigEndian.Uint64(b[2:])),
-		KeyHash:        binary.BigEndian.Uint64(b[10:]),
-		Estimate:       math.Float32frombits(binary.BigEndian.Uint32(b[18:])),
-		FromBlockCache: flags&flagFromBlockCache != 0,
-		Shadow:         flags&flagShadow != 0,
-		Fallback:       flags&flagFallback != 0,
+	off := 2
+	var ev Event
+	if v2 {
+		if b[2] > byte(AlgorithmSlidingLog) {
+			return ErrMalformed
+		}
+		ev.Algorithm = Algorithm(b[2])
+		off = 3
 	}
+	ev.Time = int64(binary.BigEndian.Uint64(b[off:]))
+	ev.KeyHash = binary.BigEndian.Uint64(b[off+8:])
+	ev.Estimate = math.Float32frombits(binary.BigEndian.Uint32(b[off+16:]))
+	off += 20
+	ev.FromBlockCache = flags&flagFromBlockCache != 0
+	ev.Shadow = flags&flagShadow != 0
+	ev.Fallback = flags&flagFallback != 0
+	ev.Delayed = flags&flagDelayed != 0
 	if flags&flagLimited != 0 {
 		ev.Decision = Limited
 	}
@@ -248,7 +281,6 @@ func DecodeEvent(b []byte, e *Event) error {
 	if flags&flagBlock != 0 {
 		ev.Action = ActionBlock
 	}
-	off := headLen
 	v, n, err := uvarint(b[off:], math.MaxUint16)
 	if err != nil {
 		return err
@@ -266,6 +298,19 @@ func DecodeEvent(b []byte, e *Event) error {
 		return err
 	}
 	ev.WindowMillis, off = uint32(v), off+n
+	ev.Burst = ev.Limit
+	if v2 {
+		if v, n, err = uvarint(b[off:], math.MaxUint32); err != nil {
+			return err
+		}
+		ev.Burst, off = uint32(v), off+n
+		if ev.Delayed {
+			if v, n, err = uvarint(b[off:], math.MaxUint32); err != nil {
+				return err
+			}
+			ev.DelayMicros, off = uint32(v), off+n
+		}
+	}
 	if off >= len(b) {
 		return ErrTruncated
 	}

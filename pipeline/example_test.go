@@ -19,8 +19,8 @@ import (
 func ExampleAppendEvent() {
 	e := pipeline.Event{
 		Time: 1_700_000_000_000_000_000, Edge: 2, Rule: []byte("login"), KeyHash: 0xfeedface,
-		Cost: 1, Limit: 5, WindowMillis: 60_000, Estimate: 5.6,
-		Decision: pipeline.Limited, Mode: pipeline.ModeSync,
+		Cost: 1, Limit: 5, Burst: 5, WindowMillis: 60_000, Estimate: 5.6,
+		Decision: pipeline.Limited, Mode: pipeline.ModeSync, Algorithm: pipeline.AlgorithmSlidingWindow,
 	}
 	buf := make([]byte, 0, pipeline.MaxEventLen) // reuse it: AppendEvent then allocates nothing
 	buf, err := pipeline.AppendEvent(buf[:0], &e)
@@ -28,7 +28,7 @@ func ExampleAppendEvent() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%d bytes, version %d\n", len(buf), buf[0])
-	// Output: 34 bytes, version 1
+	// Output: 36 bytes, version 2
 }
 
 func ExampleDecodeEvent() {
@@ -44,6 +44,35 @@ func ExampleDecodeEvent() {
 	// Output:
 	// api: limited at 101 of 100
 	// true pipeline: truncated event
+}
+
+// A frame carries many events of one edge, numbered in its (edge,
+// partition) stream; a consumer reads its header and its events at once.
+func ExampleDecodeFrame() {
+	evs := []pipeline.Event{
+		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: pipeline.Allowed},
+		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: pipeline.Limited},
+		{Edge: 4, Rule: []byte("upload"), KeyHash: 2, Limit: 5, Burst: 20, Algorithm: pipeline.AlgorithmLeakyBucket,
+			Delayed: true, DelayMicros: 1500},
+	}
+	b, err := pipeline.AppendFrame(nil, 4, 41, evs)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var h pipeline.FrameHeader
+	got, err := pipeline.DecodeFrame(b, &h, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("frame of edge %d, number %d, %d events in %d bytes\n", h.Edge, h.Seq, h.Count, len(b))
+	for _, e := range got {
+		fmt.Printf("%s %s %s delayed=%v %dµs\n", e.Rule, e.Algorithm, e.Decision, e.Delayed, e.DelayMicros)
+	}
+	// Output:
+	// frame of edge 4, number 41, 3 events in 117 bytes
+	// api sliding_window allowed delayed=false 0µs
+	// api sliding_window limited delayed=false 0µs
+	// upload leaky_bucket allowed delayed=true 1500µs
 }
 
 func ExampleProducerConfig_Validate() {

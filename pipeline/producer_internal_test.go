@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"math"
+	"runtime"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -56,7 +57,7 @@ func TestEmitAllocs(t *testing.T) {
 	if got := testing.AllocsPerRun(1000, func() { p.Emit(&kept) }); got != 0 {
 		t.Errorf("queue full: Emit allocs: got %v, want 0", got)
 	}
-	if got, want := len(p.queue), cap(p.queue); got != want {
+	if got, want := p.queue.len(), p.queue.capacity(); got != want {
 		t.Errorf("queue length: got %d, want %d (full)", got, want)
 	}
 	if got := testutil.ToFloat64(p.m.droppedFull); got < 1000 {
@@ -71,7 +72,11 @@ func TestEmitCopiesEvent(t *testing.T) {
 		t.Fatal("Emit: got false, want true")
 	}
 	e.Limit = 99
-	if got := (<-p.queue).Limit; got != 10 {
+	var got Event
+	if !p.queue.pop(&got) {
+		t.Fatal("queue: got nothing, want the event")
+	}
+	if got := got.Limit; got != 10 {
 		t.Errorf("queued Limit after the caller changed its event: got %d, want 10", got)
 	}
 }
@@ -124,15 +129,7 @@ func BenchmarkEmit(b *testing.B) {
 		p := idleProducer(b, nil)
 		stop := make(chan struct{})
 		defer close(stop)
-		go func() { // drains without allocating, like a writer that keeps up
-			for {
-				select {
-				case <-p.queue:
-				case <-stop:
-					return
-				}
-			}
-		}()
+		go drainQueue(p, stop) // like a writer that keeps up
 		b.ReportAllocs()
 		for b.Loop() {
 			p.Emit(&e)
@@ -142,15 +139,7 @@ func BenchmarkEmit(b *testing.B) {
 		p := idleProducer(b, nil)
 		stop := make(chan struct{})
 		defer close(stop)
-		go func() {
-			for {
-				select {
-				case <-p.queue:
-				case <-stop:
-					return
-				}
-			}
-		}()
+		go drainQueue(p, stop)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			e := e
@@ -160,8 +149,9 @@ func BenchmarkEmit(b *testing.B) {
 		})
 	})
 	b.Run("queue-full", func(b *testing.B) {
-		p := idleProducer(b, func(c *ProducerConfig) { c.QueueSize = 1 })
-		p.Emit(&e)
+		p := idleProducer(b, func(c *ProducerConfig) { c.QueueSize = 2 })
+		for p.Emit(&e) {
+		}
 		b.ReportAllocs()
 		for b.Loop() {
 			p.Emit(&e)
@@ -177,4 +167,19 @@ func BenchmarkEmit(b *testing.B) {
 			p.Emit(&e)
 		}
 	})
+}
+
+// drainQueue takes p's queue, without allocating, until stop is closed.
+func drainQueue(p *Producer, stop chan struct{}) {
+	var e Event
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if !p.queue.pop(&e) {
+			runtime.Gosched()
+		}
+	}
 }

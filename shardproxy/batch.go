@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/poplimit/poplimit/internal/mix"
 )
 
 // opState is an op as the workers see it: plan copies what they need of
@@ -356,12 +358,7 @@ func (b *batch) newSeen(n int) {
 // counterHash mixes a counter's key and window start (splitmix64's
 // finaliser).
 func counterHash(key uint64, start int64) uint64 {
-	h := key ^ uint64(start)*0x9e3779b97f4a7c15
-	h ^= h >> 30
-	h *= 0xbf58476d1ce4e5b9
-	h ^= h >> 27
-	h *= 0x94d049bb133111eb
-	return h ^ h>>31
+	return mix.Mix64(key ^ uint64(start)*0x9e3779b97f4a7c15)
 }
 
 // kindOf returns the kind of an op with the given delta.

@@ -1,0 +1,155 @@
+package pipeline
+
+import (
+	"encoding/binary"
+)
+
+// FrameVersion is the frame format version that AppendFrame writes and
+// DecodeFrame reads. A frame's first byte is frameTag | FrameVersion (0x81),
+// a value no event version takes (events are numbered from 1 to 127), so a
+// reader tells a frame from a single event by its first byte.
+const FrameVersion = 1
+
+const frameTag = 0x80
+
+// frameByte is the first byte of a version 1 frame.
+const frameByte = frameTag | FrameVersion
+
+// FrameHeaderLen is the length of a frame's header, in bytes: the format
+// byte, the edge (2), the sequence number (8) and the event count (2).
+const FrameHeaderLen = 1 + 2 + 8 + 2
+
+// MaxFrameEvents is the most events one frame can hold.
+const MaxFrameEvents = 1<<16 - 1
+
+// minFrameBytes is the smallest frame bound that holds any one event: the
+// header and the longest event with its length.
+const minFrameBytes = FrameHeaderLen + 2 + MaxEventLen
+
+// FrameHeader is the head of a frame: which stream it belongs to and how
+// many events follow. The zero value is the header of no frame (Count 0 is
+// invalid).
+type FrameHeader struct {
+	// Edge is the edge every event of the frame comes from.
+	Edge uint16
+	// Seq numbers the frame within its (edge, partition) stream; with the
+	// partition the frame was read from, it identifies the frame.
+	Seq uint64
+	// Count is the number of events, 1 to MaxFrameEvents.
+	Count int
+}
+
+// AppendFrame appends to dst a frame numbered seq that holds events, all of
+// edge edge, in order, and returns the extended buffer. It returns dst
+// unchanged with ErrMalformed if events is empty or longer than
+// MaxFrameEvents or holds an event of another edge, and with the error of
+// AppendEvent for an event AppendEvent rejects. It allocates only if dst
+// lacks the capacity.
+//
+// The encoding is canonical: DecodeFrame accepts exactly what AppendFrame
+// writes, and re-encoding a decoded frame reproduces its bytes.
+func AppendFrame(dst []byte, edge uint16, seq uint64, events []Event) ([]byte, error) {
+	if len(events) == 0 || len(events) > MaxFrameEvents {
+		return dst, ErrMalformed
+	}
+	for i := range events {
+		if err := events[i].check(); err != nil {
+			return dst, err
+		}
+		if events[i].Edge != edge {
+			return dst, ErrMalformed
+		}
+	}
+	dst = appendFrameHeader(dst, edge, seq, len(events))
+	for i := range events {
+		dst = appendFramedEvent(dst, &events[i], EncodedLen(&events[i]))
+	}
+	return dst, nil
+}
+
+func appendFrameHeader(dst []byte, edge uint16, seq uint64, count int) []byte {
+	dst = append(dst, frameByte)
+	dst = binary.BigEndian.AppendUint16(dst, edge)
+	dst = binary.BigEndian.AppendUint64(dst, seq)
+	return binary.BigEndian.AppendUint16(dst, uint16(count))
+}
+
+// appendFramedEvent appends e, valid and n bytes long, with its length.
+func appendFramedEvent(dst []byte, e *Event, n int) []byte {
+	dst = binary.AppendUvarint(dst, uint64(n))
+	return appendEvent(dst, e)
+}
+
+// IsFrame reports whether b looks like a frame rather than a single event:
+// whether its first byte carries the frame tag. DecodeFrame tells whether
+// it is a valid one.
+func IsFrame(b []byte) bool { return len(b) > 0 && b[0]&frameTag != 0 }
+
+// DecodeFrame decodes the frame b into h and appends its events to dst, in
+// order, returning the extended slice. It allocates nothing when dst has
+// room for the events; their Rule fields alias b.
+//
+// A frame decodes whole or not at all: on error, h is unchanged and dst is
+// returned at its original length. It returns ErrVersion if b is not a frame
+// of FrameVersion (a single event, or a future format), ErrTruncated if b
+// ends inside the frame, ErrTrailing if bytes follow its last event, and
+// ErrMalformed if the count is 0, an event's length is not minimally
+// encoded or longer than MaxEventLen, or an event is not of Version or not
+// of the frame's edge; an event's own errors are as DecodeEvent's.
+// DecodeFrame never panics, whatever b holds.
+func DecodeFrame(b []byte, h *FrameHeader, dst []Event) ([]Event, error) {
+	if len(b) == 0 {
+		return dst, ErrTruncated
+	}
+	if b[0] != frameByte {
+		return dst, ErrVersion
+	}
+	if len(b) < FrameHeaderLen {
+		return dst, ErrTruncated
+	}
+	hd := FrameHeader{
+		Edge:  binary.BigEndian.Uint16(b[1:]),
+		Seq:   binary.BigEndian.Uint64(b[3:]),
+		Count: int(binary.BigEndian.Uint16(b[11:])),
+	}
+	if hd.Count == 0 {
+		return dst, ErrMalformed
+	}
+	n0 := len(dst)
+	fail := func(err error) ([]Event, error) {
+		clear(dst[n0:]) // drop the aliases of b
+		return dst[:n0], err
+	}
+	off := FrameHeaderLen
+	for range hd.Count {
+		l, n, err := uvarint(b[off:], MaxEventLen)
+		if err != nil {
+			return fail(err)
+		}
+		off += n
+		if l == 0 {
+			return fail(ErrMalformed)
+		}
+		if uint64(len(b)-off) < l {
+			return fail(ErrTruncated)
+		}
+		ev := b[off : off+int(l)]
+		off += int(l)
+		if ev[0] != Version {
+			return fail(ErrMalformed) // frames hold version 2 events only
+		}
+		dst = append(dst, Event{})
+		e := &dst[len(dst)-1]
+		if err := decodeEvent(ev, e, true); err != nil {
+			return fail(err)
+		}
+		if e.Edge != hd.Edge {
+			return fail(ErrMalformed)
+		}
+	}
+	if off != len(b) {
+		return fail(ErrTrailing)
+	}
+	*h = hd
+	return dst, nil
+}
