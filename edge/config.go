@@ -31,10 +31,41 @@ type Config struct {
 	// EdgeID names this edge in decision events (0 to 65535).
 	EdgeID int // default 0
 
-	// Upstream is the origin's host:port, for Proxy mode.
-	Upstream        string
-	UpstreamTimeout time.Duration // default 10s: a slower upstream answers 504
-	UpstreamConns   int           // default 512 connections at most
+	// Upstream is the origin of Proxy mode: one host:port, or several
+	// separated by commas (at most MaxUpstreams), each request going to
+	// the next healthy one round-robin. Proxy mode streams request and
+	// response bodies (MaxBodySize does not bound them there) and behaves
+	// as RFC 9110 §7.6 has a proxy behave: see proxy.go.
+	Upstream string
+	// UpstreamTimeout bounds a proxied request's whole exchange with the
+	// upstreams, retries and the streamed response body included: an
+	// upstream that does not answer within it is answered 504, and a
+	// response body still streaming then is cut off.
+	UpstreamTimeout     time.Duration // default 10s
+	UpstreamConns       int           // default 512 connections at most, per upstream
+	UpstreamDialTimeout time.Duration // default 1s to connect to an upstream (a failure is retried on the next)
+	// UpstreamHealthPath, when set (e.g. "/healthz"), turns on active
+	// health checks: every UpstreamHealthInterval each upstream is asked
+	// GET UpstreamHealthPath, which must answer 2xx or 3xx within
+	// UpstreamHealthTimeout. After UpstreamHealthThreshold failures in a
+	// row an upstream is skipped, until one check passes again. When every
+	// upstream is failing, requests go to all of them round-robin. Default
+	// off: every upstream is picked.
+	UpstreamHealthPath      string
+	UpstreamHealthInterval  time.Duration // default 2s
+	UpstreamHealthTimeout   time.Duration // default 1s (at most the interval)
+	UpstreamHealthThreshold int           // default 2 failed checks in a row
+	// UpstreamRetries is how many times a request is sent again, each time
+	// to the next upstream, after a connection error (the dial failed, or
+	// the connection closed before any response; never after a response or
+	// a timeout). Only idempotent requests are retried (GET, HEAD,
+	// OPTIONS, PUT, DELETE, TRACE), and POST or PATCH carrying
+	// UpstreamIdempotencyHeader, and only while their body can be sent
+	// again (at most 64 KiB, or not read yet).
+	UpstreamRetries int // default 1; -1: never
+	// UpstreamIdempotencyHeader names the header that makes a POST or PATCH
+	// retryable (draft-ietf-httpapi-idempotency-key-header); "-": none does.
+	UpstreamIdempotencyHeader string // default "Idempotency-Key"
 
 	// CheckPrefix is stripped from the path of a check in Decision mode,
 	// matching the path_prefix of Envoy's ext_authz http_service.
@@ -115,6 +146,24 @@ func (c *Config) setDefaults() {
 	if c.UpstreamConns == 0 {
 		c.UpstreamConns = 512
 	}
+	if c.UpstreamDialTimeout == 0 {
+		c.UpstreamDialTimeout = time.Second
+	}
+	if c.UpstreamHealthInterval == 0 {
+		c.UpstreamHealthInterval = 2 * time.Second
+	}
+	if c.UpstreamHealthTimeout == 0 {
+		c.UpstreamHealthTimeout = time.Second
+	}
+	if c.UpstreamHealthThreshold == 0 {
+		c.UpstreamHealthThreshold = 2
+	}
+	if c.UpstreamRetries == 0 {
+		c.UpstreamRetries = 1
+	}
+	if c.UpstreamIdempotencyHeader == "" {
+		c.UpstreamIdempotencyHeader = "Idempotency-Key"
+	}
 	if c.CheckPrefix == "" {
 		c.CheckPrefix = "/check"
 	}
@@ -160,10 +209,12 @@ func (c Config) Validate() error {
 		bad("Mode", fmt.Sprintf("%q", c.Mode), `must be "decision" or "proxy"`)
 	}
 	if c.Upstream != "" {
-		if _, port, ok := strings.Cut(c.Upstream, ":"); !ok || port == "" || strings.Contains(c.Upstream, "/") {
-			bad("Upstream", fmt.Sprintf("%q", c.Upstream), "must be host:port")
+		if _, err := ParseUpstreams(c.Upstream); err != nil {
+			reason := strings.ReplaceAll(strings.ReplaceAll(err.Error(), "edge: ", ""), "\n", "; ")
+			bad("Upstream", fmt.Sprintf("%q", c.Upstream), "must be host:port, or several separated by commas ("+reason+")")
 		}
 	}
+	c.validateUpstream(bad)
 	switch c.Forwarding {
 	case "", XForwardedFor, Forwarded:
 	default:
@@ -187,7 +238,7 @@ func (c Config) Validate() error {
 	if c.MaxBodySize < 0 {
 		bad("MaxBodySize", c.MaxBodySize, "must not be negative")
 	}
-	if c.Concurrency < 0 || c.UpstreamConns < 0 {
+	if c.Concurrency < 0 {
 		bad("Concurrency", c.Concurrency, "must not be negative")
 	}
 	if c.ForwardedMethodHeader != "" && !rules.IsToken(c.ForwardedMethodHeader) {
@@ -203,6 +254,34 @@ func (c Config) Validate() error {
 		bad("ClientIPHeader", fmt.Sprintf("%q", c.ClientIPHeader), "is not a header name")
 	}
 	return errors.Join(errs...)
+}
+
+// validateUpstream reports the proxy fields' errors through bad.
+func (c Config) validateUpstream(bad func(field string, value any, reason string)) {
+	if c.UpstreamConns < 0 {
+		bad("UpstreamConns", c.UpstreamConns, "must not be negative")
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"UpstreamDialTimeout", c.UpstreamDialTimeout}, {"UpstreamHealthInterval", c.UpstreamHealthInterval},
+		{"UpstreamHealthTimeout", c.UpstreamHealthTimeout}} {
+		if f.d < 0 || f.d > time.Hour {
+			bad(f.name, f.d, "must be between 0 (default) and 1h")
+		}
+	}
+	if p := c.UpstreamHealthPath; p != "" && (p[0] != '/' || strings.ContainsAny(p, " \t\r\n#")) {
+		bad("UpstreamHealthPath", fmt.Sprintf("%q", p), `must start with "/" and hold no white space or "#"`)
+	}
+	if c.UpstreamHealthThreshold < 0 || c.UpstreamHealthThreshold > 100 {
+		bad("UpstreamHealthThreshold", c.UpstreamHealthThreshold, "must be between 0 (default) and 100")
+	}
+	if c.UpstreamRetries < -1 || c.UpstreamRetries > 10 {
+		bad("UpstreamRetries", c.UpstreamRetries, "must be between -1 (never) and 10")
+	}
+	if h := c.UpstreamIdempotencyHeader; h != "" && h != "-" && !rules.IsToken(h) {
+		bad("UpstreamIdempotencyHeader", fmt.Sprintf("%q", h), `is not a header name (or "-")`)
+	}
 }
 
 // ParsePrefixes parses a comma-separated list of CIDRs or bare addresses.

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"errors"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/window"
@@ -33,13 +35,21 @@ import (
 type Options struct {
 	Listen string // default "127.0.0.1:7070": rate-limited traffic
 	Admin  string // default "127.0.0.1:7071": /metrics, /healthz, /readyz
+	// RLSListen, when set, serves Envoy's rate limit service (gRPC,
+	// envoy.service.ratelimit.v3) there, over the same core, for rules
+	// from envoyproxy/ratelimit files. Default off.
+	RLSListen string
+	RLS       RLSConfig
 
 	Server  Config        // the front end: mode, upstream, client addresses, limits, rule files
 	Limiter window.Config // flush interval, store timeout, key table bounds
 	// Memcache is the shared store; no Servers means an in-memory store
 	// (one edge alone: limits do not hold across edges). Timeout defaults
 	// to Limiter.StoreTimeout.
-	Memcache   shardproxy.Config
+	Memcache shardproxy.Config
+	// Redis is the shared store instead, when it has Addrs (a server, or
+	// Redis Cluster nodes); Timeout defaults to Limiter.StoreTimeout.
+	Redis      redisstore.Config
 	BlockCache blockcache.Config // default blockcache.DefaultMaxEntries entries
 
 	// Brokers receive decision events on Topic (none: no events), the
@@ -96,6 +106,9 @@ func (o Options) withDefaults() Options {
 	if o.Memcache.Timeout == 0 {
 		o.Memcache.Timeout = o.Limiter.StoreTimeout
 	}
+	if o.Redis.Timeout == 0 {
+		o.Redis.Timeout = o.Limiter.StoreTimeout
+	}
 	if o.Memcache.Hash == "" {
 		o.Memcache.Hash = shardproxy.DefaultHash
 	}
@@ -131,12 +144,14 @@ type Edge struct {
 	Limiter  *window.Limiter
 	Slots    *window.Slots
 	Blocks   *blockcache.Cache
+	RLS      *RLS // Envoy's rate limit service; nil without RLSListen
 	Registry Registry
 
 	memcache *shardproxy.Client // nil without Memcache servers
 	producer *pipeline.Producer // nil without Brokers
 	closers  []func(context.Context) error
 	ln, aln  net.Listener
+	rln      net.Listener // RLS
 	admin    *http.Server
 
 	closeOnce sync.Once
@@ -172,6 +187,17 @@ func Build(o Options) (e *Edge, err error) {
 	reg := e.Registry
 	store := o.Store
 	var healthy func() bool
+	if store == nil && len(o.Redis.Addrs) > 0 && len(o.Memcache.Servers) > 0 {
+		return e, errors.New("edge: Memcache and Redis: one shared store, not both")
+	}
+	if store == nil && len(o.Redis.Addrs) > 0 {
+		rs, err := redisstore.New(o.Redis, reg)
+		if err != nil {
+			return e, err
+		}
+		e.closers = append(e.closers, func(context.Context) error { rs.Close(); return nil })
+		store, healthy = rs, rs.Healthy
+	}
 	if store == nil && len(o.Memcache.Servers) > 0 {
 		if e.memcache, err = shardproxy.New(o.Memcache, reg); err != nil {
 			return e, err
@@ -211,7 +237,16 @@ func Build(o Options) (e *Edge, err error) {
 		CoreDeps{Limiter: e.Limiter, Blocks: e.Blocks, Slots: e.Slots, Events: events, Registerer: reg}); err != nil {
 		return e, err
 	}
-	e.Server, err = NewServer(o.Server, e.Core, Deps{StoreHealthy: healthy, Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew})
+	if e.Server, err = NewServer(o.Server, e.Core, Deps{StoreHealthy: healthy, Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew}); err != nil {
+		return e, err
+	}
+	if o.RLSListen != "" {
+		rc := o.RLS
+		if rc.Ready == nil {
+			rc.Ready = e.Server.Ready
+		}
+		e.RLS, err = NewRLS(e.Core, rc, o.Logger, reg)
+	}
 	return e, err
 }
 
@@ -227,6 +262,13 @@ func (e *Edge) Listen() error {
 		e.ln.Close()
 		return fmt.Errorf("edge: admin listen %s: %w", e.Options.Admin, err)
 	}
+	if e.RLS != nil {
+		if e.rln, err = net.Listen("tcp", e.Options.RLSListen); err != nil {
+			e.ln.Close()
+			e.aln.Close()
+			return fmt.Errorf("edge: RLS listen %s: %w", e.Options.RLSListen, err)
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/", e.Server.AdminHandler(e.Registry))
 	if e.Options.Pprof {
@@ -240,6 +282,14 @@ func (e *Edge) Listen() error {
 // Addr and AdminAddr are the listeners' addresses, after Listen.
 func (e *Edge) Addr() string      { return e.ln.Addr().String() }
 func (e *Edge) AdminAddr() string { return e.aln.Addr().String() }
+
+// RLSAddr is the rate limit service's address after Listen, "" when off.
+func (e *Edge) RLSAddr() string {
+	if e.rln == nil {
+		return ""
+	}
+	return e.rln.Addr().String()
+}
 
 // Serve serves traffic and the admin listener, reloads the rule files when
 // they change or on SIGHUP, until ctx ends; then it finishes the requests
@@ -259,8 +309,15 @@ func (e *Edge) Serve(ctx context.Context) error {
 		defer signal.Stop(hup)
 		go e.Server.WatchFiles(wctx, hup)
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- e.Server.Serve(e.ln) }()
+	if e.RLS != nil {
+		go func() {
+			if err := e.RLS.Serve(e.rln); err != nil {
+				errc <- fmt.Errorf("RLS: %w", err)
+			}
+		}()
+	}
 	var serveErr error
 	select {
 	case err := <-errc:
@@ -286,6 +343,11 @@ func (e *Edge) Close(ctx context.Context) error {
 
 func (e *Edge) close(ctx context.Context) error {
 	var errs []error
+	if e.RLS != nil && e.rln != nil {
+		if err := e.RLS.Stop(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if e.Server != nil && e.ln != nil {
 		if err := e.Server.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			errs = append(errs, err)
@@ -310,7 +372,9 @@ func (e *Edge) Rules() *rules.Rules { return e.Core.Rules() }
 func (e *Edge) LogStart() {
 	o := &e.Options
 	store := "memory (single edge; pass -memcache to share counters)"
-	if len(o.Memcache.Servers) > 0 {
+	if len(o.Redis.Addrs) > 0 {
+		store = "redis " + strings.Join(o.Redis.Addrs, ",")
+	} else if len(o.Memcache.Servers) > 0 {
 		store = fmt.Sprintf("memcached, %d shards", len(o.Memcache.Servers))
 	} else if o.Store != nil {
 		store = "embedded"
@@ -323,7 +387,7 @@ func (e *Edge) LogStart() {
 	if rulesFrom == "" {
 		rulesFrom = "built-in: default-per-client, 100 per 1m per client IP"
 	}
-	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "mode", string(o.Server.Mode),
+	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "rls", cmp.Or(e.RLSAddr(), "off (pass -rls-listen)"), "mode", string(o.Server.Mode),
 		"rules", rulesFrom, "store", store, "events", events, "flush_interval", o.Limiter.FlushInterval,
 		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.Server.EdgeID)
 }

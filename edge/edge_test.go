@@ -679,3 +679,47 @@ rules:
 		t.Errorf("shed low counted %v, want 1", n)
 	}
 }
+
+// Two edges sharing one Redis limit a client once, as with memcached.
+func TestTwoEdgesShareRedis(t *testing.T) {
+	r := testenv.Redis(t)
+	rules := "rules: [{name: login, path_prefix: /login, limit: 3, window: 1m, mode: sync}, {name: shared, limit: 20, window: 1m}]"
+	start := func() *testEdge {
+		opts := edge.Options{}
+		opts.Redis.Addrs = []string{r.Addr}
+		opts.Limiter.FlushInterval = 2 * time.Millisecond
+		e := edgetest.Start(t, rules, opts)
+		return &testEdge{Edge: e, srv: e.Server, lim: e.Limiter, blocks: e.Blocks, addr: e.Addr(), reg: e.Registry}
+	}
+	a, b := start(), start()
+	allowed := 0
+	for i := 0; i < 60; i++ {
+		e := a
+		if i%2 == 1 {
+			e = b
+		}
+		if get(t, e.addr, "/").StatusCode == 200 {
+			allowed++
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if allowed < 20 || allowed > 22 {
+		t.Errorf("two edges on one Redis admitted %d for one client under 20 per minute, want 20 (at most one more per edge)", allowed)
+	}
+	sync := 0
+	for i := 0; i < 8; i++ {
+		e := a
+		if i%2 == 1 {
+			e = b
+		}
+		if get(t, e.addr, "/login").StatusCode == 200 {
+			sync++
+		}
+	}
+	if sync != 3 {
+		t.Errorf("sync rule through two edges on one Redis admitted %d, want exactly 3", sync)
+	}
+	if n := testenv.MetricSum(t, a.reg, "poplimit_redis_ops_total"); n == 0 {
+		t.Error("no Redis operation counted")
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/rules/envoyconf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 )
@@ -47,7 +48,7 @@ type Server struct {
 	reloadMu sync.Mutex
 
 	srv      *fasthttp.Server
-	upstream *fasthttp.HostClient
+	upstream *upstreamPool
 	certs    *certs    // nil without TLS
 	scratch  sync.Pool // *scratch
 	// loaded and loadedTLS stamp the files as of the server's building,
@@ -89,15 +90,8 @@ func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
 	}
 	s.loaded, s.loadedTLS = s.rulesStamp(), s.tlsStamp()
 	if cfg.Mode == Proxy {
-		s.upstream = &fasthttp.HostClient{
-			Addr:                          cfg.Upstream,
-			MaxConns:                      cfg.UpstreamConns,
-			ReadTimeout:                   cfg.UpstreamTimeout,
-			WriteTimeout:                  cfg.UpstreamTimeout,
-			MaxIdleConnDuration:           cfg.IdleTimeout,
-			DisableHeaderNamesNormalizing: true,
-			DisablePathNormalizing:        true,
-			NoDefaultUserAgentHeader:      true,
+		if s.upstream, err = newUpstreamPool(&cfg, deps.Registerer, s.log); err != nil {
+			return nil, err
 		}
 	}
 	s.srv = &fasthttp.Server{
@@ -113,6 +107,7 @@ func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
 		NoDefaultDate:                false,
 		DisablePreParseMultipartForm: true,
 		CloseOnShutdown:              true,
+		StreamRequestBody:            cfg.Mode == Proxy, // bodies stream to the upstream (proxy.go)
 		Logger:                       fasthttpLogger{s.log},
 	}
 	return s, nil
@@ -145,15 +140,13 @@ func (s *Server) Core() *Core { return s.core }
 // Rules returns the rules in force.
 func (s *Server) Rules() *rules.Rules { return s.core.Rules() }
 
-// rulesStamp identifies the rules and overrides files' versions.
+// rulesStamp identifies the rules and overrides files' versions (every
+// file of a rules directory).
 func (s *Server) rulesStamp() string {
 	var b []byte
 	for _, f := range []string{s.cfg.RulesFile, s.cfg.OverridesFile} {
-		if f == "" {
-			continue
-		}
-		if st, err := os.Stat(f); err == nil {
-			b = fmt.Appendf(b, "%s:%d:%d;", f, st.ModTime().UnixNano(), st.Size())
+		if f != "" {
+			b = append(b, envoyconf.Stamp(f)...)
 		}
 	}
 	return string(b)
@@ -179,6 +172,10 @@ func (s *Server) SetRules(rs *rules.Rules) error {
 func (s *Server) Serve(ln net.Listener) error {
 	if s.certs != nil {
 		ln = tls.NewListener(ln, s.certs.config())
+	}
+	if s.upstream != nil {
+		stop := s.upstream.startChecks() // the health checks run while Serve does
+		defer stop()
 	}
 	return s.srv.Serve(ln)
 }
@@ -253,6 +250,9 @@ func (s *Server) Wrap(next fasthttp.RequestHandler) fasthttp.RequestHandler {
 // serve decides ctx's request and answers it: by next when not nil, else
 // as the mode says (forward to the upstream, or 200).
 func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
+	if s.cfg.Mode == Proxy && next == nil && !s.checkFraming(ctx) {
+		return // framing that could smuggle a request: 400 before any decision (proxy_framing.go)
+	}
 	path := ctx.Path()
 	if s.cfg.Mode == Decision && next == nil {
 		if string(path) == decidePath && s.cfg.DecideToken != "" {
@@ -311,26 +311,9 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	}
 }
 
-// proxy forwards the request to the upstream and leaves its response in
-// ctx: 504 when it times out, 502 when it cannot be reached.
-func (s *Server) proxy(ctx *fasthttp.RequestCtx) {
-	req := &ctx.Request
-	req.Header.Del(fasthttp.HeaderConnection)
-	begin := s.core.BeginUpstream()
-	err := s.upstream.DoTimeout(req, &ctx.Response, s.cfg.UpstreamTimeout)
-	s.core.EndUpstream(begin)
-	if err == nil {
-		return
-	}
-	ctx.Response.Reset()
-	if errors.Is(err, fasthttp.ErrTimeout) {
-		s.m.upstreamTimeout.Inc()
-		writeProblem(ctx, fasthttp.StatusGatewayTimeout, "Gateway Timeout", "the upstream did not answer in time")
-		return
-	}
-	s.m.upstreamError.Inc()
-	writeProblem(ctx, fasthttp.StatusBadGateway, "Bad Gateway", "the upstream could not be reached")
-}
+// proxy forwards the request to an upstream and leaves its response in
+// ctx (see forward, in proxy.go).
+func (s *Server) proxy(ctx *fasthttp.RequestCtx) { s.forward(ctx) }
 
 // HostOnly returns host without its port, as rules match it.
 func HostOnly(h []byte) []byte {
@@ -369,12 +352,32 @@ func (s *Server) Ready() bool {
 }
 
 // LoadFiles parses the configured rules and overrides files.
+//
+// The rules path may also name envoyproxy/ratelimit configuration: a file
+// with a top-level domain, or a directory of such files (every *.yaml and
+// *.yml, as ratelimit reads its runtime directory), for Envoy's rate limit
+// service; overrides do not apply to those.
 func LoadFiles(rulesFile, overridesFile string) (*rules.Rules, error) {
 	data := []byte(DefaultRules)
 	if rulesFile != "" {
-		var err error
-		if data, err = os.ReadFile(rulesFile); err != nil {
+		st, err := os.Stat(rulesFile)
+		if err != nil {
 			return nil, fmt.Errorf("edge: rules: %w", err)
+		}
+		if !st.IsDir() {
+			if data, err = os.ReadFile(rulesFile); err != nil {
+				return nil, fmt.Errorf("edge: rules: %w", err)
+			}
+		}
+		if st.IsDir() || envoyconf.IsEnvoy(data) {
+			if overridesFile != "" {
+				return nil, fmt.Errorf("edge: %s: envoyproxy/ratelimit files take no overrides file (%s)", rulesFile, overridesFile)
+			}
+			rs, err := envoyconf.LoadPath(rulesFile)
+			if err != nil {
+				return nil, fmt.Errorf("edge: %s: %w", rulesFile, err)
+			}
+			return rs, nil
 		}
 	}
 	rs, err := rules.ParseRules(data)

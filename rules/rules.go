@@ -126,6 +126,10 @@ type Rule struct {
 	IPv6Prefix int
 
 	Shadow bool // decide and count, never refuse
+	// Envoy marks a rule built from an envoyproxy/ratelimit descriptor: it
+	// is decided only through Envoy's rate limit service, and no HTTP
+	// request matches it.
+	Envoy bool
 
 	Cost       uint64 // units one request costs (default 1)
 	CostHeader string // if set, a request's cost is read from this header ...
@@ -149,6 +153,9 @@ func (r *Rule) NameBytes() []byte { return r.nameBytes }
 // Matches reports whether a request with this host (without port), method
 // and path is under the rule. It does not allocate.
 func (r *Rule) Matches(host, method, path []byte) bool {
+	if r.Envoy {
+		return false
+	}
 	if r.Host != "" && !bytesEqualFold(host, r.Host) {
 		return false
 	}
@@ -203,6 +210,10 @@ type Rules struct {
 	Overrides map[string]string
 	// Shedding is the edge's load-shedding configuration.
 	Shedding Shedding
+	// Descriptors maps Envoy rate limit descriptors to these rules when
+	// they came from envoyproxy/ratelimit files (package envoyconf); nil
+	// for a poplimit rules file.
+	Descriptors Descriptors
 }
 
 // LimitFor returns the limit of rule r for key: the limit of the key's tier

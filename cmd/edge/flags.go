@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"flag"
 	"fmt"
 	"io"
@@ -8,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/shardproxy"
 )
 
@@ -19,10 +22,21 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	c := &o.Server
 	fs.StringVar(&o.Listen, "listen", o.Listen, "address for rate-limited traffic")
 	fs.StringVar(&o.Admin, "admin", o.Admin, "address for /metrics, /healthz and /readyz")
+	fs.StringVar(&o.RLSListen, "rls-listen", "", "address for Envoy's rate limit service (gRPC; rules from envoyproxy/ratelimit files: -rules FILE or DIR); default off")
+	fs.StringVar(&o.RLS.Headers, "rls-headers", edge.RLSHeadersDraft, `response_headers_to_add of the rate limit service: "draft" (RateLimit-Policy, RateLimit, Retry-After), "ratelimit" (envoyproxy/ratelimit's RateLimit-Limit/-Remaining/-Reset) or "none"`)
+	fs.BoolVar(&o.RLS.Reflection, "rls-reflection", false, "serve gRPC reflection on the rate limit service")
 	fs.Var(textVar[edge.Mode]{&c.Mode}, "mode", `"decision" (answer 200/429, Envoy ext_authz) or "proxy" (forward allowed requests to -upstream)`)
-	fs.StringVar(&c.Upstream, "upstream", c.Upstream, "upstream host:port in proxy mode")
-	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", c.UpstreamTimeout, "upstream timeout (504 past it)")
-	fs.StringVar(&c.RulesFile, "rules", "", "rules YAML file, reloaded on change and SIGHUP (default: the built-in rule)")
+	fs.StringVar(&c.Upstream, "upstream", c.Upstream, "upstream host:port in proxy mode, or several comma-separated (round-robin among the healthy ones)")
+	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", c.UpstreamTimeout, "bound of a proxied request's whole upstream exchange, streamed response body included (504 past it)")
+	fs.IntVar(&c.UpstreamConns, "upstream-conns", c.UpstreamConns, "connections to each upstream at most")
+	fs.DurationVar(&c.UpstreamDialTimeout, "upstream-dial-timeout", c.UpstreamDialTimeout, "time to connect to an upstream")
+	fs.StringVar(&c.UpstreamHealthPath, "upstream-health-path", "", "path each upstream must answer 2xx/3xx to with GET (e.g. /healthz); turns on active health checks (default off)")
+	fs.DurationVar(&c.UpstreamHealthInterval, "upstream-health-interval", c.UpstreamHealthInterval, "time between health checks of an upstream")
+	fs.DurationVar(&c.UpstreamHealthTimeout, "upstream-health-timeout", c.UpstreamHealthTimeout, "time a health check may take")
+	fs.IntVar(&c.UpstreamHealthThreshold, "upstream-health-threshold", c.UpstreamHealthThreshold, "failed health checks in a row that make an upstream skipped (one pass brings it back)")
+	fs.IntVar(&c.UpstreamRetries, "upstream-retries", c.UpstreamRetries, "times an idempotent request is sent again, to the next upstream, after a connection error (-1: never)")
+	fs.StringVar(&c.UpstreamIdempotencyHeader, "upstream-idempotency-header", c.UpstreamIdempotencyHeader, `header that makes a POST or PATCH retryable ("-": none)`)
+	fs.StringVar(&c.RulesFile, "rules", "", "rules YAML file (or envoyproxy/ratelimit files: one, or a directory of them), reloaded on change and SIGHUP (default: the built-in rule)")
 	fs.StringVar(&c.OverridesFile, "overrides", "", "key → tier overrides YAML file")
 	fs.IntVar(&c.EdgeID, "edge-id", c.EdgeID, "this edge's id in decision events (0-65535)")
 	fs.Func("trusted-proxies", "comma-separated CIDRs whose forwarding headers are believed", func(s string) (err error) {
@@ -42,6 +56,28 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	})
 	fs.Var(textVar[shardproxy.Hash]{&o.Memcache.Hash}, "hash", "key hash of the ketama ring, as nutcracker's hash:")
 	fs.Var(textVar[shardproxy.Protocol]{&o.Memcache.Protocol}, "memcache-protocol", `"text", or "meta" (memcached ≥ 1.6's ma: one round trip for a new counter; not through nutcracker)`)
+	fs.Func("redis", "Redis host:port,... (a server, or Redis Cluster nodes) as the shared store instead of -memcache", func(s string) error {
+		o.Redis.Addrs = strings.Split(s, ",")
+		return nil
+	})
+	fs.Var(textVar[redisstore.Mode]{&o.Redis.Mode}, "redis-mode", `"" (ask the servers), "standalone" or "cluster"`)
+	fs.StringVar(&o.Redis.Username, "redis-user", "", "Redis ACL user")
+	fs.Func("redis-password-file", "file holding the Redis password", func(f string) (err error) {
+		o.Redis.Password, err = readToken(f)
+		return err
+	})
+	fs.Func("redis-tls-ca", "PEM CA file: talk to Redis over TLS, verifying its certificate with this CA", func(f string) error {
+		pem, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("no certificate in %s", f)
+		}
+		o.Redis.TLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		return nil
+	})
 	fs.DurationVar(&o.Limiter.StoreTimeout, "store-timeout", o.Limiter.StoreTimeout, "timeout of one store operation")
 	fs.DurationVar(&o.Limiter.FlushInterval, "flush-interval", o.Limiter.FlushInterval, "how often coalesced increments go to the store")
 	fs.IntVar(&o.Limiter.MaxKeys, "max-keys", o.Limiter.MaxKeys, "keys with a local view at most")

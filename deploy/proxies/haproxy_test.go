@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,7 +75,10 @@ func TestHAProxyForwardFor(t *testing.T) {
 		if q := quotaOf(t, r.header); q.policy != "per-client" || q.remaining != 19-i {
 			t.Errorf("request %d with X-Forwarded-For %q: quota %+v, want per-client with %d remaining", i+1, lines, q, 19-i)
 		}
-		if got, want := r.echoed(t).Header.Values("X-Forwarded-For"), append(lines, "127.0.0.2"); !slices.Equal(got, want) {
+		// The edge, a proxy too, joins the lines it trusts (HAProxy's) and
+		// appends its own hop, HAProxy's address.
+		want := []string{strings.Join(append(lines, "127.0.0.2", "127.0.0.1"), ", ")}
+		if got := r.echoed(t).Header.Values("X-Forwarded-For"); !slices.Equal(got, want) {
 			t.Errorf("request %d: the origin saw X-Forwarded-For lines %q, want %q", i+1, got, want)
 		}
 	}
