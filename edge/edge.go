@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/pipeline"
@@ -57,6 +60,9 @@ type Options struct {
 	Brokers []string
 	Topic   string  // default "poplimit.decisions"
 	Sample  float64 // default 1
+	// KafkaTLS and KafkaSASL, when set, secure the connections to Brokers.
+	KafkaTLS  *tls.Config
+	KafkaSASL sasl.Mechanism
 
 	Pprof bool // serve /debug/pprof/ on the admin listener
 	// PprofToken, when set, is the bearer token /debug/pprof/ requires
@@ -227,6 +233,7 @@ func Build(o Options) (e *Edge, err error) {
 	if events == nil && len(o.Brokers) > 0 {
 		pc := pipeline.DefaultProducerConfig()
 		pc.Brokers, pc.Topic, pc.SampleRate = o.Brokers, o.Topic, o.Sample
+		pc.TLS, pc.SASL = o.KafkaTLS, o.KafkaSASL
 		if e.producer, err = pipeline.NewProducer(pc, reg); err != nil {
 			return e, err
 		}

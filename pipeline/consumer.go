@@ -46,7 +46,7 @@ func NewConsumer(cfg ConsumerConfig, reg prometheus.Registerer) (*Consumer, erro
 		Brokers:                cfg.Brokers,
 		GroupID:                cfg.GroupID,
 		Topic:                  cfg.Topic,
-		Dialer:                 &kafka.Dialer{ClientID: cfg.ClientID, Timeout: cfg.DialTimeout, DualStack: true},
+		Dialer:                 &kafka.Dialer{ClientID: cfg.ClientID, Timeout: cfg.DialTimeout, DualStack: true, TLS: cfg.TLS, SASLMechanism: cfg.SASL},
 		QueueCapacity:          cfg.QueueCapacity,
 		MinBytes:               cfg.MinBytes,
 		MaxBytes:               cfg.MaxBytes,

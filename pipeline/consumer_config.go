@@ -1,10 +1,13 @@
 package pipeline
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -19,6 +22,10 @@ import (
 type ConsumerConfig struct {
 	// Brokers are the bootstrap brokers, each host:port. Required.
 	Brokers []string
+	// TLS, when set, talks to the brokers over TLS; SASL, when set,
+	// authenticates (kafka-go's sasl/plain or sasl/scram mechanisms).
+	TLS  *tls.Config
+	SASL sasl.Mechanism
 	// Topic is read. Required; it must exist.
 	Topic string
 	// GroupID names the consumer group; consumers sharing it split the

@@ -147,6 +147,8 @@ func newProducer(cfg ProducerConfig, reg prometheus.Registerer) (*Producer, erro
 		MetadataTopics: []string{cfg.Topic},
 		ClientID:       cfg.ClientID,
 		Context:        trCtx,
+		TLS:            cfg.TLS,
+		SASL:           cfg.SASL,
 	}
 	p.probe = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Timeout: cfg.WriteTimeout, Transport: p.tr}
 	p.w = &kafka.Writer{

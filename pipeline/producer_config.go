@@ -1,11 +1,14 @@
 package pipeline
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"time"
+
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -22,6 +25,10 @@ var ErrConfig = errors.New("pipeline: invalid config")
 type ProducerConfig struct {
 	// Brokers are the bootstrap brokers, each host:port. Required.
 	Brokers []string
+	// TLS, when set, talks to the brokers over TLS; SASL, when set,
+	// authenticates (kafka-go's sasl/plain or sasl/scram mechanisms).
+	TLS  *tls.Config
+	SASL sasl.Mechanism
 	// Topic receives the events. Required. It must exist: the producer
 	// does not create topics. Its partition count bounds the consumers
 	// that share the load.

@@ -53,6 +53,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poplimit/poplimit/internal/kafkaauth"
+
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -89,8 +91,14 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.DurationVar(&cfg.IdleFlush, "idle-flush", time.Second, "judge everything buffered after this long without events (0: never)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time to stop serving on SIGTERM")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	var ka kafkaauth.Flags
+	kafkaFlags(fs, &ka)
 	if err := fs.Parse(args); err != nil {
 		return config{}, 0, nil, err
+	}
+	var err error
+	if cfg.Consumer.TLS, cfg.Consumer.SASL, err = ka.Build(); err != nil {
+		return config{}, 0, nil, fmt.Errorf("aggregator: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return config{}, 0, nil, fmt.Errorf("aggregator: unexpected arguments %q", fs.Args())
@@ -113,6 +121,15 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 		}
 	})
 	return cfg, level, defaults, cfg.validate()
+}
+
+// kafkaFlags defines the flags of the brokers' security.
+func kafkaFlags(fs *flag.FlagSet, k *kafkaauth.Flags) {
+	fs.BoolVar(&k.TLS, "kafka-tls", false, "talk TLS to the brokers (system CAs, or -kafka-tls-ca)")
+	fs.StringVar(&k.CAFile, "kafka-tls-ca", "", "PEM CA of the brokers' certificates (implies -kafka-tls)")
+	fs.StringVar(&k.Mechanism, "kafka-sasl", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512")
+	fs.StringVar(&k.User, "kafka-user", "", "SASL user")
+	fs.StringVar(&k.PasswordFile, "kafka-password-file", "", "file holding the SASL password")
 }
 
 // run starts the aggregator from args, serves until ctx ends or the

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/internal/kafkaauth"
 	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/shardproxy"
 )
@@ -17,6 +18,7 @@ import (
 // parseFlags turns the command line into edge.Options.
 func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	o := edge.DefaultOptions()
+	var ka kafkaauth.Flags
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &o.Server
@@ -88,6 +90,11 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 		return nil
 	})
 	fs.StringVar(&o.Topic, "topic", o.Topic, "Kafka topic of decision events")
+	fs.BoolVar(&ka.TLS, "kafka-tls", false, "talk TLS to the brokers (system CAs, or -kafka-tls-ca)")
+	fs.StringVar(&ka.CAFile, "kafka-tls-ca", "", "PEM CA of the brokers' certificates (implies -kafka-tls)")
+	fs.StringVar(&ka.Mechanism, "kafka-sasl", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512")
+	fs.StringVar(&ka.User, "kafka-user", "", "SASL user")
+	fs.StringVar(&ka.PasswordFile, "kafka-password-file", "", "file holding the SASL password")
 	fs.Float64Var(&o.Sample, "sample", o.Sample, "fraction of keys whose events are sent (0-1]")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.ClockSkew, "clock-skew", 0, "add this to the clock: a fault-test hook, at most ±1m")
@@ -105,6 +112,10 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.BoolVar(&o.Pprof, "pprof", false, "serve /debug/pprof/ on the admin listener")
 	if err := fs.Parse(args); err != nil {
 		return o, "", err
+	}
+	var err error
+	if o.KafkaTLS, o.KafkaSASL, err = ka.Build(); err != nil {
+		return o, "", fmt.Errorf("edge: %w", err)
 	}
 	if fs.NArg() > 0 {
 		return o, "", fmt.Errorf("edge: unexpected arguments %q", fs.Args())

@@ -12,7 +12,13 @@ import (
 // broker.
 func Broker(t testing.TB, port int, partitions int32, topics ...string) (*kfake.Cluster, string) {
 	t.Helper()
-	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...)}
+	return BrokerWith(t, port, partitions, topics, nil)
+}
+
+// BrokerWith is Broker with more kfake options (TLS, SASL).
+func BrokerWith(t testing.TB, port int, partitions int32, topics []string, more []kfake.Opt) (*kfake.Cluster, string) {
+	t.Helper()
+	opts := append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...)}, more...)
 	if port != 0 {
 		opts = append(opts, kfake.Ports(port))
 	}
