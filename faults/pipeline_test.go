@@ -235,7 +235,7 @@ func TestBrokerOutage(t *testing.T) {
 	}
 
 	// The aggregator catches up with everything in the topic.
-	logged := testenv.TopicSize(t, b.addr(), eventsTopic, partitions)
+	logged := testenv.TopicEvents(t, b.addr(), eventsTopic, partitions)
 	caught := time.Now()
 	testenv.WaitFor(t, 60*time.Second, "the aggregator to catch up", func() bool {
 		r := agg.report(t, false)
@@ -308,7 +308,7 @@ func TestAggregatorRestart(t *testing.T) {
 		cancel()
 	}
 	c := countsOf(t, edges)
-	logged := testenv.TopicSize(t, b.addr(), eventsTopic, partitions)
+	logged := testenv.TopicEvents(t, b.addr(), eventsTopic, partitions)
 	testenv.WaitFor(t, 60*time.Second, "the second aggregator to take the rest", func() bool {
 		r := second.report(t, false)
 		return firstEvents+firstDups+r.Events+r.Duplicates >= logged

@@ -17,7 +17,6 @@ import (
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -399,7 +398,7 @@ func TestRestartExactlyOnce(t *testing.T) {
 	// The producers are at-least-once: a frame retried after a timeout is
 	// in the log twice, and the consumers drop the copy. What the
 	// aggregators must judge exactly once is every distinct frame's events.
-	logged := distinctEvents(t, cfg.Brokers[0], topic, 4)
+	logged := testenv.TopicEvents(t, cfg.Brokers[0], topic, 4)
 	if logged < int64(n) {
 		t.Fatalf("events in the topic: got %d, want at least the %d produced", logged, n)
 	}
@@ -482,50 +481,4 @@ func TestEmbeddedDataDir(t *testing.T) {
 	if got := getReport(t, second, false).Events; got != rest {
 		t.Errorf("events after the restart: got %d, want %d (the first half was committed)", got, rest)
 	}
-}
-
-// distinctEvents reads a topic's partitions whole and counts the events of
-// its distinct frames (a frame logged twice counts once, as the consumer
-// applies it once) and of its single-event messages.
-func distinctEvents(t *testing.T, addr, topic string, partitions int) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	seen := map[[3]uint64]bool{}
-	var n int64
-	var evs []pipeline.Event
-	for p := range partitions {
-		conn, err := kafka.DialLeader(ctx, "tcp", addr, topic, p)
-		if err != nil {
-			t.Fatalf("partition %d: %v", p, err)
-		}
-		last, err := conn.ReadLastOffset()
-		if err != nil {
-			t.Fatalf("partition %d: last offset: %v", p, err)
-		}
-		conn.Seek(0, kafka.SeekAbsolute)
-		for off := int64(0); off < last; {
-			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-			m, err := conn.ReadMessage(1 << 20)
-			if err != nil {
-				t.Fatalf("partition %d offset %d: %v", p, off, err)
-			}
-			off = m.Offset + 1
-			if !pipeline.IsFrame(m.Value) {
-				n++
-				continue
-			}
-			var h pipeline.FrameHeader
-			if evs, err = pipeline.DecodeFrame(m.Value, &h, evs[:0]); err != nil {
-				t.Fatalf("partition %d offset %d: %v", p, m.Offset, err)
-			}
-			id := [3]uint64{uint64(h.Edge), uint64(p), h.Seq}
-			if !seen[id] {
-				seen[id] = true
-				n += int64(len(evs))
-			}
-		}
-		conn.Close()
-	}
-	return n
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 )
@@ -63,24 +64,48 @@ func MetricSum(t testing.TB, g prometheus.Gatherer, name string, labels ...strin
 	return sum
 }
 
-// TopicSize returns the number of messages in partitions 0 to partitions-1
-// of topic on the broker at addr: the sum of their high watermarks.
-func TopicSize(t testing.TB, addr, topic string, partitions int) int64 {
+// TopicEvents reads a topic's partitions whole and counts the events of
+// its distinct frames (a frame logged twice counts once, as the consumer
+// applies it once) and of its single-event messages.
+func TopicEvents(t testing.TB, addr, topic string, partitions int) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	seen := map[[3]uint64]bool{}
 	var n int64
+	var evs []pipeline.Event
 	for p := range partitions {
 		conn, err := kafka.DialLeader(ctx, "tcp", addr, topic, p)
 		if err != nil {
 			t.Fatalf("partition %d: %v", p, err)
 		}
 		last, err := conn.ReadLastOffset()
-		conn.Close()
 		if err != nil {
 			t.Fatalf("partition %d: last offset: %v", p, err)
 		}
-		n += last
+		conn.Seek(0, kafka.SeekAbsolute)
+		for off := int64(0); off < last; {
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			m, err := conn.ReadMessage(1 << 20)
+			if err != nil {
+				t.Fatalf("partition %d offset %d: %v", p, off, err)
+			}
+			off = m.Offset + 1
+			if !pipeline.IsFrame(m.Value) {
+				n++
+				continue
+			}
+			var h pipeline.FrameHeader
+			if evs, err = pipeline.DecodeFrame(m.Value, &h, evs[:0]); err != nil {
+				t.Fatalf("partition %d offset %d: %v", p, m.Offset, err)
+			}
+			id := [3]uint64{uint64(h.Edge), uint64(p), h.Seq}
+			if !seen[id] {
+				seen[id] = true
+				n += int64(len(evs))
+			}
+		}
+		conn.Close()
 	}
 	return n
 }
