@@ -69,7 +69,7 @@ func MetricSum(t testing.TB, g prometheus.Gatherer, name string, labels ...strin
 // applies it once) and of its single-event messages.
 func TopicEvents(t testing.TB, addr, topic string, partitions int) int64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	seen := map[[3]uint64]bool{}
 	var n int64
@@ -86,23 +86,29 @@ func TopicEvents(t testing.TB, addr, topic string, partitions int) int64 {
 		conn.Seek(0, kafka.SeekAbsolute)
 		for off := int64(0); off < last; {
 			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-			m, err := conn.ReadMessage(1 << 20)
-			if err != nil {
-				t.Fatalf("partition %d offset %d: %v", p, off, err)
+			batch := conn.ReadBatch(1, 16<<20)
+			for {
+				m, err := batch.ReadMessage()
+				if err != nil {
+					break
+				}
+				off = m.Offset + 1
+				if !pipeline.IsFrame(m.Value) {
+					n++
+					continue
+				}
+				var h pipeline.FrameHeader
+				if evs, err = pipeline.DecodeFrame(m.Value, &h, evs[:0]); err != nil {
+					t.Fatalf("partition %d offset %d: %v", p, m.Offset, err)
+				}
+				id := [3]uint64{uint64(h.Edge), uint64(p), h.Seq}
+				if !seen[id] {
+					seen[id] = true
+					n += int64(len(evs))
+				}
 			}
-			off = m.Offset + 1
-			if !pipeline.IsFrame(m.Value) {
-				n++
-				continue
-			}
-			var h pipeline.FrameHeader
-			if evs, err = pipeline.DecodeFrame(m.Value, &h, evs[:0]); err != nil {
-				t.Fatalf("partition %d offset %d: %v", p, m.Offset, err)
-			}
-			id := [3]uint64{uint64(h.Edge), uint64(p), h.Seq}
-			if !seen[id] {
-				seen[id] = true
-				n += int64(len(evs))
+			if err := batch.Close(); err != nil && off < last {
+				t.Fatalf("partition %d at offset %d of %d: %v", p, off, last, err)
 			}
 		}
 		conn.Close()
