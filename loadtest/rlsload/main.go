@@ -22,7 +22,9 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 func main() {
@@ -46,6 +48,7 @@ func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), *dur)
 	defer cancel()
 	var next, failed atomic.Int64
+	var firstErr sync.Once
 	var mu sync.Mutex
 	var lat []time.Duration
 	var wg sync.WaitGroup
@@ -66,11 +69,12 @@ func main() {
 					r := reqs[next.Add(1)%int64(len(reqs))]
 					begin := time.Now()
 					_, err := client.ShouldRateLimit(ctx, r)
-					if ctx.Err() != nil {
-						break
+					if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
+						break // the run's end (grpc's timer can fire before the context's)
 					}
 					if err != nil {
 						failed.Add(1)
+						firstErr.Do(func() { fmt.Fprintln(os.Stderr, "rlsload: first failed call:", err) })
 						continue
 					}
 					mine = append(mine, time.Since(begin))
