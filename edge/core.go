@@ -241,7 +241,20 @@ func (c *Core) FailsClosed() bool { return c.rules.Load().failHard }
 
 // Decide decides req. The Verdict must be handed back with Finish.
 func (c *Core) Decide(req *Request) *Verdict {
-	d := c.get(req.Now)
+	d := c.pool.Get().(*Verdict)
+	c.DecideInto(req, d)
+	return d
+}
+
+// DecideInto decides req into d, a Verdict the caller owns (a front end
+// that pools its own per-request space); d must be handed back with Done,
+// not Finish. A zero Verdict is ready.
+func (c *Core) DecideInto(req *Request, d *Verdict) {
+	c.reset(d, req.Now)
+	c.decideInto(req, d)
+}
+
+func (c *Core) decideInto(req *Request, d *Verdict) {
 	sn := c.rules.Load()
 	t := d.now.UnixNano()
 	if sn.shedding {
@@ -250,7 +263,7 @@ func (c *Core) Decide(req *Request) *Verdict {
 			c.m.shed[p].Inc()
 			d.Outcome = Shed
 			d.Quota.ReleaseAt = t + int64(time.Second)
-			return d
+			return
 		}
 	}
 	var best Quota // the allowing rule with the least remaining
@@ -270,7 +283,7 @@ func (c *Core) Decide(req *Request) *Verdict {
 			case rules.MissingKeyDeny:
 				c.m.missingKey.Inc()
 				d.Outcome, d.Quota.Rule, d.Reason = Denied, r, "the request lacks the key that its rate limit needs"
-				return d
+				return
 			}
 			d.key = AppendFallbackKey(d.key[:0], r, req.Addr)
 		}
@@ -281,7 +294,7 @@ func (c *Core) Decide(req *Request) *Verdict {
 				if !ok || n > r.MaxCost {
 					c.m.badCost.Inc()
 					d.Outcome, d.Quota.Rule, d.Reason = Denied, r, "the request cost header is not a whole number within the rule's bounds"
-					return d
+					return
 				}
 				cost = n
 			}
@@ -294,7 +307,7 @@ func (c *Core) Decide(req *Request) *Verdict {
 		}
 		if refused {
 			d.Outcome = Limited
-			return d
+			return
 		}
 		if best.Rule == nil || d.Quota.Remaining < best.Remaining {
 			best = d.Quota
@@ -304,7 +317,6 @@ func (c *Core) Decide(req *Request) *Verdict {
 		}
 	}
 	d.Outcome, d.Quota, d.FromBlockCache = Allowed, best, false
-	return d
 }
 
 // DecideKey decides key under the rule named rule directly, as the JSON
@@ -360,20 +372,33 @@ func (c *Core) decideKey(sn *snapshot, now time.Time, r *rules.Rule, key []byte,
 
 func (c *Core) get(now time.Time) *Verdict {
 	d := c.pool.Get().(*Verdict)
-	d.Outcome, d.Quota, d.Reason, d.FromBlockCache, d.Fallback, d.nh, d.now = Allowed, Quota{}, "", false, false, 0, now
+	c.reset(d, now)
 	return d
+}
+
+func (c *Core) reset(d *Verdict, now time.Time) {
+	if d.key == nil {
+		d.key = make([]byte, 0, 256)
+	}
+	d.Outcome, d.Quota, d.Reason, d.FromBlockCache, d.Fallback, d.nh, d.now = Allowed, Quota{}, "", false, false, 0, now
 }
 
 // Finish gives back the concurrency slots d holds and returns d to the
 // pool; d must not be used after.
 func (c *Core) Finish(d *Verdict) {
+	c.Done(d)
+	c.pool.Put(d)
+}
+
+// Done gives back the concurrency slots of a Verdict decided with
+// DecideInto; the caller keeps d.
+func (c *Core) Done(d *Verdict) {
 	for i := 0; i < d.nh; i++ {
 		c.deps.Slots.Release(&d.held[i].rule.Policy, d.held[i].key)
 		d.held[i] = heldSlot{}
 	}
 	d.nh = 0
 	d.Quota.Rule = nil
-	c.pool.Put(d)
 }
 
 // BeginUpstream and EndUpstream bracket a proxied request, for the load

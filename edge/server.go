@@ -60,6 +60,7 @@ type Server struct {
 type scratch struct {
 	buf  []byte
 	hops Hops
+	v    Verdict // the request's, decided into (one pool for both)
 }
 
 // NewServer returns the fasthttp front end of core. It does not listen:
@@ -283,8 +284,9 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 			req.Method = m
 		}
 	}
-	d := s.core.Decide(&req)
-	defer s.core.Finish(d)
+	d := &sc.v
+	s.core.DecideInto(&req, d)
+	defer s.core.Done(d)
 	t := req.Now.UnixNano()
 	switch d.Outcome {
 	case Limited:
