@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
 )
 
@@ -141,7 +142,7 @@ type fieldFilter struct {
 func (f *fieldFilter) reset(h headerFields) bool {
 	f.tokens, f.ntok, f.n = f.tokens[:0], 0, 0
 	for k, v := range h.All() {
-		if equalFold(k, hopHeaders[0]) {
+		if rules.EqualFold(k, hopHeaders[0]) {
 			f.tokens = append(append(f.tokens, v...), ',')
 			f.ntok += bytes.Count(v, []byte{','}) + 1
 		}
@@ -160,7 +161,7 @@ func (f *fieldFilter) drops(name []byte) bool {
 		return true
 	}
 	for _, n := range f.names[:f.n] {
-		if equalFold(name, n) {
+		if rules.EqualFold(name, n) {
 			return true
 		}
 	}
@@ -377,7 +378,7 @@ func rewrite(h headerFields, apart []string, f *fieldFilter, ps *proxyScratch) {
 
 func isOneOf(name []byte, names []string) bool {
 	for _, n := range names {
-		if equalFold(name, n) {
+		if rules.EqualFold(name, n) {
 			return true
 		}
 	}
@@ -425,12 +426,12 @@ func isTimeout(err error) bool {
 // or named in tokens (Connection's values, comma-separated).
 func isHop(name, tokens []byte) bool {
 	for _, h := range hopHeaders {
-		if equalFold(name, h) {
+		if rules.EqualFold(name, h) {
 			return true
 		}
 	}
 	for _, h := range endToEnd {
-		if equalFold(name, h) {
+		if rules.EqualFold(name, h) {
 			return false
 		}
 	}
@@ -448,32 +449,12 @@ func isHop(name, tokens []byte) bool {
 	return false
 }
 
-// equalFold reports whether b and s are equal under ASCII case folding.
-func equalFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := 0; i < len(b); i++ {
-		x, y := b[i], s[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
-}
-
 // appendLines appends the lines of h's field name (any case) joined by
 // ", ", as RFC 9110 §5.3 combines them.
 func appendLines(dst []byte, h headerFields, name string) []byte {
 	n := len(dst)
 	for k, v := range h.All() {
-		if equalFold(k, name) && len(bytes.Trim(v, " \t")) > 0 {
+		if rules.EqualFold(k, name) && len(bytes.Trim(v, " \t")) > 0 {
 			if len(dst) > n {
 				dst = append(dst, ", "...)
 			}
@@ -486,7 +467,7 @@ func appendLines(dst []byte, h headerFields, name string) []byte {
 // has reports whether h has a non-empty field name.
 func has(h headerFields, name string) bool {
 	for k, v := range h.All() {
-		if equalFold(k, name) && len(bytes.Trim(v, " \t")) > 0 {
+		if rules.EqualFold(k, name) && len(bytes.Trim(v, " \t")) > 0 {
 			return true
 		}
 	}

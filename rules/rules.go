@@ -156,7 +156,7 @@ func (r *Rule) Matches(host, method, path []byte) bool {
 	if r.Envoy {
 		return false
 	}
-	if r.Host != "" && !bytesEqualFold(host, r.Host) {
+	if r.Host != "" && !EqualFold(host, r.Host) {
 		return false
 	}
 	if r.PathPrefix != "" && !bytes.HasPrefix(path, []byte(r.PathPrefix)) {
@@ -173,7 +173,9 @@ func (r *Rule) Matches(host, method, path []byte) bool {
 	return false
 }
 
-func bytesEqualFold(b []byte, s string) bool {
+// EqualFold reports whether b and s are equal under ASCII case folding
+// (header names, hosts), without allocating.
+func EqualFold(b []byte, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}
