@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,18 @@ type Quota struct {
 	Remaining uint64
 	ResetAt   int64 // Unix ns: when the rule's current window ends
 	ReleaseAt int64 // Unix ns, refusals only: when a request of this cost fits again
+
+	fixed *fixedFields // the rule's header values rendered once; nil: render them
+}
+
+// fixedFields are the header values of a rule that do not change from
+// request to request at its own limit, rendered once per generation of
+// rules: RateLimit-Policy, X-RateLimit-Limit and most of the problem body.
+type fixedFields struct {
+	limit   uint64 // what they were rendered for
+	policy  []byte
+	xlimit  []byte
+	problem []byte // the refusal's problem body up to its retry_after value
 }
 
 // Verdict is the core's verdict on one request and the working space that
@@ -169,6 +182,7 @@ type Core struct {
 type snapshot struct {
 	rules    *rules.Rules
 	counters []ruleCounters // by rule index
+	fixed    []fixedFields  // by rule index
 	failHard bool           // some rule fails closed
 	shedding bool           // load shedding is on (Upstream and max_in_flight set)
 	hasConc  bool           // some rule limits concurrency
@@ -209,11 +223,14 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 	if rs == nil || len(rs.Rules) == 0 {
 		return errors.New("edge: no rules")
 	}
-	sn := &snapshot{rules: rs, counters: make([]ruleCounters, len(rs.Rules)),
+	sn := &snapshot{rules: rs, counters: make([]ruleCounters, len(rs.Rules)), fixed: make([]fixedFields, len(rs.Rules)),
 		shedding: rs.Shedding.MaxInFlight > 0 && c.cfg.Upstream, blockSalt: rand.Uint64()}
 	n := 0
 	for i, r := range rs.Rules {
 		sn.counters[i] = c.m.forRule(r.Name)
+		q := Quota{Rule: r, Limit: r.Limit}
+		sn.fixed[i] = fixedFields{limit: r.Limit, policy: AppendPolicy(nil, &q), xlimit: strconv.AppendUint(nil, r.Limit, 10),
+			problem: appendProblemHead(nil, &q)}
 		if r.Fail == window.FailClosed {
 			sn.failHard = true
 		}
@@ -426,7 +443,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
 		Mode: pipeline.Mode(r.Mode), Action: pipeline.Action(r.Action), Shadow: r.Shadow,
 		Algorithm: pipeline.Algorithm(r.Algorithm), Burst: uint32(r.Burst)}
-	d.Quota = Quota{Rule: r, Limit: limit}
+	d.Quota = Quota{Rule: r, Limit: limit, fixed: &sn.fixed[r.Index]}
 	bk := h ^ sn.blockSalt
 	if rel, blocked := c.blocks.Blocked(bk, t); blocked {
 		if r.Action == window.Block {

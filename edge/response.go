@@ -57,12 +57,17 @@ func AppendRateLimit(dst []byte, q *Quota, now int64) []byte {
 // as scratch; it returns buf for reuse. It does not allocate once the
 // response's header buffers have grown.
 func setQuotaHeaders(h *fasthttp.ResponseHeader, q *Quota, now int64, buf []byte) []byte {
-	buf = AppendPolicy(buf[:0], q)
-	h.SetCanonical(hRateLimitPolicy, buf)
+	if f := q.fixed; f != nil && f.limit == q.Limit { // rendered once per rules (a tier's limit is not)
+		h.SetCanonical(hRateLimitPolicy, f.policy)
+		h.SetCanonical(hXLimit, f.xlimit)
+	} else {
+		buf = AppendPolicy(buf[:0], q)
+		h.SetCanonical(hRateLimitPolicy, buf)
+		buf = strconv.AppendUint(buf[:0], q.Limit, 10)
+		h.SetCanonical(hXLimit, buf)
+	}
 	buf = AppendRateLimit(buf[:0], q, now)
 	h.SetCanonical(hRateLimit, buf)
-	buf = strconv.AppendUint(buf[:0], q.Limit, 10)
-	h.SetCanonical(hXLimit, buf)
 	buf = strconv.AppendUint(buf[:0], q.Remaining, 10)
 	h.SetCanonical(hXRemaining, buf)
 	buf = strconv.AppendInt(buf[:0], ceilSeconds(q.ResetAt), 10) // Unix seconds, as GitHub's
@@ -91,7 +96,13 @@ func writeRefusal(ctx *fasthttp.RequestCtx, q *Quota, now int64, jitter time.Dur
 	buf = strconv.AppendInt(buf[:0], ra, 10)
 	h.SetCanonical(hRetryAfter, buf)
 	h.SetContentType(ctProblem)
-	buf = AppendProblem(buf[:0], q, ra)
+	if f := q.fixed; f != nil && f.limit == q.Limit {
+		buf = append(buf[:0], f.problem...)
+		buf = strconv.AppendInt(buf, ra, 10)
+		buf = append(buf, '}')
+	} else {
+		buf = AppendProblem(buf[:0], q, ra)
+	}
 	ctx.Response.SetBody(buf)
 	return buf
 }
@@ -99,6 +110,14 @@ func writeRefusal(ctx *fasthttp.RequestCtx, q *Quota, now int64, jitter time.Dur
 // AppendProblem appends the RFC 9457 problem body of a refusal by q's rule
 // whose Retry-After is ra seconds.
 func AppendProblem(dst []byte, q *Quota, ra int64) []byte {
+	dst = appendProblemHead(dst, q)
+	dst = strconv.AppendInt(dst, ra, 10)
+	return append(dst, '}')
+}
+
+// appendProblemHead appends the problem body up to its retry_after value:
+// all that depends on the rule and its limit only.
+func appendProblemHead(dst []byte, q *Quota) []byte {
 	dst = append(dst, `{"type":"https://poplimit.dev/problems/rate-limited","title":"Too Many Requests","status":429,"detail":"rate limit `...)
 	dst = append(dst, q.Rule.NameBytes()...)
 	dst = append(dst, ` exceeded: at most `...)
@@ -109,9 +128,7 @@ func AppendProblem(dst []byte, q *Quota, ra int64) []byte {
 	dst = append(dst, q.Rule.NameBytes()...) // rule names are [A-Za-z0-9-_.:/]: no escaping needed
 	dst = append(dst, `","limit":`...)
 	dst = strconv.AppendUint(dst, q.Limit, 10)
-	dst = append(dst, `,"retry_after":`...)
-	dst = strconv.AppendInt(dst, ra, 10)
-	return append(dst, '}')
+	return append(dst, `,"retry_after":`...)
 }
 
 // writeProblem writes a problem+json response for a request the edge will
