@@ -219,31 +219,12 @@ func TestNginxBareAuthRequest(t *testing.T) {
 func TestNginxPoplimitDown(t *testing.T) {
 	for _, mode := range []string{"closed", "open"} {
 		t.Run(mode, func(t *testing.T) {
-			o := startOrigin(t)
-			e := startEdge(t, testRules, "-trusted-proxies", "127.0.0.1/32")
-			site := startNginxPoplimit(t, e.addr, o.addr, mode)
-			a := newClient(t, "127.0.0.2")
-			if r := a.do(t, "GET", site, "/about", host, ""); r.status != http.StatusOK || quotaOf(t, r.header).policy != "per-client" {
-				t.Fatalf("poplimit up: status %d fields %v, want 200 under per-client", r.status, r.header)
-			}
-			// Either way, poplimit's refusals are the client's while it answers.
-			var r reply
-			for range 4 {
-				r = a.do(t, "GET", site, "/v1/items", host, "")
-			}
-			checkRefusal(t, r, "api", 3, 60)
-			n := len(o.requests())
-
-			e.pause(t)
-			hung := a.do(t, "GET", site, "/about", host, "")
-			e.resume()
-			e.kill()
-			gone := a.do(t, "GET", site, "/about", host, "")
-			t.Logf("%s: hung: %d in %v; gone: %d in %v", mode, hung.status, hung.elapsed.Round(time.Millisecond), gone.status, gone.elapsed.Round(time.Millisecond))
+			d := poplimitDown(t, mode, startNginxPoplimit)
+			o, n := d.o, d.before
 			for _, c := range []struct {
 				what string
 				r    reply
-			}{{"hung", hung}, {"gone", gone}} {
+			}{{"hung", d.hung}, {"gone", d.gone}, {"again", d.again}} {
 				if c.r.elapsed > 2500*time.Millisecond {
 					t.Errorf("poplimit %s: the client waited %v, want about the 1 s proxy_read_timeout at most", c.what, c.r.elapsed)
 				}
@@ -270,7 +251,7 @@ func TestNginxPoplimitDown(t *testing.T) {
 			}
 			want := n
 			if mode == "open" {
-				want += 2
+				want += 3
 			}
 			if got := len(o.requests()); got != want {
 				t.Errorf("the origin received %d requests, want %d", got, want)

@@ -481,3 +481,42 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 	}
 }
+
+// downRun is one run of a proxy's "poplimit goes down" scenario: the
+// requests answered while poplimit was stopped (hung), after it was killed
+// (gone), and once more (again), and the origin's count before them.
+type downRun struct {
+	o                 *origin
+	before            int
+	hung, gone, again reply
+}
+
+// poplimitDown starts an origin, an edge and the proxy (start, in failure
+// mode), checks that a client is decided and refused by poplimit while it
+// answers, then stops poplimit (SIGSTOP), and kills it, asking after each.
+func poplimitDown(t *testing.T, mode string, start func(t *testing.T, edge, origin, mode string) string) downRun {
+	t.Helper()
+	o := startOrigin(t)
+	e := startEdge(t, testRules, "-trusted-proxies", "127.0.0.1/32")
+	site := start(t, e.addr, o.addr, mode)
+	a := newClient(t, "127.0.0.2")
+	if r := a.do(t, "GET", site, "/about", host, ""); r.status != http.StatusOK || quotaOf(t, r.header).policy != "per-client" {
+		t.Fatalf("poplimit up: status %d fields %v, want 200 under per-client", r.status, r.header)
+	}
+	// Either way, poplimit's refusals are the client's while it answers.
+	var r reply
+	for range 4 {
+		r = a.do(t, "GET", site, "/v1/items", host, "")
+	}
+	checkRefusal(t, r, "api", 3, 60)
+	d := downRun{o: o, before: len(o.requests())}
+	e.pause(t)
+	d.hung = a.do(t, "GET", site, "/about", host, "")
+	e.resume()
+	e.kill()
+	d.gone = a.do(t, "GET", site, "/about", host, "")
+	d.again = a.do(t, "GET", site, "/about", host, "")
+	t.Logf("%s: hung: %d in %v; gone: %d in %v; again: %d in %v", mode, d.hung.status, d.hung.elapsed.Round(time.Millisecond),
+		d.gone.status, d.gone.elapsed.Round(time.Millisecond), d.again.status, d.again.elapsed.Round(time.Millisecond))
+	return d
+}
