@@ -17,6 +17,8 @@ type MemStore struct {
 	mu      sync.Mutex
 	m       map[memKey]memCounter
 	sweepAt int // sweep when len(m) reaches this
+
+	states stateMem // shared algorithm states (DoState)
 }
 
 type memKey struct {
