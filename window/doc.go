@@ -15,11 +15,23 @@
 //     The sliding log is exact and O(limit) memory per key; the aggregator
 //     uses it as the ground truth that the estimate is judged against.
 //
-// The sliding-window estimate assumes the previous window's requests were
-// spread evenly over it. Its error is therefore bounded by the previous
-// window's count: a key whose previous window was all at its end is
-// under-estimated, one whose previous window was all at its start is
-// over-estimated, by at most prev × (W − elapsed)/W.
+// The two-counter estimate assumes the previous window's requests were
+// spread evenly over it, so a key whose previous window came all at its
+// end (every client that starts mid-window: a replay, an attack's onset) is
+// under-estimated, by up to prev × (W − elapsed)/W, and up to twice the
+// limit can pass in a trailing window. The Limiter therefore records, for
+// hot keys (a view of at least ⌈L/16⌉ in a window), the window's shape as
+// this edge saw it — its own admissions at once, the other edges' as the
+// store's replies raise the count — in 32 equi-depth buckets, each with
+// its first and last instant (hist.go), and weighs the previous window's
+// count by the part of that shape still inside the trailing window. Keys
+// below the threshold keep the uniform estimate: their unknown-shape part
+// is under L/16. The store holds the same two counters; release times stay
+// exact under the estimate used.
+//
+// Token and leaky buckets and sliding logs are shared through the
+// StateStore, one atomic read-modify-write of a small value per key
+// (shared.go, state.go).
 //
 // # The Limiter
 //

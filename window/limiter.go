@@ -129,6 +129,9 @@ type Decision struct {
 	Verdict
 	Limit    uint64
 	Fallback Fallback
+	// Delay is how long an admitted request of a Delay rule waits before
+	// it is served: its place in the key's queue.
+	Delay time.Duration
 }
 
 // Limiter runs rules over a Store. It keeps a local view of each active key
@@ -144,8 +147,17 @@ type Limiter struct {
 
 	// health is the store's own opinion, when it has one (shardproxy does).
 	health interface{ Healthy() bool }
+	// state holds the shared token buckets, leaky buckets and sliding
+	// logs, when the store has one (all of this module's do); without
+	// it those algorithms run per edge.
+	state StateStore
 
-	ops sync.Pool // *[]Op for flushes and sync decisions
+	ops  sync.Pool // *[]Op for flushes and sync decisions
+	sops sync.Pool // *[]StateOp likewise
+	// syncMu makes the sync decisions of one key take turns (shared.go).
+	syncMu [syncStripes]sync.Mutex
+	// stateRTT is the recent duration of a flush batch of state ops, ns.
+	stateRTT atomic.Int64
 
 	// flushed is closed and replaced after every batch a flush applies:
 	// requests waiting for a new key's first read watch it.
@@ -156,6 +168,7 @@ type Limiter struct {
 	poke    chan struct{} // wakes the flusher for a waiting request
 	timers  sync.Pool     // *time.Timer for those waits
 	m       *metrics
+	hm      *histMetrics
 	done    chan struct{}
 	wg      sync.WaitGroup
 	close   sync.Once
@@ -185,15 +198,20 @@ func New(cfg Config, store Store) (*Limiter, error) {
 		poke:   make(chan struct{}, 1),
 	}
 	l.health, _ = store.(interface{ Healthy() bool })
+	l.state, _ = store.(StateStore)
 	perShard := (cfg.MaxKeys + n - 1) / n
 	for i := range l.shards {
-		l.shards[i].init(perShard)
+		l.shards[i].init(perShard, histBuckets)
 	}
 	l.ops.New = func() any { s := make([]Op, 0, 64); return &s }
+	l.sops.New = func() any { s := make([]StateOp, 0, 16); return &s }
 	ch := make(chan struct{})
 	l.flushed.Store(&ch)
 	var err error
 	if l.m, err = newMetrics(cfg.Registerer, l); err != nil {
+		return nil, err
+	}
+	if l.hm, err = newHistMetrics(cfg.Registerer, l); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -276,6 +294,9 @@ func (l *Limiter) shardOf(key uint64) *shard { return &l.shards[key&l.mask] }
 func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, limit, cost uint64) Decision {
 	t := now.UnixNano()
 	if !r.Algorithm.Shared() {
+		if l.state != nil {
+			return l.decideState(ctx, t, r, key, limit, cost)
+		}
 		return l.decideLocal(t, r, key, limit, cost)
 	}
 	if r.Mode == Sync {
@@ -297,9 +318,13 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 		prev, curr := e.view()
 		var v Verdict
 		sw := SlidingWindow{Limit: limit, Window: r.Window}
-		if r.Algorithm == FixedWindowCounter {
+		switch {
+		case r.Algorithm == FixedWindowCounter:
 			v = sw.decideFixed(t, curr, cost)
-		} else {
+		case e.hist != 0:
+			ps, cs := s.shapes(e, curr)
+			v = sw.decideShaped(t, prev, curr, cost, &ps, &cs)
+		default:
 			v = sw.Decide(t, prev, curr, cost)
 		}
 		failed := e.flags&flagFailed != 0
@@ -314,7 +339,10 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 			continue
 		}
 		if v.Allowed || r.Action == Block {
-			s.count(i, cost)
+			s.count(i, t, cost)
+			if r.Algorithm == SlidingWindowCounter && e.histMay(prev+curr+cost, limit) {
+				s.histNote(l, i, t, cost, prev, curr, limit)
+			}
 		}
 		s.mu.Unlock()
 		d := Decision{Verdict: v, Limit: limit}
@@ -347,11 +375,20 @@ func (l *Limiter) wake() {
 // awaitRead waits, at most NewKeyWait, until key's view holds the shared
 // count of its current window, its store operations fail, or it is gone.
 func (l *Limiter) awaitRead(ctx context.Context, key uint64) {
+	l.await(ctx, l.cfg.NewKeyWait, func(s *shard) bool {
+		e := s.lookup(key)
+		return e != nil && e.flags&(flagNeedCurr|flagFailed) == flagNeedCurr
+	}, key)
+}
+
+// await waits, at most wait, while cold reports (under key's shard's lock)
+// that key still waits for the store.
+func (l *Limiter) await(ctx context.Context, wait time.Duration, cold func(*shard) bool, key uint64) {
 	tm, _ := l.timers.Get().(*time.Timer)
 	if tm == nil {
-		tm = time.NewTimer(l.cfg.NewKeyWait)
+		tm = time.NewTimer(wait)
 	} else {
-		tm.Reset(l.cfg.NewKeyWait)
+		tm.Reset(wait)
 	}
 	l.waiting.Add(1)
 	defer func() { l.waiting.Add(-1); tm.Stop(); l.timers.Put(tm) }()
@@ -359,10 +396,9 @@ func (l *Limiter) awaitRead(ctx context.Context, key uint64) {
 	for {
 		ch := *l.flushed.Load() // before looking, so no wake-up is missed
 		s.mu.Lock()
-		e := s.lookup(key)
-		cold := e != nil && e.flags&(flagNeedCurr|flagFailed) == flagNeedCurr
+		c := cold(s)
 		s.mu.Unlock()
-		if !cold {
+		if !c {
 			l.m.newKeyRead.Inc()
 			return
 		}
@@ -393,6 +429,10 @@ func (l *Limiter) closed(t int64, r *Policy, limit uint64) Decision {
 // reaches the store on the request path, yet its real rate stays visible.
 func (l *Limiter) Record(now time.Time, r *Policy, key, cost uint64) {
 	if !r.Algorithm.Shared() {
+		if l.state != nil {
+			l.recordState(now.UnixNano(), r, key, cost)
+			return
+		}
 		l.recordLocal(now.UnixNano(), r, key, cost)
 		return
 	}
@@ -400,7 +440,12 @@ func (l *Limiter) Record(now time.Time, r *Policy, key, cost uint64) {
 	s := l.shardOf(key)
 	s.mu.Lock()
 	i, _ := s.get(l, key, t, r)
-	s.count(i, cost)
+	e := &s.slab[i]
+	prev, curr := e.view()
+	s.count(i, t, cost)
+	if r.Algorithm == SlidingWindowCounter && e.histMay(prev+curr+cost, r.Limit) {
+		s.histNote(l, i, t, cost, prev, curr, r.Limit)
+	}
 	s.mu.Unlock()
 }
 
@@ -448,21 +493,37 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit
 		l.m.fallbackOpen.Inc()
 		return Decision{Verdict: Verdict{Allowed: true, ResetAt: start + w}, Limit: limit, Fallback: FallbackOpen}
 	}
-	// The reply counts this request: decide on the count before it.
+	// The reply counts this request: decide on the count before it, with
+	// the shape of the previous window as this edge saw it (hist.go).
 	before := inc.Value - min(inc.Value, cost)
 	sw := SlidingWindow{Limit: limit, Window: r.Window}
 	var v Verdict
-	if r.Algorithm == FixedWindowCounter {
+	s.mu.Lock()
+	i, ok := s.idx[key]
+	e = nil
+	if ok && s.slab[i].start == start {
+		e = &s.slab[i]
+	}
+	switch {
+	case r.Algorithm == FixedWindowCounter:
 		v = sw.decideFixed(t, before, cost)
-	} else {
+	case e != nil && e.hist != 0:
+		ps, cs := s.shapes(e, before)
+		v = sw.decideShaped(t, prev, before, cost, &ps, &cs)
+	default:
 		v = sw.Decide(t, prev, before, cost)
 	}
 	seen := inc.Value
 	if !v.Allowed && r.Action == Throttle {
 		seen = before // ours is taken back below: it was never admitted
 	}
-	s.mu.Lock()
-	if e := s.lookup(key); e != nil && e.start == start {
+	if e != nil {
+		if old := uint64(e.curr); seen > old && r.Algorithm == SlidingWindowCounter {
+			// The view grows by what the reply shows: this request, if
+			// it counts, and the other edges' since the last reply.
+			e.noteFirst(t)
+			s.histNote(l, i, t, seen-old, prev, old, limit)
+		}
 		e.curr = sat32(max(uint64(e.curr), seen))
 		// The reply is the global count: the flusher need not read it.
 		e.flags &^= flagFailed | flagNeedCurr
@@ -540,6 +601,7 @@ func (l *Limiter) Flush(ctx context.Context, now time.Time) FlushStats {
 	}
 	*opsp = ops
 	l.ops.Put(opsp)
+	l.flushStates(ctx, t, &st)
 	return st
 }
 

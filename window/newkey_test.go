@@ -220,7 +220,10 @@ func TestSyncRefusalDoesNotInflateTheCount(t *testing.T) {
 	key := r.Hash([]byte("k"))
 	l := newTestLimiter(t, clock, store, Config{})
 	allowed := 0
-	for range 5 {
+	for i := range 5 {
+		if i == 2 {
+			clock.Add(40 * time.Second)
+		}
 		if l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
 			allowed++
 		}
@@ -228,9 +231,10 @@ func TestSyncRefusalDoesNotInflateTheCount(t *testing.T) {
 	if allowed != 4 {
 		t.Fatalf("first window: %d admitted of 5 under a limit of 4", allowed)
 	}
-	// Half way through the next window the previous one weighs 4 × 0.5 = 2:
+	// Two were admitted at 0 s and two at 40 s (the fifth refused). Half
+	// way through the next window the previous one weighs the two at 40 s:
 	// two more fit under 4 (a previous window counted as 5 lets one).
-	clock.Add(90 * time.Second)
+	clock.Add(50 * time.Second)
 	allowed = 0
 	for range 5 {
 		if l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {

@@ -41,9 +41,14 @@ const (
 	// them exceeds the limit, blocks the key for the policy's Timeout;
 	// blocked requests are still counted.
 	Block
+	// Delay is the leaky bucket as a queue (nginx's limit_req with burst
+	// and no nodelay): a request over the rate is admitted with a delay
+	// that spaces the key's requests Window/Limit apart, up to Burst of
+	// them waiting at once; past that it is refused. Leaky buckets only.
+	Delay
 )
 
-var actionNames = []string{"throttle", "block"}
+var actionNames = []string{"throttle", "block", "delay"}
 
 func (a Action) String() string { return enumName(actionNames, int(a)) }
 

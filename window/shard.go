@@ -22,6 +22,8 @@ type entry struct {
 	curr, infl, pend         uint32
 
 	flags uint8
+	first uint16 // 1 + when this edge first counted units this window, in 2^firstShift ns; 0: not yet
+	hist  uint32 // its histograms' record in the shard's slab + 1; 0: none (hist.go)
 }
 
 const (
@@ -30,6 +32,7 @@ const (
 	flagPrevKnown                   // prev has been read from the store this window
 	flagNeedCurr                    // curr has never been read: the key is new here
 	flagFailed                      // the last store operation for the key failed
+	flagNoHist                      // no histogram was free for it this window
 )
 
 func (e *entry) view() (prev, curr uint64) {
@@ -42,24 +45,29 @@ func (e *entry) view() (prev, curr uint64) {
 // through a map from key hash to slab index.
 type shard struct {
 	// mu protects the fields below.
-	mu    sync.Mutex
-	idx   map[uint64]uint32
-	slab  []entry
-	free  []uint32
-	queue []uint32               // entries with increments to send or reads to make
-	spare []uint32               // the previous queue, reused
-	hand  int                    // eviction hand (CLOCK)
-	sweep int                    // idle-sweep cursor
-	max   int                    // entries at most
-	local map[uint64]*localState // per-edge algorithms' keys (local.go)
+	mu     sync.Mutex
+	idx    map[uint64]uint32
+	slab   []entry
+	free   []uint32
+	queue  []uint32               // entries with increments to send or reads to make
+	spare  []uint32               // the previous queue, reused
+	hand   int                    // eviction hand (CLOCK)
+	sweep  int                    // idle-sweep cursor
+	max    int                    // entries at most
+	local  map[uint64]*localState // per-edge algorithms' keys (local.go)
+	views  map[uint64]*bucketView // shared buckets' and logs' keys (shared.go)
+	vqueue []uint64               // views with units to send or reads to make
+	vspare []uint64               // the previous vqueue, reused
+	hists  hists                  // hot keys' window shapes (hist.go)
 
 	n atomic.Int64 // live entries, read without mu
 	_ [64]byte     // keep neighbouring shards' locks off this cache line
 }
 
-func (s *shard) init(max int) {
+func (s *shard) init(max, k int) {
 	s.idx = make(map[uint64]uint32)
 	s.max = max
+	s.hists.init(max, k)
 }
 
 // lookup returns key's entry, or nil. s.mu must be held.
@@ -88,6 +96,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 	}
 	i = s.alloc(l)
 	e := &s.slab[i]
+	s.histFree(e)
 	w := int64(r.Window)
 	// A new entry starts unreferenced: only a second request marks it, so
 	// a flood of one-request keys is evicted on the hand's first pass and
@@ -105,6 +114,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 	e := &s.slab[i]
 	start := windowStart(t, e.win)
+	s.histRoll(e, start, uint64(e.curr)+uint64(e.infl)+uint64(e.pend))
 	if start == e.start+e.win {
 		// The current window becomes the previous one; anything still
 		// unsent for the window before it is lost.
@@ -122,16 +132,21 @@ func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 		reset = true
 	}
 	e.curr, e.infl, e.pend = 0, 0, 0
+	e.first = 0
 	e.start = start
-	e.flags &^= flagPrevKnown
+	e.flags &^= flagPrevKnown | flagNoHist
 	s.enqueue(i)
 	return reset
 }
 
-// count adds cost units to entry i's unsent increments. s.mu must be held.
-func (s *shard) count(i uint32, cost uint64) {
+// count adds cost units at t to entry i's unsent increments. s.mu must be
+// held.
+func (s *shard) count(i uint32, t int64, cost uint64) {
 	e := &s.slab[i]
 	e.pend = sat32(uint64(e.pend) + cost)
+	if e.first == 0 && cost > 0 {
+		e.setFirst(t)
+	}
 	s.enqueue(i)
 }
 
@@ -206,6 +221,7 @@ func (s *shard) alloc(l *Limiter) uint32 {
 		l.m.pendingDropped.Add(float64(lost))
 	}
 	delete(s.idx, e.key)
+	s.histFree(e)
 	s.n.Add(-1)
 	l.m.evictions.Inc()
 	return uint32(victim)
@@ -294,6 +310,7 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 			continue
 		}
 		delete(s.idx, e.key)
+		s.histFree(e)
 		s.n.Add(-1)
 		e.key, e.last = 0, 0
 		s.free = append(s.free, uint32(s.sweep))
@@ -326,6 +343,7 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 		} else {
 			e.flags &^= flagFailed
 		}
+		before := uint64(e.curr) + uint64(e.infl) + uint64(e.pend)
 		switch {
 		case op.Delta > 0 && isCurr:
 			d := uint32(op.Delta)
@@ -360,6 +378,12 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 		case isCurr:
 			e.curr = max(e.curr, sat32(op.Value))
 			e.flags &^= flagNeedCurr
+		}
+		if after := uint64(e.curr) + uint64(e.infl) + uint64(e.pend); isCurr && after > before && e.hist != 0 {
+			// What the other edges admitted, seen now: the shape
+			// places it at this flush, within one interval of when
+			// it was admitted.
+			s.histNote(l, i, t, after-before, 0, 0, 0)
 		}
 	}
 	return failed

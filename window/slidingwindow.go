@@ -101,6 +101,67 @@ func (s SlidingWindow) Release(now int64, prev, curr, cost uint64) int64 {
 	return start + 2*w - int64(div128(mul128(room, uint64(w)), curr))
 }
 
+// decideShaped is Decide for a key whose previous window's units are placed
+// by their recorded shape ps (hist.go) instead of spread evenly over it:
+// the previous window weighs prev × (its shape's mass after now − Window) /
+// (its mass). It admits iff that + curr + cost ≤ Limit, exactly in
+// integers. A refusal's ReleaseAt is releaseShaped's, which uses cs, the
+// shape of the current window, for an instant in the next one. A zero
+// shape is the uniform assumption: with both zero this is Decide.
+func (s SlidingWindow) decideShaped(now int64, prev, curr, cost uint64, ps, cs *shape) Verdict {
+	if ps.h == nil {
+		v := s.Decide(now, prev, curr, cost)
+		if !v.Allowed && cs.h != nil {
+			v.ReleaseAt = s.releaseShaped(now, prev, curr, cost, ps, cs)
+		}
+		return v
+	}
+	w := int64(s.Window)
+	start := windowStart(now, w)
+	u := now - w
+	a, n, f, l := ps.after(u)
+	v := Verdict{Estimate: ps.prevPart(prev, a, n, f, l, u) + float64(curr), ResetAt: start + w}
+	if cost <= s.Limit && curr <= s.Limit-cost {
+		if prev == 0 || ps.fits(prev, s.Limit-cost-curr, a, n, f, l, u) {
+			v.Allowed = true
+			if r := float64(s.Limit) - v.Estimate - float64(cost); r > 0 {
+				v.Remaining = uint64(r)
+			}
+			return v
+		}
+	}
+	v.ReleaseAt = s.releaseShaped(now, prev, curr, cost, ps, cs)
+	return v
+}
+
+// releaseShaped is Release under decideShaped's estimate: the first instant
+// (not before now) at which decideShaped would admit cost units if the key
+// sent nothing more, 0 if never. In this window the previous one's shape
+// is walked until enough of it has left the trailing window; past it, the
+// current window becomes the previous one, with its shape cs when it will
+// have one (zero: evenly spread, as Release assumes).
+func (s SlidingWindow) releaseShaped(now int64, prev, curr, cost uint64, ps, cs *shape) int64 {
+	if cost > s.Limit {
+		return 0
+	}
+	w := int64(s.Window)
+	start := windowStart(now, w)
+	room := s.Limit - cost
+	if curr <= room {
+		if prev == 0 {
+			return now
+		}
+		if ps.h == nil {
+			return max(now, start+w-int64(min(div128(mul128(room-curr, uint64(w)), prev), uint64(w))))
+		}
+		return ps.first(now-w, prev, room-curr) + w
+	}
+	if cs.h == nil {
+		return start + 2*w - int64(div128(mul128(room, uint64(w)), curr))
+	}
+	return cs.first(start, curr, room) + w
+}
+
 // u128 is an unsigned 128-bit integer, for exact window arithmetic: counts
 // up to 2^32 times windows up to 2^55 ns do not fit in 64 bits.
 type u128 struct{ hi, lo uint64 }

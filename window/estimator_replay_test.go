@@ -1,0 +1,273 @@
+package window
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// replayConfig is one judged replay of a trace through one Limiter.
+type replayConfig struct {
+	limit  uint64
+	window time.Duration
+	phase  time.Duration // offset 0 this far past a window boundary
+	flush  time.Duration
+	edges  int  // limiters on one store, requests dealt round-robin (default 1)
+	pinned bool // with edges: each client to one edge, by a hash of its address
+	diag   bool // classify the wrongly allowed decisions
+}
+
+type replayResult struct {
+	decisions, wrongAllowed, wrongLimited int
+	worst                                 float64 // the most over-admitted key's exact count ÷ limit
+	storeOps                              int     // increments + reads (a key's reads in one batch: one op)
+	requests                              int
+	hists                                 int // histograms in use at the end
+	diag                                  map[string]int
+}
+
+func (r replayResult) wrong() float64 {
+	return float64(r.wrongAllowed+r.wrongLimited) / float64(r.decisions)
+}
+
+type traceLine struct {
+	At float64 `json:"offset_ms"`
+	IP string  `json:"ip"`
+}
+
+func loadTrace(t testing.TB, path string) []traceLine {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Skipf("trace: %v", err)
+	}
+	defer f.Close()
+	var out []traceLine
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var l traceLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// replayTrace replays lines as loadtest offline does (one edge, simulated
+// time, a block cache that answers a refused key until its release, a flush
+// every interval of trace time) and judges every decision against the
+// exact sliding logs, as the aggregator's judge does: an admitted request
+// is wrong when the admitted units in its trailing window, it included,
+// exceed the limit; a refused one when the attempts, it included, do not.
+func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
+	clock := newSimClock(time.Unix(0, 0))
+	store := &opStore{Store: NewMemStore(clock)}
+	edges := make([]*Limiter, max(c.edges, 1))
+	for i := range edges {
+		l, err := New(Config{FlushInterval: c.flush, Clock: clock}, store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close(context.Background())
+		edges[i] = l
+	}
+	pol := &Policy{Limit: c.limit, Window: c.window}
+	sl := SlidingLog{Limit: int64(c.limit), Window: c.window}
+	type keyState struct {
+		admitted, attempts SlidingLogState
+		release            []int64 // per edge: its block cache
+	}
+	keys := map[uint64]*keyState{}
+	res := replayResult{diag: map[string]int{}}
+	origin := int64(c.phase)
+	var lastFlush, last int64
+	ctx := context.Background()
+	for _, ln := range lines {
+		tt := origin + int64(ln.At*1e6)
+		tt = max(tt, last)
+		last = tt
+		clock.t.Store(tt)
+		if tt-lastFlush >= int64(c.flush) {
+			for _, l := range edges {
+				l.Flush(ctx, time.Unix(0, tt))
+			}
+			lastFlush = tt
+		}
+		h := xxhash.Sum64String(ln.IP)
+		ks := keys[h]
+		if ks == nil {
+			ks = &keyState{release: make([]int64, len(edges))}
+			keys[h] = ks
+		}
+		ei := res.requests % len(edges)
+		if c.pinned {
+			ei = int(h>>32) % len(edges)
+		}
+		l := edges[ei]
+		res.requests++
+		res.decisions++
+		allowed := false
+		var d Decision
+		if tt >= ks.release[ei] {
+			d = l.Decide(ctx, time.Unix(0, tt), pol, h, c.limit, 1)
+			allowed = d.Allowed
+			if !allowed {
+				ks.release[ei] = d.ReleaseAt
+			}
+		}
+		if allowed {
+			prior := sl.Count(&ks.admitted, tt)
+			sl.Add(&ks.admitted, tt, 1)
+			sl.Add(&ks.attempts, tt, 1)
+			if prior+1 > int64(c.limit) {
+				res.wrongAllowed++
+				res.worst = max(res.worst, float64(prior+1)/float64(c.limit))
+				if c.diag {
+					res.diag[l.diagnose(h, tt, d, float64(prior))]++
+				}
+			}
+		} else {
+			n := sl.Count(&ks.attempts, tt)
+			sl.Add(&ks.attempts, tt, 1)
+			if n+1 <= int64(c.limit) {
+				res.wrongLimited++
+			}
+		}
+	}
+	clock.Add(time.Second)
+	for _, l := range edges {
+		l.Flush(ctx, clock.Now())
+		res.hists += l.Histograms()
+	}
+	res.storeOps = store.incrs + store.reads
+	return res
+}
+
+// diagnose names what a wrongly admitted decision's estimate rested on.
+func (l *Limiter) diagnose(key uint64, t int64, d Decision, exact float64) string {
+	s := l.shardOf(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.lookup(key)
+	if e == nil {
+		return "gone"
+	}
+	under := exact - d.Estimate
+	bucket := "under<1"
+	switch {
+	case under >= 5:
+		bucket = "under>=5"
+	case under >= 2:
+		bucket = "under2-5"
+	case under >= 1:
+		bucket = "under1-2"
+	}
+	if e.hist == 0 {
+		return "nohist/" + bucket
+	}
+	ps, _ := s.shapes(e, 0)
+	if ps.h == nil {
+		return "nopsh/" + bucket
+	}
+	if ps.h.base > 0 && t-e.win < ps.h.at {
+		return "inbase/" + bucket
+	}
+	return "shaped/" + bucket
+}
+
+func envDuration(t testing.TB, name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	return def
+}
+
+// TestEstimatorTraceReplay judges a trace (POPLIMIT_TRACE, a loadtest gen
+// JSON-lines file) at four phases of the window grid, as loadtest offline
+// -judge -phases 4 does, and logs the accuracy and store operations per
+// request. POPLIMIT_K lists bucket counts to compare (default the
+// package's), POPLIMIT_FLUSH flush intervals, POPLIMIT_EDGES deals the
+// requests round-robin to that many limiters on one store (each with its
+// own block cache; POPLIMIT_SPREAD=client pins each client to one edge),
+// POPLIMIT_INTERP and POPLIMIT_ONSET_SHIFT set histInterp and
+// histOnsetShift, POPLIMIT_DIAG=1 classifies the wrongly admitted decisions.
+func TestEstimatorTraceReplay(t *testing.T) {
+	path := os.Getenv("POPLIMIT_TRACE")
+	if path == "" {
+		t.Skip("POPLIMIT_TRACE not set")
+	}
+	lines := loadTrace(t, path)
+	ks := []int{histBuckets}
+	if v := os.Getenv("POPLIMIT_K"); v != "" {
+		ks = nil
+		for _, f := range strings.Split(v, ",") {
+			k, err := strconv.Atoi(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ks = append(ks, k)
+		}
+	}
+	flushes := []time.Duration{5 * time.Millisecond}
+	if v := os.Getenv("POPLIMIT_FLUSH"); v != "" {
+		flushes = nil
+		for _, f := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			flushes = append(flushes, d)
+		}
+	}
+	defer func(k, i, o int) { histBuckets, histInterp, histOnsetShift = k, i, o }(histBuckets, histInterp, histOnsetShift)
+	if v := os.Getenv("POPLIMIT_ONSET_SHIFT"); v != "" {
+		histOnsetShift, _ = strconv.Atoi(v)
+	}
+	if v := os.Getenv("POPLIMIT_INTERP"); v != "" {
+		histInterp, _ = strconv.Atoi(v)
+	}
+	w := envDuration(t, "POPLIMIT_WINDOW", 10*time.Second)
+	edges := 1
+	if v := os.Getenv("POPLIMIT_EDGES"); v != "" {
+		edges, _ = strconv.Atoi(v)
+	}
+	for _, fl := range flushes {
+		for _, k := range ks {
+			histBuckets = k
+			worst, worstKey := 0.0, 0.0
+			for p := range 4 {
+				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: w * time.Duration(p) / 4, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != ""})
+				worst, worstKey = max(worst, r.wrong()), max(worstKey, r.worst)
+				t.Logf("edges=%d k=%d flush=%v phase=%v: %d decisions, wrongly allowed %d, wrongly limited %d, wrong %.3f%%, worst key %.2f×, store ops/request %.4f, histograms %d",
+					edges, k, fl, w*time.Duration(p)/4, r.decisions, r.wrongAllowed, r.wrongLimited, 100*r.wrong(), r.worst, float64(r.storeOps)/float64(r.requests), r.hists)
+				if len(r.diag) > 0 {
+					var names []string
+					for n := range r.diag {
+						names = append(names, n)
+					}
+					sort.Strings(names)
+					var b strings.Builder
+					for _, n := range names {
+						fmt.Fprintf(&b, " %s=%d", n, r.diag[n])
+					}
+					t.Logf("  wrongly allowed by cause:%s", b.String())
+				}
+			}
+			t.Logf("edges=%d k=%d flush=%v: worst phase %.3f%% wrong, worst key %.2f×", edges, k, fl, 100*worst, worstKey)
+		}
+	}
+}

@@ -1,0 +1,567 @@
+package window
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Token buckets, leaky buckets and sliding logs across the PoP.
+//
+// Their state does not reduce to increment-only counters, so it lives in
+// the store's StateStore as one value per key that each operation reads,
+// updates and writes back atomically (compare-and-swap on memcached, a
+// script on Redis).
+//
+// Sync mode does one StateOp per request: the units are taken in the store
+// only if they fit, so the PoP admits at most Burst + rate·t in any
+// interval of length t, whatever the number of edges.
+//
+// Async mode keeps, per key, a view of the shared bucket: the state the
+// store last returned with this edge's own admissions since poured in. A
+// request is decided from the view, with no network; the flusher pours the
+// units this edge admitted into the shared bucket with one unconditional
+// StateOp per dirty key, whose reply (the bucket after everyone's pours)
+// becomes the new view. Between two replies an edge spends at most its share
+// of the room the last reply showed: room / max(peers, 2), where peers
+// estimates the edges spending the key (from how much more than its own
+// units the shared bucket took between two replies); a request past the
+// share waits once for the next reply (at most NewKeyWait, as a new key's
+// request does) and is decided again on it. Other edges' admissions reach
+// the view within one flush interval plus a round trip, so the PoP admits
+// at most Burst + rate·t plus, per other edge, what it admits in that time:
+// rate × (FlushInterval + store round trip) when the key is at its rate,
+// its share when a burst starts. Since the unconditional pours go into the
+// shared bucket whatever its level, an over-admission is paid back: the
+// bucket refuses until it has drained, and the long-run rate is exact.
+//
+// Sliding logs run in sync mode only: an exact limit cannot be decided
+// from a view.
+
+// bucketView is one key's view of its shared state.
+type bucketView struct {
+	lb       LeakyBucket      // the bucket, as of the last request
+	shared   LeakyBucketState // the store's state at the last reply
+	view     LeakyBucketState // shared, with this edge's units since poured in
+	pend     int64            // units admitted, not yet sent
+	infl     int64            // units sent, reply awaited
+	at       int64            // the latest admitted unit's instant (the pour's now), Unix ns
+	last     int64            // last request, Unix ns
+	idle     int64            // after this long unused the bucket is empty again (ns)
+	unseen   int64            // units the other edges may have taken that the last reply did not show
+	share    int64            // this edge's share of the room the last reply showed
+	unseenAt int64            // when the reserve for unseen units was last renewed
+	othersAt int64            // when a reply last showed other edges' units
+	knownAt  int64            // when the first reply came
+	alone    bool             // replies have shown no other edge spending the key for a while
+	seq      uint32           // replies applied
+	peers    int32            // estimated edges spending this key, ≥ 1
+	kind     StateKind
+	flags    uint8
+}
+
+const (
+	bvQueued uint8 = 1 << iota // in its shard's state queue
+	bvKnown                    // a reply has been applied
+	bvFailed                   // the last store operation for the key failed
+)
+
+// bucketOf returns the bucket rule r runs with for limit (a tier's limit
+// scales the default burst too).
+func bucketOf(r *Policy, limit uint64) LeakyBucket {
+	burst := int64(r.Burst)
+	if burst == 0 || (limit != r.Limit && r.Burst == r.Limit) {
+		burst = int64(limit)
+	}
+	if r.Action == Delay {
+		burst++ // Burst requests wait while one is served
+	}
+	return LeakyBucket{Rate: int64(limit), Per: r.Window, Capacity: burst}
+}
+
+// queueDelay is how long a request of a Delay rule admitted into a bucket
+// whose theoretical arrival time was tat at t waits: until the requests
+// before it have been served.
+func queueDelay(r *Policy, tat, t int64) time.Duration {
+	if r.Action != Delay || tat <= t {
+		return 0
+	}
+	return time.Duration(tat - t)
+}
+
+func logOf(r *Policy, limit uint64) SlidingLog {
+	return SlidingLog{Limit: int64(limit), Window: r.Window}
+}
+
+// stateKind returns the StateKind of a non-counter algorithm.
+func stateKind(a Algorithm) StateKind {
+	if a == SlidingLogAlgorithm {
+		return StateLog
+	}
+	return StateGCRA
+}
+
+// viewGet returns key's bucket view, creating it (and evicting an arbitrary
+// other when the shard holds its share of MaxKeys). s.mu must be held.
+func (s *shard) viewGet(l *Limiter, key uint64, t int64, r *Policy, lb LeakyBucket) (v *bucketView, fresh bool) {
+	if v, ok := s.views[key]; ok {
+		if t-v.last > v.idle && v.pend == 0 && v.infl == 0 {
+			// Idle long enough to have drained: forget it, so that a
+			// store that lost it (evicted, restarted) is not believed.
+			*v = bucketView{peers: v.peers, flags: v.flags & bvQueued}
+			v.kind, v.lb = stateKind(r.Algorithm), lb
+			v.idle = v.idleFor(r)
+			fresh = true
+		}
+		v.lb = lb
+		v.last = max(v.last, t)
+		return v, fresh
+	}
+	if s.views == nil {
+		s.views = make(map[uint64]*bucketView)
+	}
+	if len(s.views) >= s.max {
+		for k, old := range s.views {
+			if old.pend > 0 {
+				l.m.pendingDropped.Add(float64(old.pend))
+			}
+			delete(s.views, k)
+			l.m.evictions.Inc()
+			break
+		}
+	}
+	v = &bucketView{lb: lb, kind: stateKind(r.Algorithm), last: t, peers: 1}
+	v.idle = v.idleFor(r)
+	s.views[key] = v
+	return v, true
+}
+
+// idleFor is how long a view may go unused before its bucket has drained
+// (or its log forgotten): a bucket drains Burst in Burst/Limit windows.
+func (v *bucketView) idleFor(r *Policy) int64 {
+	if v.kind == StateLog {
+		return 2 * int64(r.Window)
+	}
+	return int64(2+v.lb.Capacity/max(v.lb.Rate, 1)) * int64(r.Window)
+}
+
+func (s *shard) enqueueView(key uint64, v *bucketView) {
+	if v.flags&bvQueued != 0 {
+		return
+	}
+	v.flags |= bvQueued
+	s.vqueue = append(s.vqueue, key)
+}
+
+// decideState decides a token or leaky bucket or sliding log rule over the
+// StateStore.
+func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) Decision {
+	if r.Mode == Sync || r.Algorithm == SlidingLogAlgorithm {
+		return l.decideStateSync(ctx, t, r, key, limit, cost)
+	}
+	if r.Fail == FailClosed && l.health != nil && !l.health.Healthy() {
+		l.m.fallbackClosed.Inc()
+		return l.closedState(t, r, limit)
+	}
+	lb := bucketOf(r, limit)
+	n := int64(cost)
+	mayWait := l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load()
+	var deadline time.Time // of the waits for replies, NewKeyWait in all
+	s := l.shardOf(key)
+	for {
+		s.mu.Lock()
+		v, fresh := s.viewGet(l, key, t, r, lb)
+		try := v.view
+		ok, remaining, releaseAt := lb.Allow(&try, t, n)
+		if ok && n > 0 && !fresh && v.flags&bvFailed == 0 {
+			mine := v.pend + v.infl
+			known := v.flags&bvKnown != 0
+			if !known || !v.withinShare(t, mine, n, l.unsure()) {
+				if mayWait {
+					// A key new here, or past this edge's share of
+					// the room: wait for the next reply and decide
+					// again.
+					seq := v.seq
+					if v.pend == 0 && v.infl == 0 {
+						s.enqueueView(key, v) // a read
+					}
+					s.mu.Unlock()
+					select {
+					case l.poke <- struct{}{}:
+					default:
+					}
+					now := time.Now()
+					if deadline.IsZero() {
+						// Long enough to learn from the replies
+						// whether other edges spend the key.
+						deadline = now.Add(max(l.cfg.NewKeyWait, time.Duration(l.unsure())+l.cfg.FlushInterval))
+					}
+					l.awaitView(ctx, key, seq, deadline.Sub(now))
+					mayWait = time.Now().Before(deadline)
+					continue
+				}
+				if known && !deadline.IsZero() {
+					// Past its share, and no reply came in time to
+					// say the room is still there: refuse rather
+					// than spend the other edges' share.
+					ok = false
+					remaining, releaseAt = 0, t+int64(l.cfg.FlushInterval)
+				}
+			}
+		}
+		if fresh && v.flags&bvKnown == 0 {
+			s.enqueueView(key, v) // read what the other edges took
+		}
+		var delay time.Duration
+		if ok || r.Action == Block {
+			if ok {
+				delay = queueDelay(r, v.view.TAT, t)
+				v.view = try
+			} else {
+				lb.pour(&v.view, t, n) // a block counts every attempt
+				remaining, releaseAt = 0, lb.Release(v.view, t, n)
+			}
+			if n > 0 {
+				v.pend += n
+				v.at = max(v.at, t)
+				s.enqueueView(key, v)
+			}
+		}
+		failed := v.flags&bvFailed != 0
+		s.mu.Unlock()
+		d := l.stateDecision(t, r, limit, cost, ok, remaining, releaseAt)
+		d.Delay = delay
+		if failed {
+			if r.Fail == FailClosed {
+				l.m.fallbackClosed.Inc()
+				return l.closedState(t, r, limit)
+			}
+			l.m.fallbackOpen.Inc()
+			d.Fallback = FallbackOpen
+		}
+		return d
+	}
+}
+
+// withinShare reports whether this edge, having taken mine units since the
+// last reply, may take n more before the next: at most its share of the
+// room the reply showed (at t, less what the other edges likely took
+// unseen), or n when it has taken none and they fit.
+func (v *bucketView) withinShare(t, mine, n, unsure int64) bool {
+	room := v.lb.Remaining(v.shared, t) - v.unseen
+	if mine == 0 && n <= room {
+		return true
+	}
+	return (mine+n)*int64(v.peersFor(t, unsure)) <= room
+}
+
+// peersFor is the number of edges this one shares the key's room with:
+// the estimate, and at least two until a reply has shown that no other
+// edge took any for a while (unsure after the key became known here, or
+// after others last took some), since their latest units may not have
+// landed yet.
+func (v *bucketView) peersFor(t, unsure int64) int32 {
+	if !v.alone {
+		return max(v.peers, 2)
+	}
+	return v.peers
+}
+
+// unsure is how long after other edges last showed their units (or after a
+// key became known here) an edge still reckons with units of theirs in
+// flight: a unit admitted elsewhere is sent within a flush interval and
+// lands, or fails, within a store timeout; or, if the flushes here have
+// lately taken longer than that, three of them.
+func (l *Limiter) unsure() int64 {
+	f := int64(l.cfg.FlushInterval)
+	return max(l.grace, 2*f+3*l.stateRTT.Load())
+}
+
+// noteRTT folds one flush batch's duration into stateRTT: a decaying
+// maximum, which takes a slow flush at once and forgets it by an eighth
+// per flush.
+func (l *Limiter) noteRTT(d time.Duration) {
+	old := l.stateRTT.Load()
+	l.stateRTT.Store(max(int64(d), old-old/8))
+}
+
+func (l *Limiter) stateDecision(t int64, r *Policy, limit, cost uint64, ok bool, remaining, releaseAt int64) Decision {
+	d := Decision{Limit: limit}
+	d.Allowed = ok
+	d.Remaining = uint64(max(remaining, 0))
+	// The estimate is the level the request was decided on, before its
+	// own units.
+	d.Estimate = float64(int64(limit) - max(remaining, 0))
+	if ok {
+		d.Estimate -= float64(cost)
+	}
+	w := int64(r.Window)
+	d.ResetAt = windowStart(t, w) + w
+	if !ok {
+		d.ReleaseAt = releaseAt
+		if releaseAt == math.MaxInt64 {
+			d.ReleaseAt = 0 // never: cost above the bucket
+		}
+		if r.Action == Block {
+			d.ReleaseAt = t + int64(r.Timeout)
+		}
+	}
+	return d
+}
+
+func (l *Limiter) closedState(t int64, r *Policy, limit uint64) Decision {
+	d := l.closed(t, r, limit)
+	return d
+}
+
+// syncStripes is the number of locks that make the sync decisions of one
+// key on one edge take turns: the store then sees at most one
+// read-modify-write per key from each edge, so a burst to one key
+// contends between edges, not between its own requests.
+const syncStripes = 1024
+
+// decideStateSync takes the units in the store on the request path.
+func (l *Limiter) decideStateSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) Decision {
+	mu := &l.syncMu[key%syncStripes]
+	mu.Lock()
+	defer mu.Unlock()
+	opsp := l.sops.Get().(*[]StateOp)
+	defer func() { clear(*opsp); l.sops.Put(opsp) }()
+	ops := append((*opsp)[:0], StateOp{
+		Kind: stateKind(r.Algorithm), Key: key, Bucket: bucketOf(r, limit), Log: logOf(r, limit),
+		Now: t, N: int64(cost), Conditional: true,
+	})
+	*opsp = ops
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	l.state.DoState(cctx, ops)
+	cancel()
+	l.m.storeOps.Inc()
+	op := &ops[0]
+	if op.Err != nil {
+		l.m.storeErrors.Inc()
+		if r.Fail == FailClosed {
+			l.m.fallbackClosed.Inc()
+			return l.closedState(t, r, limit)
+		}
+		l.m.fallbackOpen.Inc()
+		d := l.stateDecision(t, r, limit, cost, true, 0, t)
+		d.Fallback = FallbackOpen
+		return d
+	}
+	if !op.Allowed && r.Action == Block && cost > 0 {
+		// A block counts every attempt: pour the refused one too.
+		ops[0].Conditional = false
+		cctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
+		l.state.DoState(cctx, ops[:1])
+		cancel()
+		l.m.storeOps.Inc()
+		if ops[0].Err != nil {
+			l.m.storeErrors.Inc()
+		}
+		ops[0].Allowed = false
+	}
+	d := l.stateDecision(t, r, limit, cost, op.Allowed, op.Remaining, op.ReleaseAt)
+	if op.Allowed && r.Action == Delay {
+		lb := op.Bucket
+		d.Delay = queueDelay(r, op.TAT-int64(cost)*int64(lb.Per)/lb.Rate, t)
+	}
+	return d
+}
+
+// recordState counts cost units a blocked key sent (answered from the
+// block cache): they go out with the next flush, unconditionally.
+func (l *Limiter) recordState(t int64, r *Policy, key, cost uint64) {
+	s := l.shardOf(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lb := bucketOf(r, r.Limit)
+	v, _ := s.viewGet(l, key, t, r, lb)
+	if v.kind == StateGCRA {
+		lb.pour(&v.view, t, int64(cost))
+	}
+	v.pend += int64(cost)
+	v.at = max(v.at, t)
+	s.enqueueView(key, v)
+}
+
+// awaitView waits, at most wait, until key's view has had a reply after
+// seq, its store operations fail, or it is gone.
+func (l *Limiter) awaitView(ctx context.Context, key uint64, seq uint32, wait time.Duration) {
+	l.await(ctx, wait, func(s *shard) bool {
+		v := s.views[key]
+		return v != nil && v.seq == seq && v.flags&bvFailed == 0
+	}, key)
+}
+
+// flushStates sends every queued view's units (and the reads of keys new
+// here) as one StateOp per key, in batches of at most MaxFlushOps, and
+// folds the replies into the views.
+func (l *Limiter) flushStates(ctx context.Context, t int64, st *FlushStats) {
+	if l.state == nil {
+		return
+	}
+	opsp := l.sops.Get().(*[]StateOp)
+	ops := (*opsp)[:0]
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		q := s.vqueue
+		s.vqueue, s.vspare = s.vspare[:0], nil
+		s.mu.Unlock()
+		for k := 0; k < len(q); {
+			s.mu.Lock()
+			for ; k < len(q) && len(ops) < l.cfg.MaxFlushOps; k++ {
+				v := s.views[q[k]]
+				if v == nil || v.flags&bvQueued == 0 {
+					continue
+				}
+				v.flags &^= bvQueued
+				op := StateOp{Kind: v.kind, Key: q[k], Bucket: v.lb, Log: SlidingLog{Limit: v.lb.Rate, Window: v.lb.Per}, Now: t}
+				if v.pend > 0 {
+					op.N, op.Now = v.pend, v.at
+					v.infl += v.pend
+					v.pend = 0
+					st.Keys++
+				} else {
+					l.m.storeReads.Inc()
+				}
+				ops = append(ops, op)
+			}
+			if k == len(q) {
+				s.vspare = q[:0]
+				s.sweepViews(t, sweepPerFlush)
+			}
+			s.mu.Unlock()
+			if len(ops) >= l.cfg.MaxFlushOps {
+				ops = l.sendStates(ctx, t, ops, st)
+			}
+		}
+	}
+	if len(ops) > 0 {
+		ops = l.sendStates(ctx, t, ops, st)
+	}
+	*opsp = ops
+	l.sops.Put(opsp)
+}
+
+func (l *Limiter) sendStates(ctx context.Context, t int64, ops []StateOp, st *FlushStats) []StateOp {
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	begin := time.Now()
+	l.state.DoState(cctx, ops)
+	took := time.Since(begin)
+	l.noteRTT(took)
+	l.m.flushSeconds.Observe(took.Seconds())
+	cancel()
+	failed := 0
+	for i := range ops {
+		op := &ops[i]
+		if op.Err != nil {
+			failed++
+		}
+		s := l.shardOf(op.Key)
+		s.mu.Lock()
+		s.applyView(l, t, op)
+		s.mu.Unlock()
+	}
+	l.wake()
+	st.Ops += len(ops)
+	st.Failed += failed
+	l.m.flushOps.Observe(float64(len(ops)))
+	l.m.storeOps.Add(float64(len(ops)))
+	l.m.storeErrors.Add(float64(failed))
+	clear(ops)
+	return ops[:0]
+}
+
+// applyView folds one reply into key's view. s.mu must be held.
+func (s *shard) applyView(l *Limiter, t int64, op *StateOp) {
+	v := s.views[op.Key]
+	if v == nil {
+		if op.Err != nil && op.N > 0 {
+			l.m.pendingDropped.Add(float64(op.N))
+		}
+		return
+	}
+	sent := max(op.N, 0)
+	v.infl -= min(v.infl, sent)
+	v.seq++
+	if op.Err != nil {
+		v.flags |= bvFailed
+		v.pend += sent // again with the next flush
+		s.enqueueView(op.Key, v)
+		return
+	}
+	v.flags &^= bvFailed
+	if v.kind != StateGCRA {
+		v.flags |= bvKnown
+		return
+	}
+	reply := LeakyBucketState{TAT: op.TAT, Frac: op.Frac}
+	if v.flags&bvKnown != 0 {
+		// What the shared bucket took beyond this edge's units: the
+		// other edges' pours since the last reply.
+		expect := v.shared
+		if sent > 0 {
+			v.lb.pour(&expect, op.Now, sent)
+		}
+		others := max(0, (v.lb.level(reply, t)-v.lb.level(expect, t))/int64(v.lb.Per))
+		if others > 0 {
+			p := int32(2)
+			if sent > 0 {
+				p = int32(min(1+(others+sent-1)/sent, 64))
+			}
+			v.peers, v.othersAt = max(p, v.peers), t
+		}
+		// Alone, as far as replies can tell: none showed another
+		// edge's units for a while.
+		v.alone = others == 0 && t-max(v.knownAt, v.othersAt) >= l.unsure()
+		if v.alone {
+			v.peers = 1
+		}
+		// Each other edge may have taken up to its share of the room
+		// the last reply showed, not all of it flushed yet: keep that
+		// much of the room for them until a reply shows it, for at most
+		// a few flush intervals (by then it has landed, unless its
+		// flusher runs late), so the reserve does not accumulate.
+		pe := v.peersFor(t, l.unsure())
+		reserve := int64(0)
+		if pe > 1 {
+			reserve = int64(pe-1) * v.share
+			if t-v.unseenAt < l.unsure() {
+				reserve = max(reserve, v.unseen)
+			} else {
+				v.unseenAt = t
+			}
+		}
+		v.unseen = max(0, reserve-others)
+	} else {
+		v.unseen = 0
+	}
+	if v.flags&bvKnown == 0 {
+		v.knownAt, v.alone = t, false
+	}
+	v.share = max(0, v.lb.Remaining(reply, t)-v.unseen) / int64(v.peersFor(t, l.unsure()))
+	v.shared = reply
+	v.view = reply
+	if v.pend > 0 {
+		v.lb.pour(&v.view, v.at, v.pend) // admitted since this op was sent
+	}
+	if v.infl > 0 {
+		v.lb.pour(&v.view, v.at, v.infl) // sent after this op, reply to come
+	}
+	v.flags |= bvKnown
+}
+
+// sweepViews frees at most budget views idle long enough to have drained,
+// with nothing unsent. s.mu must be held.
+func (s *shard) sweepViews(t int64, budget int) {
+	for k, v := range s.views {
+		if budget == 0 {
+			return
+		}
+		budget--
+		if t-v.last > v.idle && v.pend == 0 && v.infl == 0 && v.flags&bvQueued == 0 {
+			delete(s.views, k)
+		}
+	}
+}
