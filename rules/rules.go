@@ -577,8 +577,20 @@ func parsePolicy(f *fields, y ruleYAML, r *Rule) {
 	if r.Kind == Concurrency && (y.Algorithm != "" || y.Action != "" || y.Mode != "" || y.Timeout != "") {
 		f.fail("kind", "concurrency", "takes no algorithm, action, mode or timeout")
 	}
-	if r.Mode == window.Sync && !r.Algorithm.Shared() {
-		f.fail("mode", "sync", "needs a shared algorithm (sliding_window or fixed_window), not "+r.Algorithm.String())
+	if r.Algorithm == window.SlidingLogAlgorithm {
+		// An exact limit cannot be decided from a view: a sliding log
+		// runs in sync mode, one store operation per request.
+		if y.Mode == "" {
+			r.Mode = window.Sync
+		} else if r.Mode == window.Async {
+			f.fail("mode", "async", "a sliding_log runs in sync mode only (exact across edges, one store operation per request); use sliding_window for an async limit")
+		}
+		if r.Limit > window.MaxSharedLogLimit {
+			f.fail("limit", strconv.FormatUint(r.Limit, 10), fmt.Sprintf("a sliding_log keeps every request's instant and takes at most %d per window; use sliding_window for large limits", window.MaxSharedLogLimit))
+		}
+	}
+	if r.Action == window.Delay && r.Algorithm != window.LeakyBucketAlgorithm {
+		f.fail("action", "delay", "queues requests as a leaky bucket: needs algorithm: leaky_bucket, not "+r.Algorithm.String())
 	}
 }
 
@@ -605,6 +617,9 @@ func parseTiers(f *fields, y ruleYAML, r *Rule) {
 			continue
 		}
 		if v := f.amount("tiers."+tier, l, 0, true); v > 0 {
+			if r.Algorithm == window.SlidingLogAlgorithm && v > window.MaxSharedLogLimit {
+				f.fail("tiers."+tier, strconv.FormatUint(v, 10), fmt.Sprintf("a sliding_log takes at most %d per window; use sliding_window for large limits", window.MaxSharedLogLimit))
+			}
 			if r.Tiers == nil {
 				r.Tiers = make(map[string]uint64, len(y.Tiers))
 			}

@@ -71,7 +71,7 @@ func TestParseRulesReportsEveryField(t *testing.T) {
 		`rules[1].name: only letters, digits and -_.:/ are allowed (got "bad window")`,
 		`rules[1].window: must be a duration of whole milliseconds between 1ms and 366d (got "-5s")`,
 		`rules[1].algorithm: must be one of sliding_window, fixed_window, token_bucket, leaky_bucket, sliding_log (got "magic")`,
-		`rules[1].action: must be one of throttle, block (got "ban")`,
+		`rules[1].action: must be one of throttle, block, delay (got "ban")`,
 		`rules[1].mode: must be one of async, sync (got "eventually")`,
 		`rules[1].fail: must be one of open, closed (got "maybe")`,
 		`rules[2].key[0]: "ip" takes no name (got "ip:x")`,
@@ -81,7 +81,8 @@ func TestParseRulesReportsEveryField(t *testing.T) {
 		`rules[2].timeout: applies only to action: block (got "1m")`,
 		`rules[2].path_prefix: must start with "/" (got "v1")`,
 		`rules[2].methods[0]: is not an HTTP method (got "G3T")`,
-		`rules[4].mode: needs a shared algorithm (sliding_window or fixed_window), not token_bucket (got sync)`,
+		`rules[4].mode: a sliding_log runs in sync mode only (exact across edges, one store operation per request); use sliding_window for an async limit (got async)`,
+		`rules[4].limit: a sliding_log keeps every request's instant and takes at most 1000 per window; use sliding_window for large limits (got 2000)`,
 		`rules[4].tiers.pro: must be between 1 and 4294967295 (got -1)`,
 	} {
 		if !strings.Contains(msg, want) {
@@ -221,4 +222,23 @@ func FuzzParseOverrides(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestParseRulesLogSyncAndDelay(t *testing.T) {
+	rs, err := ParseRules([]byte(`
+rules:
+  - {name: login, limit: 5, window: 1m, algorithm: sliding_log}
+  - {name: queue, limit: 10, window: 1s, burst: 5, algorithm: leaky_bucket, action: delay}
+  - {name: bucket, limit: 10, window: 1s, burst: 20, algorithm: token_bucket, mode: sync}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Rules[0].Mode != window.Sync || rs.Rules[1].Action != window.Delay || rs.Rules[2].Mode != window.Sync {
+		t.Errorf("login mode %v, queue action %v, bucket mode %v", rs.Rules[0].Mode, rs.Rules[1].Action, rs.Rules[2].Mode)
+	}
+	_, err = ParseRules([]byte(`rules: [{name: q, limit: 10, window: 1s, algorithm: token_bucket, action: delay}]`))
+	if err == nil || !strings.Contains(err.Error(), "rules[0].action: queues requests as a leaky bucket: needs algorithm: leaky_bucket, not token_bucket (got delay)") {
+		t.Errorf("delay on a token bucket: %v", err)
+	}
 }
