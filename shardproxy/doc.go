@@ -62,7 +62,7 @@
 // # Values
 //
 // Client.DoValues, and Gets, Add and CompareAndSwap, its one-op forms, keep
-// small byte values (at most MaxValueLen, 1 KiB) for state that edges share
+// small byte values (at most MaxValueLen, 16 KiB) for state that edges share
 // by read-modify-write, such as a token bucket's theoretical arrival time
 // (GCRA) or a short sliding log: gets returns a value with its CAS token;
 // cas stores a new value only if the token is still current, else
@@ -71,9 +71,9 @@
 // named pv:{<key hash>} (AppendValueKey): the same hash tag as the key's
 // counters, so it lives on their shard, and a prefix of its own, so it never
 // collides with them. Value ops use the text protocol's gets, add and cas,
-// which nutcracker also proxies, always pipelined (up to 32 commands a round
-// trip, as values are up to 1 KiB each), with the same timeouts, health and
-// metrics as counters.
+// which nutcracker also proxies, always pipelined (up to 32 commands and
+// 64 KiB of request a round trip, so a round's request always fits in the
+// socket buffers), with the same timeouts, health and metrics as counters.
 //
 // # Pipelines
 //

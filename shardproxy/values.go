@@ -4,21 +4,45 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
 	"time"
 )
 
 // MaxValueLen is the longest value Add and CompareAndSwap store, in bytes:
-// a shared token bucket or a short sliding log, not a cache entry. A
-// longer value stored under a value key by anyone else is read as a
-// malformed reply.
-const MaxValueLen = 1024
+// a shared token bucket or a sliding log (one of window.MaxSharedLogLimit
+// units encodes to at most about 12 KiB), not a cache entry. A longer
+// value stored under a value key by anyone else is read as a malformed
+// reply.
+const MaxValueLen = 16 << 10
 
-// maxValueRoundOps caps the value ops of one pipeline round, so that a
-// round's request (values of up to MaxValueLen bytes) and its replies stay
-// within what the socket buffers hold, as maxPipelineOps does for
-// counters.
-const maxValueRoundOps = 32
+// Limits of one pipeline round of value ops.
+//
+// A round is written whole before its replies are read. Its write
+// completes whatever the server does as long as the request fits in the
+// socket buffers (the client's send buffer and the server's receive
+// buffer, 16 KiB and 128 KiB by Linux's defaults, before autotuning), so
+// it cannot stall on a server that has stopped reading while its replies
+// wait to be read; replies of any length are then read. maxValueRoundBytes
+// bounds the request: the values that adds and cases store and the
+// command lines, so a round is at most 64 KiB plus one value. The
+// replies (gets of values up to MaxValueLen each) are read into the
+// unit's buffer, not the connection's, so their length does not matter.
+const (
+	// maxValueRoundOps caps the value ops of one pipeline round.
+	maxValueRoundOps = 32
+	// maxValueRoundBytes caps the bytes of a round's request: the round
+	// closes before an op whose command would take it past this (a
+	// round always takes its first op, whatever its length).
+	maxValueRoundBytes = 64 << 10
+	// valueCommandLen is the most bytes of an add or cas command besides
+	// its value: "cas <key> 0 <ttl> <len> <cas>\r\n" and the "\r\n" after
+	// the value.
+	valueCommandLen = len("cas  0 2592000 16384 18446744073709551615\r\n\r\n") + ValueKeyLen
+	// getsCommandLen is the bytes of a gets command.
+	getsCommandLen = len("gets \r\n") + ValueKeyLen
+)
 
 // ValueKind is what a ValueOp does.
 type ValueKind uint8
@@ -79,7 +103,8 @@ func (k ValueKind) opKind() (opKind, bool) {
 // poplimit_shardproxy_ops_total{op="gets"|"add"|"cas"}. Ops on one key
 // take effect in the order given, on one connection; ops on different keys
 // run concurrently. Each shard's ops go as pipelines on the shard's
-// pipeline connections, up to 32 commands a round trip. It keeps no
+// pipeline connections, up to 32 commands and 64 KiB of request (the
+// values stored and the commands) a round trip. It keeps no
 // reference to ops after it returns, and is safe for concurrent use.
 //
 // A value of a shard that is ejected is missing on the shard that takes
@@ -176,6 +201,35 @@ func (b *batch) planValues(c *Client, ring *Ring, ops []ValueOp) {
 		b.perShard[sh]++
 	}
 	b.group(c)
+	b.valueRounds()
+}
+
+// valueRounds splits each unit's value ops, in the call's order, into
+// rounds of at most maxValueRoundOps ops and maxValueRoundBytes bytes of
+// request, and numbers them as phases: exchange.run ends a chunk (one
+// round for value ops) where the phase changes. The phases of value ops
+// only ever grow along a unit's order, so the order, and with it the
+// order of the ops on one key, stays the call's.
+func (b *batch) valueRounds() {
+	for u := range b.units {
+		un := &b.units[u]
+		var phase, ops int32
+		bytes := 0
+		for _, i := range b.order[un.lo:un.hi] {
+			st := &b.ops[i]
+			n := getsCommandLen
+			if st.kind != kindGets {
+				n = valueCommandLen + int(st.valEnd-st.valAt)
+			}
+			if ops > 0 && (ops == maxValueRoundOps || bytes+n > maxValueRoundBytes) {
+				phase++
+				ops, bytes = 0, 0
+			}
+			st.phase = phase
+			ops++
+			bytes += n
+		}
+	}
 }
 
 // finishValue copies the outcome st of a value op, whose unit's gets read
@@ -252,15 +306,14 @@ func (x *exchange) valueReply(i int32, line []byte) error {
 		case size > MaxValueLen:
 			return fmt.Errorf("%w: VALUE of %d bytes, longer than any value (%d)", ErrMalformed, size, MaxValueLen)
 		}
-		data, err := x.block(size)
-		if err != nil {
+		out := &b.outs[x.u]
+		at := len(*out)
+		if err := x.valueBlock(out, size); err != nil {
+			*out = (*out)[:at]
 			return err
 		}
-		out := &b.outs[x.u]
-		st.valAt = int32(len(*out))
-		*out = append(*out, data[:size]...)
-		st.valEnd = int32(len(*out))
-		x.pc.r.Discard(size + 2)
+		st.valAt, st.valEnd = int32(at), int32(len(*out))
+		var err error
 		if line, err = x.line(); err != nil {
 			return err
 		}
@@ -283,5 +336,29 @@ func (x *exchange) valueReply(i int32, line []byte) error {
 	default:
 		return x.unexpected(line)
 	}
+	return nil
+}
+
+// valueBlock appends to out the data block of size bytes (at most
+// MaxValueLen) that follows a gets' VALUE line, and reads the "\r\n"
+// after it. Unlike block it does not need the block to fit in the read
+// buffer: it reads through it.
+func (x *exchange) valueBlock(out *[]byte, size int) error {
+	at := len(*out)
+	*out = slices.Grow(*out, size)[:at+size]
+	if _, err := io.ReadFull(x.pc.r, (*out)[at:]); err != nil {
+		if err == io.ErrUnexpectedEOF {
+			err = io.EOF
+		}
+		return readErr(err, true)
+	}
+	end, err := x.pc.r.Peek(2)
+	if err != nil {
+		return readErr(err, true)
+	}
+	if end[0] != '\r' || end[1] != '\n' {
+		return malformedLine("data block", end)
+	}
+	x.pc.r.Discard(2)
 	return nil
 }
