@@ -2,11 +2,14 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/poplimit/poplimit/window"
 )
 
 // batch is one call's commands under construction and their replies. The
@@ -180,13 +183,15 @@ func (s *Store) exec(ctx context.Context, c rueidis.Client, b *batch) (took time
 //
 // A command answered NOSCRIPT did nothing, so running it in a second round
 // would put it after the commands that followed it in the first. Every
-// write of a call is one script (Do's counter script, GCRABatch's and
-// SlidingLogBatch's own), so on one node either all of a call's writes
-// find their script or none does, and writes keep their order; the reads
-// (GETs) that followed a re-sent write of the same key go again in the
-// second round, after it. (A script flushed and loaded again by another
-// client while one call's pipeline is on the server can still reorder that
-// call's writes of one key; nothing else can.)
+// write of one Redis key is one script (a counter's the counter script, a
+// bucket's the GCRA script, a log's the sliding-log script), so on one node
+// either all of a call's writes of a key find their script or none does,
+// and writes of one key keep their order (a DoState call mixes the GCRA and
+// the sliding-log script, but over different keys); the reads (GETs) that
+// followed a re-sent write of the same key go again in the second round,
+// after it. (A script flushed and loaded again by another client while one
+// call's pipeline is on the server can still reorder that call's writes of
+// one key; nothing else can.)
 func (s *Store) run(ctx context.Context, c rueidis.Client, b *batch) {
 	defer s.wg.Done()
 	b.all = string(b.buf)
@@ -242,4 +247,159 @@ func (b *batch) planRedo() {
 			}
 		}
 	}
+}
+
+// scripted is the type of the ops of a scripted batch. Each has a codec
+// (gcraCodec, logCodec, stateCodec) that validates an op and appends its
+// command, decodes its reply, and clears its outputs.
+type scripted interface {
+	GCRAOp | SlidingLogOp | window.StateOp
+}
+
+// The per-type parts of scriptBatch go to the op's codec through a type
+// switch, not through the methods of a type parameter: the compiler calls
+// those through a dictionary and so moves every slice of ops passed in to
+// the heap (one allocation a GCRA or SlidingLog call), where the calls of a
+// type switch are direct and the ops stay where the caller put them.
+
+// opHead returns op's kind (its "op" label) and the address of its Err.
+func opHead[T scripted](op *T) (opKind, *error) {
+	switch op := any(op).(type) {
+	case *GCRAOp:
+		return kindGCRA, &op.Err
+	case *SlidingLogOp:
+		return kindSlidingLog, &op.Err
+	case *window.StateOp:
+		return stateCodec{}.kind(op), &op.Err
+	}
+	panic("redisstore: not a scripted op")
+}
+
+// opAdd validates op and appends its one command to b, or returns why op
+// cannot run, having appended nothing.
+func opAdd[T scripted](s *Store, b *batch, op *T) error {
+	switch op := any(op).(type) {
+	case *GCRAOp:
+		return gcraCodec{}.add(s, b, op)
+	case *SlidingLogOp:
+		return logCodec{}.add(s, b, op)
+	case *window.StateOp:
+		return stateCodec{}.add(s, b, op)
+	}
+	panic("redisstore: not a scripted op")
+}
+
+// opDecode sets op's outputs from r, a reply that is not an error.
+func opDecode[T scripted](s *Store, op *T, r rueidis.RedisResult) (result, error) {
+	switch op := any(op).(type) {
+	case *GCRAOp:
+		return gcraCodec{}.decode(s, op, r)
+	case *SlidingLogOp:
+		return logCodec{}.decode(s, op, r)
+	case *window.StateOp:
+		return stateCodec{}.decode(s, op, r)
+	}
+	panic("redisstore: not a scripted op")
+}
+
+// opFail clears op's outputs and sets its Err.
+func opFail[T scripted](op *T, err error) {
+	switch op := any(op).(type) {
+	case *GCRAOp:
+		op.Result = GCRAResult{}
+	case *SlidingLogOp:
+		op.Result = SlidingLogResult{}
+	case *window.StateOp:
+		stateCodec{}.fail(op)
+	}
+	_, errp := opHead(op)
+	*errp = err
+}
+
+// scriptBatch is the one send/collect loop of every scripted batch
+// (GCRABatch, SlidingLogBatch, DoState): it validates each op and appends
+// its command, sends all of them in one pipeline within Timeout (exec),
+// and sets each op's outputs or Err from its reply, counting each op in
+// ops_total and op_duration_seconds. Ops fail independently; an invalid op
+// fails with ErrInvalid and sends nothing. It keeps no reference to ops.
+func scriptBatch[T scripted](s *Store, ctx context.Context, ops []T) {
+	if len(ops) == 0 {
+		return
+	}
+	k0, _ := opHead(&ops[0])
+	cl, err := s.client(k0)
+	if err != nil {
+		var errs [numKinds]error // one error per kind, not per op
+		for i := range ops {
+			op := &ops[i]
+			k, _ := opHead(op)
+			if errs[k] == nil {
+				if _, errs[k] = s.client(k); errs[k] == nil {
+					errs[k] = err // connected meanwhile: this call still fails
+				}
+			}
+			opFail(op, errs[k])
+			s.m.ops[k][resultUnavailable].Inc()
+		}
+		return
+	}
+	b := s.getBatch()
+	for i := range ops {
+		op := &ops[i]
+		k, errp := opHead(op)
+		if err := opAdd(s, b, op); err != nil {
+			opFail(op, fmt.Errorf("redisstore: %s %s: %w: %w", k, s.addr, ErrInvalid, err))
+			s.m.ops[k][resultInvalid].Inc()
+			continue
+		}
+		*errp = errPending // its command is the next in b.reqs
+	}
+	if len(b.reqs) == 0 {
+		s.putBatch(b)
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	d, abandoned, closed := s.exec(cctx, cl, b)
+	cancel()
+	// After abandoned, b belongs to exec's goroutine: only ops are read.
+	took := d.Seconds()
+	answered, failed := false, false
+	var memo errMemo
+	j := 0 // the command of the next op sent
+	for i := range ops {
+		op := &ops[i]
+		k, errp := opHead(op)
+		if *errp != errPending {
+			continue // invalid: failed above
+		}
+		var (
+			res result
+			err error
+		)
+		switch {
+		case abandoned:
+			err, res = s.abandonedErr(ctx, k, &memo)
+		case closed:
+			err, res = s.closedErr(k, &memo)
+		default:
+			r := b.res[j]
+			if err, res, _ = s.opError(ctx, k, r.Error(), &memo); err == nil {
+				res, err = opDecode(s, op, r)
+			}
+		}
+		j++
+		if err != nil {
+			opFail(op, err)
+		} else {
+			*errp = nil
+		}
+		answered = answered || res != resultTimeout && res != resultUnavailable
+		failed = failed || (res == resultTimeout || res == resultUnavailable) && !cancelled(ctx)
+		s.m.ops[k][res].Inc()
+		s.m.latency[k].Observe(took)
+	}
+	if !abandoned {
+		s.putBatch(b)
+	}
+	s.settled(answered, failed)
 }

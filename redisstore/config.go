@@ -74,8 +74,8 @@ type Config struct {
 	// 0, the only one a cluster has.
 	DB int
 
-	// Timeout bounds one Do call and every op in it, and each GCRA and
-	// SlidingLog call: the pipelined round trip, and the second one a node
+	// Timeout bounds one Do call and every op in it, and each GCRA,
+	// SlidingLog and DoState call: the pipelined round trip, and the second one a node
 	// that forgot a script costs. It is also what a hung server costs a
 	// caller. Default 100ms, at most one minute.
 	Timeout time.Duration

@@ -72,14 +72,25 @@
 // Both take now from the caller, as window does: the edges' clocks, not
 // the server's, decide.
 //
+// DoState makes the Store a window.StateStore: a window.StateOp of kind
+// StateGCRA is a call of the GCRA script, one of kind StateLog a call of
+// the sliding-log script (its Limit at most window.MaxSharedLogLimit, as
+// StateOp.Validate checks), every op of a call, of both kinds, in one
+// pipeline. GCRABatch, SlidingLogBatch and DoState share one send and
+// collect loop (scriptBatch). TestDoStateMatchesMemStore compares DoState
+// with window.MemStore op by op on random sequences; where the two differ
+// (a log's latest instant, advanced here by every op as window.SlidingLog
+// advances it, by MemStore only by the ops that log units) DoState's
+// documentation says so.
+//
 // # Timeouts and failures
 //
-// Every Do, GCRABatch and SlidingLogBatch call, and every op in it, is
-// bounded by Config.Timeout (the caller's ctx may end it sooner): a dead or
-// hung node fails its ops with ErrTimeout or ErrUnavailable within it, and
-// nothing is retried beyond the one EVAL after a NOSCRIPT. The round trips
-// run on a goroutine of the call, which the caller leaves behind at its
-// deadline, because rueidis can make a call wait for a connection another
+// Every Do, GCRABatch, SlidingLogBatch and DoState call, and every op in
+// it, is bounded by Config.Timeout (the caller's ctx may end it sooner): a
+// dead or hung node fails its ops with ErrTimeout or ErrUnavailable within
+// it, and nothing is retried beyond the one EVAL after a NOSCRIPT. The round
+// trips run on a goroutine of the call, which the caller leaves behind at
+// its deadline, because rueidis can make a call wait for a connection another
 // goroutine is dialling whatever the call's context says. A call of one
 // command on a steady Store (no call unanswered for ConnTimeout +
 // DialTimeout) runs on the caller's goroutine instead, saving the sync path

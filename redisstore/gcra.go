@@ -72,133 +72,92 @@ func AppendGCRAKey(dst []byte, key uint64) []byte {
 	return append(appendTag(dst, key), ":gcra"...)
 }
 
-// gcraArgs returns the script's derived arguments for op: n × Per and
-// (Capacity − n) × Per, the latter −1 when n > Capacity. An unconditional
-// pour of n > Capacity must keep n × Per + Rate within an int64.
-func gcraArgs(op *GCRAOp) (nPer, room int64, err error) {
-	p := op.Params
-	if err := p.Validate(); err != nil {
-		return 0, 0, err
-	}
-	if op.N <= 0 {
+// gcraArgs returns the script's derived arguments for n units of a valid
+// bucket lb: n × Per and (Capacity − n) × Per, the latter −1 when n >
+// Capacity. An unconditional pour of n > Capacity must keep n × Per + Rate
+// within an int64.
+func gcraArgs(lb window.LeakyBucket, n int64, conditional bool) (nPer, room int64, err error) {
+	if n <= 0 {
 		return 0, 0, nil
 	}
-	per := int64(p.Per)
-	if op.N <= p.Capacity {
-		return op.N * per, (p.Capacity - op.N) * per, nil // Capacity × Per fits (Validate)
+	per := int64(lb.Per)
+	if n <= lb.Capacity {
+		return n * per, (lb.Capacity - n) * per, nil // Capacity × Per fits (Validate)
 	}
-	if op.Conditional {
+	if conditional {
 		return 0, -1, nil // never fits
 	}
-	if op.N > (math.MaxInt64-p.Rate)/per {
-		return 0, 0, fmt.Errorf("n %d × Per %v overflows int64 nanoseconds", op.N, p.Per)
+	if n > (math.MaxInt64-lb.Rate)/per {
+		return 0, 0, fmt.Errorf("n %d × Per %v overflows int64 nanoseconds", n, lb.Per)
 	}
-	return op.N * per, -1, nil
+	return n * per, -1, nil
+}
+
+// addGCRA appends the GCRA script's command for n units at now of the
+// bucket of key, lb valid, or returns why it cannot run.
+func (s *Store) addGCRA(b *batch, key uint64, lb window.LeakyBucket, now, n int64, conditional bool) error {
+	nPer, room, err := gcraArgs(lb, n, conditional)
+	if err != nil {
+		return err
+	}
+	b.begin(scriptGCRA, 1)
+	b.buf = AppendGCRAKey(b.buf, key)
+	b.end()
+	b.pair(now)
+	b.int(n)
+	b.pair(lb.Rate)
+	b.pair(nPer)
+	b.pair(room)
+	if conditional {
+		b.str("1")
+	} else {
+		b.str("0")
+	}
+	b.int(s.cfg.ClockSkew.Milliseconds())
+	return nil
+}
+
+// gcraState decodes the GCRA script's reply r for a bucket of the given
+// rate: the state after the call, and whether the units were poured.
+func (s *Store) gcraState(r rueidis.RedisResult, rate int64) (window.LeakyBucketState, bool, error) {
+	arr, err := r.ToArray()
+	if err != nil || len(arr) != 3 {
+		return window.LeakyBucketState{}, false, s.badValue(kindGCRA, fmt.Errorf("reply of %d elements, want 3 (%v)", len(arr), err))
+	}
+	poured, err1 := arr[0].ToInt64()
+	tat, err2 := arr[1].ToString()
+	frac, err3 := arr[2].ToString()
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return window.LeakyBucketState{}, false, s.badValue(kindGCRA, err)
+	}
+	st, ok, err := DecodeGCRAState(poured, tat, frac, rate)
+	if err != nil {
+		return window.LeakyBucketState{}, false, s.badValue(kindGCRA, err)
+	}
+	return st, ok, nil
 }
 
 // GCRABatch runs every op as GCRA does, in one pipeline, and sets each op's
 // Result or Err. Ops fail independently; ops on one key take effect in the
 // order given. It returns within Timeout and keeps no reference to ops.
 func (s *Store) GCRABatch(ctx context.Context, ops []GCRAOp) {
-	if len(ops) == 0 {
-		return
-	}
-	c, err := s.client(kindGCRA)
-	if err != nil {
-		for i := range ops {
-			ops[i].Result, ops[i].Err = GCRAResult{}, err
-			s.m.ops[kindGCRA][resultUnavailable].Inc()
-		}
-		return
-	}
-	b := s.getBatch()
-	for i := range ops {
-		op := &ops[i]
-		nPer, room, err := gcraArgs(op)
-		if err != nil {
-			op.Result, op.Err = GCRAResult{}, fmt.Errorf("redisstore: gcra %s: %w: %w", s.addr, ErrInvalid, err)
-			s.m.ops[kindGCRA][resultInvalid].Inc()
-			continue
-		}
-		b.begin(scriptGCRA, 1)
-		op.Err = errPending
-		b.buf = AppendGCRAKey(b.buf, op.Key)
-		b.end()
-		b.pair(op.Now)
-		b.int(op.N)
-		b.pair(op.Params.Rate)
-		b.pair(nPer)
-		b.pair(room)
-		if op.Conditional {
-			b.str("1")
-		} else {
-			b.str("0")
-		}
-		b.int(s.cfg.ClockSkew.Milliseconds())
-	}
-	if len(b.reqs) == 0 {
-		s.putBatch(b)
-		return
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	d, abandoned, closed := s.exec(cctx, c, b)
-	cancel()
-	took := d.Seconds()
-	answered, failed := false, false
-	var memo errMemo
-	j := 0 // the command of the next op sent
-	for i := range ops {
-		op := &ops[i]
-		if op.Err != errPending {
-			continue // invalid: failed above
-		}
-		j++
-		var (
-			res result
-			err error
-		)
-		switch {
-		case abandoned:
-			err, res = s.abandonedErr(ctx, kindGCRA, &memo)
-		case closed:
-			err, res = s.closedErr(kindGCRA, &memo)
-		default:
-			res, err = s.gcraReply(ctx, op, b.res[j-1], &memo)
-		}
-		if err != nil {
-			op.Result, op.Err = GCRAResult{}, err
-		} else {
-			op.Err = nil
-		}
-		answered = answered || res != resultTimeout && res != resultUnavailable
-		failed = failed || (res == resultTimeout || res == resultUnavailable) && !cancelled(ctx)
-		s.m.ops[kindGCRA][res].Inc()
-		s.m.latency[kindGCRA].Observe(took)
-	}
-	if !abandoned {
-		s.putBatch(b)
-	}
-	s.settled(answered, failed)
+	scriptBatch(s, ctx, ops)
 }
 
-// gcraReply decodes the script's reply to op into op.Result.
-func (s *Store) gcraReply(ctx context.Context, op *GCRAOp, r rueidis.RedisResult, memo *errMemo) (result, error) {
-	if err, res, _ := s.opError(ctx, kindGCRA, r.Error(), memo); err != nil {
-		return res, err
+// gcraCodec is GCRAOp's part of scriptBatch (see scripted).
+type gcraCodec struct{}
+
+func (gcraCodec) add(s *Store, b *batch, op *GCRAOp) error {
+	if err := op.Params.Validate(); err != nil {
+		return err
 	}
-	arr, err := r.ToArray()
-	if err != nil || len(arr) != 3 {
-		return resultBadValue, s.badValue(kindGCRA, fmt.Errorf("reply of %d elements, want 3 (%v)", len(arr), err))
-	}
-	poured, err1 := arr[0].ToInt64()
-	tat, err2 := arr[1].ToString()
-	frac, err3 := arr[2].ToString()
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return resultBadValue, s.badValue(kindGCRA, err)
-	}
-	st, ok, err := DecodeGCRAState(poured, tat, frac, op.Params.Rate)
+	return s.addGCRA(b, op.Key, window.LeakyBucket(op.Params), op.Now, op.N, op.Conditional)
+}
+
+func (gcraCodec) decode(s *Store, op *GCRAOp, r rueidis.RedisResult) (result, error) {
+	st, ok, err := s.gcraState(r, op.Params.Rate)
 	if err != nil {
-		return resultBadValue, s.badValue(kindGCRA, err)
+		return resultBadValue, err
 	}
 	lb := window.LeakyBucket(op.Params)
 	op.Result = GCRAResult{

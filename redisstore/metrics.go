@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"op", "result"}),
 		latencyVec: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "op_duration_seconds",
-			Help:    "Time of the call that carried an operation (one pipeline per Do, GCRABatch or SlidingLog call, NOSCRIPT retry included), observed once for each operation it carries.",
+			Help:    "Time of the call that carried an operation (one pipeline per Do, GCRABatch, SlidingLogBatch or DoState call, NOSCRIPT retry included), observed once for each operation it carries.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14), // 50µs … 410ms
 		}, []string{"op"}),
 		fallbackVec: prometheus.NewCounterVec(prometheus.CounterOpts{

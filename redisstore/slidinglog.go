@@ -77,7 +77,11 @@ func (s *Store) SlidingLog(ctx context.Context, key uint64, p SlidingLogParams, 
 // validate reports why p cannot run with a store of at most maxEntries
 // members per key.
 func (p SlidingLogParams) validate(maxEntries int) error {
-	errs := []error{window.SlidingLog(p).Validate()}
+	err := window.SlidingLog(p).Validate()
+	if p.Window <= MaxLogWindow && p.Limit <= int64(maxEntries) {
+		return err // nil on the hot path, without allocating
+	}
+	errs := []error{err}
 	if p.Window > MaxLogWindow {
 		errs = append(errs, fmt.Errorf("SlidingLogParams.Window %v: must be at most %v", p.Window, MaxLogWindow))
 	}
@@ -87,102 +91,62 @@ func (p SlidingLogParams) validate(maxEntries int) error {
 	return errors.Join(errs...)
 }
 
+// addLog appends the sliding-log script's command for n units at now of
+// the log of key, or returns why it cannot run.
+func (s *Store) addLog(b *batch, key uint64, p SlidingLogParams, now, n int64, conditional bool) error {
+	if err := p.validate(s.cfg.MaxLogEntries); err != nil {
+		return err
+	}
+	b.begin(scriptSlidingLog, 2)
+	b.buf = append(appendTag(b.buf, key), ":log"...)
+	b.end()
+	b.buf = append(appendTag(b.buf, key), ":logm"...)
+	b.end()
+	b.pair(now)
+	b.int(n)
+	b.int(p.Limit)
+	b.pair(int64(p.Window))
+	if conditional {
+		b.str("1")
+	} else {
+		b.str("0")
+	}
+	b.int(int64((p.Window+time.Millisecond-1)/time.Millisecond) + s.cfg.ClockSkew.Milliseconds())
+	b.int(int64(s.cfg.MaxLogEntries))
+	return nil
+}
+
 // SlidingLogBatch runs every op as SlidingLog does, in one pipeline, and sets
 // each op's Result or Err. Ops fail independently; ops on one key take
 // effect in the order given. It returns within Timeout and keeps no
 // reference to ops.
 func (s *Store) SlidingLogBatch(ctx context.Context, ops []SlidingLogOp) {
-	if len(ops) == 0 {
-		return
-	}
-	const k = kindSlidingLog
-	c, err := s.client(k)
-	if err != nil {
-		for i := range ops {
-			ops[i].Result, ops[i].Err = SlidingLogResult{}, err
-			s.m.ops[k][resultUnavailable].Inc()
-		}
-		return
-	}
-	b := s.getBatch()
-	for i := range ops {
-		op := &ops[i]
-		if err := op.Params.validate(s.cfg.MaxLogEntries); err != nil {
-			op.Result, op.Err = SlidingLogResult{}, fmt.Errorf("redisstore: %s %s: %w: %w", k, s.addr, ErrInvalid, err)
-			s.m.ops[k][resultInvalid].Inc()
-			continue
-		}
-		b.begin(scriptSlidingLog, 2)
-		op.Err = errPending
-		b.buf = append(appendTag(b.buf, op.Key), ":log"...)
-		b.end()
-		b.buf = append(appendTag(b.buf, op.Key), ":logm"...)
-		b.end()
-		b.pair(op.Now)
-		b.int(op.N)
-		b.int(op.Params.Limit)
-		b.pair(int64(op.Params.Window))
-		if op.Conditional {
-			b.str("1")
-		} else {
-			b.str("0")
-		}
-		b.int(int64((op.Params.Window+time.Millisecond-1)/time.Millisecond) + s.cfg.ClockSkew.Milliseconds())
-		b.int(int64(s.cfg.MaxLogEntries))
-	}
-	if len(b.reqs) == 0 {
-		s.putBatch(b)
-		return
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	d, abandoned, closed := s.exec(cctx, c, b)
-	cancel()
-	took := d.Seconds()
-	answered, failed := false, false
-	var memo errMemo
-	j := 0 // the command of the next op sent
-	for i := range ops {
-		op := &ops[i]
-		if op.Err != errPending {
-			continue // invalid: failed above
-		}
-		j++
-		var (
-			res result
-			err error
-		)
-		switch {
-		case abandoned:
-			err, res = s.abandonedErr(ctx, k, &memo)
-		case closed:
-			err, res = s.closedErr(k, &memo)
-		default:
-			res, err = s.logReply(ctx, op, b.res[j-1], &memo)
-		}
-		if err != nil {
-			op.Result = SlidingLogResult{}
-		}
-		op.Err = err
-		answered = answered || res != resultTimeout && res != resultUnavailable
-		failed = failed || (res == resultTimeout || res == resultUnavailable) && !cancelled(ctx)
-		s.m.ops[k][res].Inc()
-		s.m.latency[k].Observe(took)
-	}
-	if !abandoned {
-		s.putBatch(b)
-	}
-	s.settled(answered, failed)
+	scriptBatch(s, ctx, ops)
 }
 
-// logReply decodes the script's reply to op into op.Result.
-func (s *Store) logReply(ctx context.Context, op *SlidingLogOp, r rueidis.RedisResult, memo *errMemo) (result, error) {
-	const k = kindSlidingLog
-	if err, res, _ := s.opError(ctx, k, r.Error(), memo); err != nil {
-		return res, err
+// logCodec is SlidingLogOp's part of scriptBatch (see scripted).
+type logCodec struct{}
+
+func (logCodec) add(s *Store, b *batch, op *SlidingLogOp) error {
+	return s.addLog(b, op.Key, op.Params, op.Now, op.N, op.Conditional)
+}
+
+func (logCodec) decode(s *Store, op *SlidingLogOp, r rueidis.RedisResult) (result, error) {
+	res, err := s.logResult(r, op.Params.Limit)
+	if err != nil {
+		return resultBadValue, err
 	}
+	op.Result = res
+	return resultOK, nil
+}
+
+// logResult decodes the sliding-log script's reply r for a log of the
+// given limit.
+func (s *Store) logResult(r rueidis.RedisResult, limit int64) (SlidingLogResult, error) {
+	const k = kindSlidingLog
 	arr, err := r.ToArray()
 	if err != nil || len(arr) != 4 {
-		return resultBadValue, s.badValue(k, fmt.Errorf("reply of %d elements, want 4 (%v)", len(arr), err))
+		return SlidingLogResult{}, s.badValue(k, fmt.Errorf("reply of %d elements, want 4 (%v)", len(arr), err))
 	}
 	logged, err1 := arr[0].ToInt64()
 	count, err2 := arr[1].ToInt64()
@@ -193,14 +157,13 @@ func (s *Store) logReply(ctx context.Context, op *SlidingLogOp, r rueidis.RedisR
 	}
 	release, err4 := arr[3].ToString()
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
-		return resultBadValue, s.badValue(k, err)
+		return SlidingLogResult{}, s.badValue(k, err)
 	}
-	res, err := DecodeSlidingLog(logged, count, oldest, release, op.Params.Limit)
+	res, err := DecodeSlidingLog(logged, count, oldest, release, limit)
 	if err != nil {
-		return resultBadValue, s.badValue(k, err)
+		return SlidingLogResult{}, s.badValue(k, err)
 	}
-	op.Result = res
-	return resultOK, nil
+	return res, nil
 }
 
 // DecodeSlidingLog decodes the sliding-log script's reply: logged is 1 or

@@ -46,8 +46,9 @@ var (
 	ErrClosed = errors.New("store closed")
 )
 
-// errPending marks, during a GCRABatch or SlidingLogBatch call, the ops
-// whose command was sent; it never leaves the call.
+// errPending marks, during a scripted batch (scriptBatch: GCRABatch,
+// SlidingLogBatch, DoState), the ops whose command was sent; it never
+// leaves the call.
 var errPending = errors.New("pending")
 
 var _ window.Store = (*Store)(nil)
