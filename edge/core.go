@@ -113,6 +113,9 @@ type Verdict struct {
 	// FromBlockCache says a refusal was answered from the block cache;
 	// Fallback that a store failure decided (the rule's fail policy).
 	FromBlockCache, Fallback bool
+	// Delay is how long a leaky-bucket queue (action: delay) held the
+	// admitted request before the core answered.
+	Delay time.Duration
 
 	key  []byte
 	ev   pipeline.Event
@@ -148,6 +151,13 @@ type CoreConfig struct {
 	// use it). A request's time is always Request.Now: the core reads no
 	// clock.
 	Observe func(r *rules.Rule, key []byte, e *pipeline.Event)
+	// MaxDelayed bounds the requests held at once by leaky-bucket queues
+	// (rules with action: delay); a request that would wait past it is
+	// refused, as if its queue were full.
+	MaxDelayed int // default 10,000
+	// Wait holds an admitted request of a delay rule for d. nil sleeps;
+	// the offline simulator, whose time is simulated, passes a no-op.
+	Wait func(d time.Duration)
 }
 
 // CoreDeps are the parts a Core runs. Limiter and Blocks are required.
@@ -175,6 +185,7 @@ type Core struct {
 	pool     sync.Pool // *Verdict
 	shed     shedder
 	inflight atomic.Int64
+	delayed  atomic.Int64 // requests held by leaky-bucket queues
 }
 
 // snapshot is one generation of rules with the metric handles of each rule,
@@ -199,6 +210,12 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 	}
 	if deps.Limiter == nil || deps.Blocks == nil {
 		return nil, errors.New("edge: NewCore: Limiter and Blocks are required")
+	}
+	if cfg.MaxDelayed < 0 || cfg.MaxDelayed > 1<<20 {
+		return nil, fmt.Errorf("edge: MaxDelayed %d: must be between 0 (default) and 2^20", cfg.MaxDelayed)
+	}
+	if cfg.MaxDelayed == 0 {
+		cfg.MaxDelayed = 10000
 	}
 	c := &Core{cfg: cfg, deps: deps, lim: deps.Limiter, blocks: deps.Blocks}
 	c.pool.New = func() any { return &Verdict{key: make([]byte, 0, 256)} }
@@ -334,6 +351,28 @@ func (c *Core) decideInto(req *Request, d *Verdict) {
 		}
 	}
 	d.Outcome, d.Quota, d.FromBlockCache = Allowed, best, false
+	if d.Delay > 0 && !c.hold(d) {
+		d.Outcome = Limited
+		d.Quota.ReleaseAt = t + int64(d.Delay)
+	}
+}
+
+// hold waits out an admitted request's place in its leaky-bucket queue,
+// unless MaxDelayed requests already wait: then it reports false.
+func (c *Core) hold(d *Verdict) bool {
+	if c.delayed.Add(1) > int64(c.cfg.MaxDelayed) {
+		c.delayed.Add(-1)
+		c.m.delayRefused.Inc()
+		return false
+	}
+	defer c.delayed.Add(-1)
+	c.m.delayed.Observe(d.Delay.Seconds())
+	if c.cfg.Wait != nil {
+		c.cfg.Wait(d.Delay)
+	} else {
+		time.Sleep(d.Delay)
+	}
+	return true
 }
 
 // DecideKey decides key under the rule named rule directly, as the JSON
@@ -381,8 +420,12 @@ func (c *Core) decideKey(sn *snapshot, now time.Time, r *rules.Rule, key []byte,
 		return d
 	}
 	d.key = append(d.key[:0], key...)
-	if c.decide(sn, r, d, d.now.UnixNano(), cost) {
+	t := d.now.UnixNano()
+	if c.decide(sn, r, d, t, cost) {
 		d.Outcome = Limited
+	} else if d.Delay > 0 && !c.hold(d) {
+		d.Outcome = Limited
+		d.Quota.ReleaseAt = t + int64(d.Delay)
 	}
 	return d
 }
@@ -398,6 +441,7 @@ func (c *Core) reset(d *Verdict, now time.Time) {
 		d.key = make([]byte, 0, 256)
 	}
 	d.Outcome, d.Quota, d.Reason, d.FromBlockCache, d.Fallback, d.nh, d.now = Allowed, Quota{}, "", false, false, 0, now
+	d.Delay = 0
 }
 
 // Finish gives back the concurrency slots d holds and returns d to the
@@ -441,8 +485,8 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	ev := &d.ev
 	*ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
 		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
-		Mode: pipeline.Mode(r.Mode), Action: pipeline.Action(r.Action), Shadow: r.Shadow,
-		Algorithm: pipeline.Algorithm(r.Algorithm), Burst: uint32(r.Burst)}
+		Mode: pipeline.Mode(r.Mode), Action: eventAction(r.Action), Shadow: r.Shadow,
+		Algorithm: pipeline.Algorithm(r.Algorithm), Burst: uint32(burstFor(r, limit))}
 	d.Quota = Quota{Rule: r, Limit: limit, fixed: &sn.fixed[r.Index]}
 	bk := h ^ sn.blockSalt
 	if rel, blocked := c.blocks.Blocked(bk, t); blocked {
@@ -459,6 +503,10 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	v := c.lim.Decide(context.Background(), d.now, &r.Policy, h, limit, cost)
 	d.Quota.Remaining, d.Quota.ResetAt, d.Quota.ReleaseAt = v.Remaining, v.ResetAt, v.ReleaseAt
 	ev.Estimate = float32(v.Estimate)
+	if v.Delay > 0 && v.Allowed {
+		ev.Delayed, ev.DelayMicros = true, uint32(min(v.Delay/time.Microsecond, 1<<32-1))
+		d.Delay = max(d.Delay, v.Delay)
+	}
 	fb := v.Fallback != window.FallbackNone
 	ev.Fallback, d.Fallback = fb, d.Fallback || fb
 	ev.Decision = pipeline.Limited
@@ -481,6 +529,24 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	}
 	c.emit(r, d)
 	return !v.Allowed && !r.Shadow
+}
+
+// eventAction is a rule's action as events name it: a queue counts what
+// it admits, as a throttle does (the event says Delayed).
+func eventAction(a window.Action) pipeline.Action {
+	if a == window.Block {
+		return pipeline.ActionBlock
+	}
+	return pipeline.ActionThrottle
+}
+
+// burstFor is the bucket capacity rule r runs with for limit: a tier's
+// limit scales the default burst too (as the limiter does).
+func burstFor(r *rules.Rule, limit uint64) uint64 {
+	if r.Burst == 0 || (limit != r.Limit && r.Burst == r.Limit) {
+		return limit
+	}
+	return r.Burst
 }
 
 // emit hands the event in d to the pipeline, which counts what it drops or

@@ -209,7 +209,10 @@ func Build(o Options) (e *Edge, err error) {
 			return e, err
 		}
 		e.closers = append(e.closers, func(context.Context) error { e.memcache.Close(); return nil })
-		ms := &MemcacheStore{Client: e.memcache}
+		ms, err := NewMemcacheStore(e.memcache, reg)
+		if err != nil {
+			return e, err
+		}
 		store, healthy = ms, ms.Healthy
 	}
 	if store == nil {

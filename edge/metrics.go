@@ -15,6 +15,8 @@ type coreMetrics struct {
 	missingKey   prometheus.Counter
 	badCost      prometheus.Counter
 	blockDropped prometheus.Counter
+	delayed      prometheus.Histogram // leaky-bucket queue waits
+	delayRefused prometheus.Counter
 	shed         [4]prometheus.Counter // by rules.Priority
 }
 
@@ -40,6 +42,11 @@ func newCoreMetrics(reg prometheus.Registerer, c *Core) (*coreMetrics, error) {
 		badCost:    bad.WithLabelValues("bad_cost"),
 		blockDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "block_cache_dropped_total", Help: "Refused keys the block cache did not take; their next request goes to the limiter."}),
+		delayed: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "queue_delay_seconds", Help: "How long leaky-bucket queues (action: delay) held the requests they admitted.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 60}}),
+		delayRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "queue_full_total", Help: "Requests a leaky-bucket queue admitted but the edge refused: MaxDelayed requests were already waiting."}),
 	}
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 		Name: "shed_total", Help: "Requests shed with 503 because the upstream was overloaded, by priority class."}, []string{"priority"})
@@ -51,7 +58,7 @@ func newCoreMetrics(reg prometheus.Registerer, c *Core) (*coreMetrics, error) {
 	}
 	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
 		Name: "upstream_in_flight", Help: "Requests being proxied to the upstream."}, func() float64 { return float64(c.inflight.Load()) })
-	for _, col := range []prometheus.Collector{m.requests, bad, m.blockDropped, shed, inflight} {
+	for _, col := range []prometheus.Collector{m.requests, bad, m.blockDropped, m.delayed, m.delayRefused, shed, inflight} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

@@ -11,8 +11,9 @@ import (
 // MemcacheStore adapts a shardproxy.Client to window.Store: the edge is
 // where the two packages meet, so neither imports the other.
 type MemcacheStore struct {
-	Client *shardproxy.Client
-	ops    sync.Pool // *[]shardproxy.Op
+	Client  *shardproxy.Client
+	ops     sync.Pool     // *[]shardproxy.Op
+	metrics *stateMetrics // nil: counted unregistered (NewMemcacheStore registers them)
 }
 
 // Do performs ops on the memcached shards.
