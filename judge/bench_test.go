@@ -50,10 +50,20 @@ func BenchmarkAdd(b *testing.B) {
 		name  string
 		keys  int
 		dedup int
-	}{{"keys=1k", 1000, 0}, {"keys=100k", 100_000, 0}, {"keys=1k/dedup=256k", 1000, 1 << 18}} {
+		alg   pipeline.Algorithm
+	}{
+		{"keys=1k", 1000, 0, pipeline.AlgorithmSlidingWindow},
+		{"keys=100k", 100_000, 0, pipeline.AlgorithmSlidingWindow},
+		{"keys=1k/dedup=256k", 1000, 1 << 18, pipeline.AlgorithmSlidingWindow},
+		{"keys=1k/algorithm=fixed_window", 1000, 0, pipeline.AlgorithmFixedWindow},
+		{"keys=1k/algorithm=token_bucket", 1000, 0, pipeline.AlgorithmTokenBucket},
+	} {
 		b.Run(bc.name, func(b *testing.B) {
 			const batch = 1000
 			trace := benchTrace(1<<20, bc.keys, 2, batch, 200_000)
+			for i := range trace {
+				trace[i].Algorithm = bc.alg
+			}
 			j := newJudge(b, func(c *Config) { c.Dedup = bc.dedup })
 			// Warm up: the keys, the logs and the buffer reach their
 			// steady size, as in a long-running aggregator.
@@ -141,6 +151,8 @@ func TestMetricsLint(t *testing.T) {
 		{"poplimit_aggregator_decisions_total", nil, float64(r.Judged)},
 		{"poplimit_aggregator_decisions_total", []string{"class", "enforced", "verdict", "wrongly_allowed"}, float64(r.Enforced.WronglyAllowed)},
 		{"poplimit_aggregator_decisions_total", []string{"class", "enforced", "verdict", "wrongly_limited"}, float64(r.Enforced.WronglyLimited)},
+		{"poplimit_aggregator_algorithm_decisions_total", nil, float64(r.Judged)},
+		{"poplimit_aggregator_algorithm_decisions_total", []string{"algorithm", "sliding_window", "class", "enforced", "verdict", "wrongly_allowed"}, float64(r.Enforced.WronglyAllowed)},
 		{"poplimit_aggregator_overshoot_ratio", nil, float64(r.Enforced.WronglyAllowed)},
 		{"poplimit_aggregator_estimate_relative_error_ratio", nil, float64(r.RelativeErrorDecisions)},
 		{"poplimit_aggregator_keys", nil, float64(r.Keys)},

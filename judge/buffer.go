@@ -13,7 +13,7 @@ const (
 )
 
 // pending is an event waiting for the watermark: what judging needs, with
-// the rule interned (an Event's Rule aliases the consumer's buffer). 56
+// the rule interned (an Event's Rule aliases the consumer's buffer). 64
 // bytes.
 type pending struct {
 	t        int64  // event time floored to the resolution, Unix ns
@@ -24,9 +24,11 @@ type pending struct {
 	cost     uint32
 	limit    uint32
 	windowMs uint32
+	burst    uint32 // 0: Limit
 	estimate float32
 	edge     uint16
 	flags    uint8
+	alg      uint8 // pipeline.Algorithm
 }
 
 func flagsOf(e *pipeline.Event) uint8 {

@@ -8,9 +8,11 @@ import (
 	"github.com/poplimit/poplimit/pipeline"
 )
 
-// A fixed-window edge admits a burst at the end of one window and another
-// at the start of the next: the judge counts exactly the admissions that
-// broke "at most 3 per 10 s".
+// An edge of a sliding-window rule (the events' Algorithm, the zero value)
+// that counted like a fixed window admits a burst at the end of one window
+// and another at the start of the next: the judge counts exactly the
+// admissions that broke "at most 3 per 10 s". Had the rule been a
+// fixed_window one, all six would have been right.
 func Example() {
 	j, err := judge.New(judge.DefaultConfig(), nil)
 	if err != nil {

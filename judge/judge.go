@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/pipeline"
-	"github.com/poplimit/poplimit/window"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -88,6 +87,7 @@ type cell struct {
 	mode   pipeline.Mode
 	source Source
 	class  Class
+	alg    uint8 // pipeline.Algorithm
 }
 
 // counts are a cell's tallies.
@@ -110,8 +110,9 @@ type lateCell struct {
 	reason uint8
 }
 
-// Judge judges decision events against the exact sliding-window truth. See
-// the package doc for the semantics. It is safe for concurrent use.
+// Judge judges decision events against the exact truth of each event's
+// algorithm. See the package doc for the semantics. It is safe for
+// concurrent use.
 type Judge struct {
 	cfg      Config
 	lateness int64 // ns
@@ -227,15 +228,36 @@ func (j *Judge) add(now int64, e *pipeline.Event) {
 		j.invalid++
 		return
 	}
-	t := e.Time - mod(e.Time, j.res)
+	if refOf(uint8(e.Algorithm)) == refBucket {
+		burst := e.Burst
+		if burst == 0 {
+			burst = e.Limit
+		}
+		if _, ok := bucketDrain(e.Limit, burst, int64(e.WindowMillis)*int64(time.Millisecond)); !ok {
+			j.invalid++
+			return
+		}
+	}
+	decided := e.Time - mod(e.Time, j.res)
+	t := decided
+	if e.Delayed && e.Decision == pipeline.Allowed && e.DelayMicros > 0 {
+		// Judged where it went through: at its served time.
+		at := e.Time + int64(e.DelayMicros)*int64(time.Microsecond)
+		if at < e.Time {
+			at = math.MaxInt64
+		}
+		t = at - mod(at, j.res)
+	}
 	j.seq++
 	j.buf.push(pending{
 		t: t, seq: j.seq, arrived: now, hash: e.KeyHash, rule: j.ruleIndex(e.Rule),
-		cost: e.Cost, limit: e.Limit, windowMs: e.WindowMillis,
-		estimate: e.Estimate, edge: e.Edge, flags: flagsOf(e),
+		cost: e.Cost, limit: e.Limit, windowMs: e.WindowMillis, burst: e.Burst,
+		estimate: e.Estimate, edge: e.Edge, flags: flagsOf(e), alg: uint8(e.Algorithm),
 	})
-	if !j.seen || t > j.maxSeen {
-		j.maxSeen, j.seen = t, true
+	// The watermark follows decision times: a delay does not make the
+	// other events late.
+	if !j.seen || decided > j.maxSeen {
+		j.maxSeen, j.seen = decided, true
 	}
 	j.release(now)
 	for j.buf.len() > j.cfg.MaxBuffered {
@@ -302,13 +324,18 @@ func (j *Judge) edgeLabel(edge uint16) int32 {
 }
 
 // judge applies one released event to its key and, unless it is late,
-// judges it.
+// judges it against the reference of its algorithm.
 func (j *Judge) judge(p *pending) {
 	if p.t > j.frontier {
 		j.frontier = p.t
 	}
 	id := keyID{p.hash, p.rule}
 	w := int64(p.windowMs) * int64(time.Millisecond)
+	kind := refOf(p.alg)
+	sp := w
+	if kind == refBucket {
+		sp = span(p, kind, w)
+	}
 	i, ok := j.keys.index[id]
 	late := -1
 	switch {
@@ -321,21 +348,18 @@ func (j *Judge) judge(p *pending) {
 		for j.keys.len() >= j.cfg.MaxKeys {
 			j.evict(j.keys.oldest(-1), evictMaxKeys)
 		}
-		i = j.keys.add(id, w, p.t)
+		i = j.keys.add(id, kind, sp, p.t)
 	}
 	st := &j.keys.slab[i]
-	sl := window.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
+	if st.kind != kind {
+		j.keys.reset(i, kind)
+	}
 	c := int64(p.cost)
-	limited := p.flags&fLimited != 0
-	block := p.flags&fBlock != 0
 
 	if late >= 0 {
-		// Log the units where the log can take them (it clamps to the
-		// latest instant it has seen) and judge nothing.
-		sl.Add(&st.attempts, p.t, c)
-		if !block && !limited {
-			sl.Add(&st.admitted, p.t, c)
-		}
+		// Log the units at the latest instant the key has seen and judge
+		// nothing.
+		addLate(st, kind, p, max(p.t, st.last), c, w)
 		j.keys.account(i)
 		j.lateTotal++
 		j.late[lateCell{j.edgeLabel(p.edge), uint8(late)}]++
@@ -343,44 +367,24 @@ func (j *Judge) judge(p *pending) {
 		return
 	}
 
-	// exact is the count the verdict compares with the limit, this event
-	// included; prior is the count the edge's estimate stands for.
-	var exact, prior int64
-	wrongAllowed, wrongLimited := false, false
-	switch {
-	case block:
-		prior = sl.Count(&st.attempts, p.t)
-		sl.Add(&st.attempts, p.t, c)
-		exact = prior + c
-		switch {
-		case !limited:
-			wrongAllowed = exact > int64(p.limit)
-		case p.flags&fCache != 0: // inside an intended block
-		default:
-			wrongLimited = exact <= int64(p.limit)
-		}
-	case !limited: // throttle, allowed
-		prior = sl.Count(&st.admitted, p.t)
-		sl.Add(&st.admitted, p.t, c)
-		sl.Add(&st.attempts, p.t, c)
-		exact = prior + c
-		wrongAllowed = exact > int64(p.limit)
-	default: // throttle, limited
-		prior = sl.Count(&st.admitted, p.t)
-		n := sl.Count(&st.attempts, p.t)
-		sl.Add(&st.attempts, p.t, c)
-		exact = n + c
-		wrongLimited = exact <= int64(p.limit)
+	var v verdict
+	switch kind {
+	case refBucket:
+		v = judgeBucket(st, p, p.t, c, w)
+	case refFixed:
+		v = judgeFixed(st, p, p.t, c, w)
+	default:
+		v = judgeLog(st, p, p.t, c, w)
 	}
-	j.keys.touch(i, w, p.t)
+	j.keys.touch(i, sp, p.t)
 	j.keys.account(i)
-	j.tally(p, id, exact, prior, wrongAllowed, wrongLimited)
+	j.tally(p, id, &v)
 	j.expire(i)
 	j.bound(i)
 }
 
 // tally records one judged decision.
-func (j *Judge) tally(p *pending, id keyID, exact, prior int64, wrongAllowed, wrongLimited bool) {
+func (j *Judge) tally(p *pending, id keyID, v *verdict) {
 	class := Enforced
 	switch {
 	case p.flags&fFallback != 0:
@@ -396,7 +400,7 @@ func (j *Judge) tally(p *pending, id keyID, exact, prior int64, wrongAllowed, wr
 	if p.flags&fSync != 0 {
 		mode = pipeline.ModeSync
 	}
-	k := cell{rule: p.rule, edge: j.edgeLabel(p.edge), mode: mode, source: source, class: class}
+	k := cell{rule: p.rule, edge: j.edgeLabel(p.edge), mode: mode, source: source, class: class, alg: p.alg}
 	cs := j.cells[k]
 	if cs == nil {
 		cs = new(counts)
@@ -407,29 +411,29 @@ func (j *Judge) tally(p *pending, id keyID, exact, prior int64, wrongAllowed, wr
 	} else {
 		cs.allowed++
 	}
-	if wrongAllowed {
+	if v.wrongAllowed {
 		cs.wronglyAllowed++
 	}
-	if wrongLimited {
+	if v.wrongLimited {
 		cs.wronglyLimited++
 	}
 	if class == Fallback {
 		return
 	}
 	rs := &j.perRule[p.rule]
-	ratio := float64(exact) / float64(p.limit)
 	if class == Enforced {
 		switch {
-		case wrongAllowed:
+		case v.wrongAllowed:
+			ratio := v.exact / v.bound
 			rs.overshoot[bucket(overshootBounds[:], ratio)]++
 			rs.overshootSum += ratio
 			j.fn.note(id, p.limit, ratio)
-		case wrongLimited:
-			j.fp.note(id, p.limit, ratio)
+		case v.wrongLimited:
+			j.fp.note(id, p.limit, v.exact/v.bound)
 		}
 	}
-	if source == FromLimiter && prior > 0 {
-		e := math.Abs(float64(p.estimate)-float64(prior)) / float64(prior)
+	if source == FromLimiter && v.prior > 0 {
+		e := math.Abs(float64(p.estimate)-v.prior) / v.prior
 		rs.relErr[bucket(relErrBounds[:], e)]++
 		rs.relErrSum += e
 	}
@@ -445,8 +449,9 @@ func bucket(bounds []float64, v float64) int {
 	return len(bounds)
 }
 
-// expire removes the keys whose last event is two of their windows behind
-// the latest judged time, except key keep.
+// expire removes the keys whose last event is two of their spans (their
+// window, or a bucket's drain time when longer) behind the latest judged
+// time, except key keep.
 func (j *Judge) expire(keep int32) {
 	kt := &j.keys
 	for l := range kt.lists {

@@ -9,25 +9,41 @@ type keyID struct {
 	rule uint32
 }
 
-// keyState is one key's exact history. Block keys use attempts only.
+// keyState is one key's exact history, in the reference of its kind (its
+// algorithm's): admitted units (allowed decisions) and attempted units
+// (every decision). Block keys use attempts only.
 type keyState struct {
 	id       keyID
-	admitted window.SlidingLogState // units of allowed decisions
-	attempts window.SlidingLogState // units of every decision
+	admitted window.SlidingLogState // refLog: units of allowed decisions
+	attempts window.SlidingLogState // refLog: units of every decision
 	last     int64                  // latest event time judged, Unix ns
 	entries  int                    // log entries as last accounted
 	prev     int32                  // neighbours on its list, -1: none
 	next     int32
-	list     int32 // index into keyTable.lists
+	list     int32       // index into keyTable.lists
+	kind     uint8       // the reference kept: refLog, refBucket or refFixed
+	bucket   [2]gcra     // refBucket: admitted, attempts
+	fixed    fixedCounts // refFixed
 }
 
-// wlist is the list of the keys of one window length, least recently active
+// reset empties key i's references and makes them of kind: the key's rule
+// changed algorithm, and the new one is judged from scratch.
+func (kt *keyTable) reset(i int32, kind uint8) {
+	st := &kt.slab[i]
+	st.admitted, st.attempts = window.SlidingLogState{}, window.SlidingLogState{}
+	st.bucket, st.fixed = [2]gcra{}, fixedCounts{}
+	st.kind = kind
+	kt.account(i)
+}
+
+// wlist is the list of the keys of one span (the window, or the drain time
+// of a bucket when that is longer: see span), least recently active
 // first. Events are judged in time order (late ones do not move their key),
 // so appending a key when it is judged keeps each list ordered by last: the
 // head is the first to expire, and among the heads the oldest is the least
 // recently active key.
 type wlist struct {
-	window     int64 // ns
+	window     int64 // the span, ns
 	head, tail int32
 }
 
@@ -38,7 +54,7 @@ type keyTable struct {
 	slab      []keyState
 	free      []int32
 	lists     []wlist         // a list with head -1 is free
-	listIndex map[int64]int32 // window → its list
+	listIndex map[int64]int32 // span → its list
 	freeLists []int32
 	entries   int // log entries, all keys
 }
@@ -49,9 +65,9 @@ func newKeyTable() keyTable {
 
 func (kt *keyTable) len() int { return len(kt.index) }
 
-// listFor returns the index of the list of keys with window w, adding it.
+// listFor returns the index of the list of keys with span w, adding it.
 // An empty list is freed (see unlink), so there are never more lists than
-// keys, nor more than distinct windows among them.
+// keys, nor more than distinct spans among them.
 func (kt *keyTable) listFor(w int64) int32 {
 	if l, ok := kt.listIndex[w]; ok {
 		return l
@@ -69,9 +85,9 @@ func (kt *keyTable) listFor(w int64) int32 {
 	return l
 }
 
-// add creates the state of id on the list of window w, as the most recently
-// active, and returns its index.
-func (kt *keyTable) add(id keyID, w, t int64) int32 {
+// add creates the state of id, with references of kind, on the list of span
+// w, as the most recently active, and returns its index.
+func (kt *keyTable) add(id keyID, kind uint8, w, t int64) int32 {
 	var i int32
 	if n := len(kt.free); n > 0 {
 		i = kt.free[n-1]
@@ -80,14 +96,14 @@ func (kt *keyTable) add(id keyID, w, t int64) int32 {
 		kt.slab = append(kt.slab, keyState{})
 		i = int32(len(kt.slab) - 1)
 	}
-	kt.slab[i] = keyState{id: id, last: t, prev: -1, next: -1}
+	kt.slab[i] = keyState{id: id, last: t, prev: -1, next: -1, kind: kind}
 	kt.index[id] = i
 	kt.pushBack(i, kt.listFor(w))
 	return i
 }
 
-// touch records that key i was judged at t under window w: it becomes the
-// most recently active of its window's list.
+// touch records that key i was judged at t under span w: it becomes the
+// most recently active of its span's list.
 func (kt *keyTable) touch(i int32, w, t int64) {
 	st := &kt.slab[i]
 	st.last = t

@@ -1,6 +1,7 @@
 package judge
 
 import (
+	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -27,11 +28,15 @@ var (
 	descDuplicates = desc("duplicate_events_total",
 		"Exact copies of a recent event (a batch produced or consumed twice), dropped before judging; not in events_total.")
 	descInvalid = desc("invalid_events_total",
-		"Events that cannot be judged (limit or window 0).")
+		"Events that cannot be judged (limit or window 0, or a bucket whose burst × window overflows its exact arithmetic).")
 	descDecisions = desc("decisions_total",
 		"Judged decisions, by rule, edge, mode (async, sync), source (limiter, block_cache), "+
 			"class (enforced, shadow, fallback) and verdict (correct, wrongly_allowed, wrongly_limited).",
 		"rule", "edge", "mode", "source", "class", "verdict")
+	descAlgDecisions = desc("algorithm_decisions_total",
+		"Judged decisions, by the rule's algorithm (sliding_window, fixed_window, token_bucket, leaky_bucket, "+
+			"sliding_log; each judged against its own exact truth), class and verdict, as in decisions_total.",
+		"algorithm", "class", "verdict")
 	descLate = desc("late_events_total",
 		"Events not judged because they arrived after their key judged a later event (out_of_order) "+
 			"or after state that might have covered them expired (forgotten).", "edge", "reason")
@@ -41,13 +46,14 @@ var (
 	descKeys     = desc("keys", "Keys (rule, key hash) with exact state.")
 	descEntries  = desc("log_entries", "Sliding-log entries held, all keys.")
 	descEvicted  = desc("keys_evicted_total",
-		"Key states removed: idle (two windows without events, nothing lost), "+
+		"Key states removed: idle (two windows, or two drain times of a bucket, without events), "+
 			"max_keys and max_log_entries (bounds reached; the key's history is lost).", "reason")
 	descWrongKeys = desc("wrong_keys_total",
 		"Distinct keys with a wrongly decided enforced decision, by kind (false_negative: wrongly allowed, "+
 			"false_positive: wrongly limited).", "kind")
 	descOvershoot = desc("overshoot_ratio",
-		"Exact count over the limit at each wrongly allowed enforced decision.", "rule")
+		"Exact count over the limit at each wrongly allowed enforced decision "+
+			"(for token and leaky buckets: the busy period's units over Burst + rate × its length).", "rule")
 	descRelErr = desc("estimate_relative_error_ratio",
 		"|estimate − exact| / exact of limiter decisions (enforced and shadow) with an exact count > 0; "+
 			"rate(_sum)/rate(_count) is the mean relative error.", "rule")
@@ -62,7 +68,7 @@ var verdictNames = [3]string{"correct", "wrongly_allowed", "wrongly_limited"}
 type collector struct{ j *Judge }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descDuplicates, descInvalid, descDecisions, descLate, descOverflow,
+	for _, d := range []*prometheus.Desc{descEvents, descDuplicates, descInvalid, descDecisions, descAlgDecisions, descLate, descOverflow,
 		descBuffered, descKeys, descEntries, descEvicted, descWrongKeys, descOvershoot, descRelErr, descWatermark} {
 		ch <- d
 	}
@@ -112,6 +118,29 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		correct := cs.allowed + cs.limited - cs.wronglyAllowed - cs.wronglyLimited
 		for v, n := range [3]int64{correct, cs.wronglyAllowed, cs.wronglyLimited} {
 			counter(descDecisions, n, rule, edge, mode, source, class, verdictNames[v])
+		}
+	}
+	// The cells share (rule, edge, mode, source) among algorithms: add
+	// them up per algorithm and class.
+	type algClass struct {
+		alg   uint8
+		class Class
+	}
+	byAlg := make(map[algClass]*[3]int64)
+	for k, cs := range j.cells {
+		ac := algClass{k.alg, k.class}
+		v := byAlg[ac]
+		if v == nil {
+			v = new([3]int64)
+			byAlg[ac] = v
+		}
+		v[0] += cs.allowed + cs.limited - cs.wronglyAllowed - cs.wronglyLimited
+		v[1] += cs.wronglyAllowed
+		v[2] += cs.wronglyLimited
+	}
+	for ac, v := range byAlg {
+		for i, n := range v {
+			counter(descAlgDecisions, n, pipeline.Algorithm(ac.alg).String(), ac.class.String(), verdictNames[i])
 		}
 	}
 	for i := range j.perRule {

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"strconv"
+
+	"github.com/poplimit/poplimit/pipeline"
 )
 
 // Tally counts judged decisions and the wrong ones among them. Ratios are
@@ -37,7 +39,7 @@ func (t *Tally) finish() {
 }
 
 // Breakdown is one row of a breakdown: the decisions of one edge, rule,
-// mode or source, per class.
+// algorithm, mode or source, per class.
 type Breakdown struct {
 	Name     string `json:"name"`
 	Enforced Tally  `json:"enforced"`
@@ -59,9 +61,14 @@ type Key struct {
 	Rule    string `json:"rule"`
 	Limit   uint32 `json:"limit"` // at its latest wrong decision
 	Wrong   int64  `json:"wrong_decisions"`
-	// Ratio is the exact count over the limit at its worst wrong decision:
+	// Ratio is the exact truth over the limit at its worst wrong decision:
 	// the largest for a false negative (how far over), the smallest for a
-	// false positive (how far under).
+	// false positive (how far under). For a sliding or fixed window it is
+	// the exact count, this request included, over the limit; for a token
+	// or leaky bucket the units of the reference bucket's busy period (the
+	// interval since it was last empty, this request included) over what
+	// the bucket promises for it, Burst + rate × its length (see the
+	// package doc).
 	Ratio float64 `json:"ratio"`
 }
 
@@ -80,14 +87,14 @@ type Report struct {
 	Duplicates      int64 `json:"duplicates"`       // exact copies dropped (Config.Dedup)
 	Judged          int64 `json:"judged"`           // decisions judged, all classes
 	Late            int64 `json:"late"`             // not judged: see the package doc
-	Invalid         int64 `json:"invalid"`          // Limit or WindowMillis 0
+	Invalid         int64 `json:"invalid"`          // Limit or WindowMillis 0, or a bucket's arithmetic out of range
 	Buffered        int   `json:"buffered"`         // waiting for the watermark
 	BufferOverflows int64 `json:"buffer_overflows"` // judged before the watermark passed them
 	// Watermark is the latest event time seen minus the allowed lateness,
 	// Unix ns (0 before the first event).
 	Watermark       int64            `json:"watermark_unix_nano"`
 	Keys            int              `json:"keys"`        // keys with state
-	LogEntries      int              `json:"log_entries"` // sliding-log entries, all keys
+	LogEntries      int              `json:"log_entries"` // sliding-log entries, all keys (window and log rules)
 	KeysEvicted     map[string]int64 `json:"keys_evicted"`
 	LateBreakdown   []Late           `json:"late_breakdown"`
 	AllowedLateness float64          `json:"allowed_lateness_seconds"`
@@ -103,8 +110,9 @@ type Report struct {
 	MeanRelativeError      float64  `json:"mean_relative_error"`
 	RelativeErrorDecisions int64    `json:"relative_error_decisions"`
 	RelativeError          []Bucket `json:"relative_error"`
-	// Overshoot is the distribution of exact/limit over the wrongly
-	// allowed enforced decisions.
+	// Overshoot is the distribution of the ratio to the limit (as
+	// Key.Ratio: exact/limit, or for buckets busy-period units over their
+	// bound) over the wrongly allowed enforced decisions.
 	Overshoot []Bucket `json:"overshoot"`
 
 	// FalseNegativeKeys and FalsePositiveKeys count distinct keys with a
@@ -116,10 +124,14 @@ type Report struct {
 	TopFalseNegatives  []Key `json:"top_false_negatives"`
 	TopFalsePositives  []Key `json:"top_false_positives"`
 
-	ByEdge   []Breakdown `json:"by_edge"`
-	ByRule   []Breakdown `json:"by_rule"`
-	ByMode   []Breakdown `json:"by_mode"`
-	BySource []Breakdown `json:"by_source"`
+	ByEdge []Breakdown `json:"by_edge"`
+	ByRule []Breakdown `json:"by_rule"`
+	// ByAlgorithm has a row per algorithm that decided anything, named as
+	// rule files name it (sliding_window, fixed_window, token_bucket,
+	// leaky_bucket, sliding_log), each judged against its own truth.
+	ByAlgorithm []Breakdown `json:"by_algorithm"`
+	ByMode      []Breakdown `json:"by_mode"`
+	BySource    []Breakdown `json:"by_source"`
 }
 
 // Report returns a snapshot of the counts. It takes the Judge's lock for
@@ -153,11 +165,12 @@ func (j *Judge) Report() Report {
 		return cmp.Or(compareNames(a.Edge, b.Edge), cmp.Compare(a.Reason, b.Reason))
 	})
 
-	byEdge, byRule, byMode, bySource := rows{}, rows{}, rows{}, rows{}
+	byEdge, byRule, byAlg, byMode, bySource := rows{}, rows{}, rows{}, rows{}, rows{}
 	for k, c := range j.cells {
 		classTally(&r, k.class).add(c)
 		byEdge.at(edgeName(k.edge), k.class).add(c)
 		byRule.at(j.ruleNames[k.rule], k.class).add(c)
+		byAlg.at(pipeline.Algorithm(k.alg).String(), k.class).add(c)
 		byMode.at(k.mode.String(), k.class).add(c)
 		bySource.at(k.source.String(), k.class).add(c)
 	}
@@ -165,7 +178,8 @@ func (j *Judge) Report() Report {
 		t.finish()
 		r.Judged += t.Decisions
 	}
-	r.ByEdge, r.ByRule, r.ByMode, r.BySource = byEdge.sorted(), byRule.sorted(), byMode.sorted(), bySource.sorted()
+	r.ByEdge, r.ByRule, r.ByAlgorithm = byEdge.sorted(), byRule.sorted(), byAlg.sorted()
+	r.ByMode, r.BySource = byMode.sorted(), bySource.sorted()
 
 	var overshoot [len(overshootBounds) + 1]int64
 	var relErr [len(relErrBounds) + 1]int64
