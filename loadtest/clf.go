@@ -25,95 +25,108 @@ import (
 // a leap second (:60, normalized to the next minute), zones from -2359 to
 // +2359 (with or without a colon, or none: UTC), absolute-form targets
 // ("GET http://host/path", whose host becomes Host), and fields appended
-// after the user agent (ignored).
+// after the user agent (ignored). A line cut off inside its last quoted
+// field (the user agent, or the referer when it is the last) is kept
+// without that field: what a trace needs is before it. A line cut off
+// earlier (inside the request line, or before the status or the size) is
+// bad.
 //
 // The Request has Time set and At 0; its Path is the request target with
 // every byte that is not printable ASCII percent-encoded. User-Agent and
 // Referer, when present and not "-", are in Headers. The error, if any, is
 // a *LineError with Line 0 and one of the Reason constants. It never panics.
 func ParseCLF(line []byte) (Request, error) {
-	r, fe := parseCLF(line)
+	r, _, fe := parseCLF(line)
 	if fe != nil {
 		return Request{}, &LineError{Reason: fe.reason, Detail: fe.detail}
 	}
 	return r, nil
 }
 
-func parseCLF(s []byte) (Request, *fieldError) {
+// parseCLF parses a line as ParseCLF does. truncated reports a line whose
+// last quoted field (the user agent, or the referer when the line ends in
+// it) was cut off, unterminated: the request is kept without that field,
+// since the fields a trace needs (client, time, request line) and the
+// status and size before it are intact.
+func parseCLF(s []byte) (Request, bool, *fieldError) {
 	s = bytes.TrimSpace(s)
 	if len(s) == 0 {
-		return Request{}, badf(ReasonEmpty, "nothing on the line")
+		return Request{}, false, badf(ReasonEmpty, "nothing on the line")
 	}
 	// The date's "[" follows a space: a bracketed IPv6 client may come first.
 	open := bytes.Index(s, []byte(" ["))
 	if open++; open <= 0 {
-		return Request{}, badf(ReasonLayout, "no [date] in %s", quoteShort(s))
+		return Request{}, false, badf(ReasonLayout, "no [date] in %s", quoteShort(s))
 	}
 	var r Request
 	head := bytes.Fields(s[:open])
 	switch ip, ok := parseClient(head); {
 	case len(head) < 3:
-		return Request{}, badf(ReasonLayout, "expected client, ident and user before the date, got %s", quoteShort(s[:open]))
+		return Request{}, false, badf(ReasonLayout, "expected client, ident and user before the date, got %s", quoteShort(s[:open]))
 	case ok:
 		r.IP = ip
 	default:
 		if vhost, ip, ok := parseVhost(head); ok {
 			r.Host, r.IP = vhost, ip
 		} else {
-			return Request{}, badf(ReasonClient, "%s is not an IP address", quoteShort(head[0]))
+			return Request{}, false, badf(ReasonClient, "%s is not an IP address", quoteShort(head[0]))
 		}
 	}
 	end := bytes.IndexByte(s[open:], ']')
 	if end < 0 {
-		return Request{}, badf(ReasonDate, "unterminated [date] %s", quoteShort(s[open:]))
+		return Request{}, false, badf(ReasonDate, "unterminated [date] %s", quoteShort(s[open:]))
 	}
 	t, fe := parseCLFDate(s[open+1 : open+end])
 	if fe != nil {
-		return Request{}, fe
+		return Request{}, false, fe
 	}
 	r.Time = t
 	rest := bytes.TrimLeft(s[open+end+1:], " ")
 	if len(rest) == 0 || rest[0] != '"' {
-		return Request{}, badf(ReasonLayout, "no quoted request after the date: %s", quoteShort(rest))
+		return Request{}, false, badf(ReasonLayout, "no quoted request after the date: %s", quoteShort(rest))
 	}
 	reqLine, rest, ok := quotedField(rest, func(after []byte) bool {
 		status, _ := nextField(after)
 		return len(after) > 0 && after[0] == ' ' && validStatus(status)
 	})
 	if !ok {
-		return Request{}, badf(ReasonQuote, "request %s", quoteShort(rest))
+		return Request{}, false, badf(ReasonQuote, "request %s", quoteShort(rest))
 	}
 	status, rest := nextField(rest)
 	if !validStatus(status) {
-		return Request{}, badf(ReasonStatus, "%s: want three digits or -", quoteShort(status))
+		return Request{}, false, badf(ReasonStatus, "%s: want three digits or -", quoteShort(status))
 	}
 	size, rest := nextField(rest)
 	if !validSize(size) {
-		return Request{}, badf(ReasonSize, "%s: want digits or -", quoteShort(size))
+		return Request{}, false, badf(ReasonSize, "%s: want digits or -", quoteShort(size))
 	}
-	// Combined: "referer" "user-agent"; anything after is ignored.
+	// Combined: "referer" "user-agent"; anything after is ignored. A log
+	// line cut off (a line-length limit, a full disk, a partial write) most
+	// often ends inside the user agent, the longest field: the last quoted
+	// field, unterminated, is dropped and the line kept.
 	var referer, agent []byte
+	truncated := false
 	if rest = bytes.TrimLeft(rest, " "); len(rest) > 0 && rest[0] == '"' {
 		if referer, rest, ok = quotedField(rest, func(after []byte) bool {
 			return bytes.HasPrefix(after, []byte(` "`)) || len(bytes.TrimSpace(after)) == 0
 		}); !ok {
-			return Request{}, badf(ReasonQuote, "referer %s", quoteShort(rest))
+			referer, rest, truncated = nil, nil, true
 		}
 		if rest = bytes.TrimLeft(rest, " "); len(rest) > 0 && rest[0] == '"' {
 			if agent, _, ok = quotedField(rest, nil); !ok {
-				return Request{}, badf(ReasonQuote, "user agent %s", quoteShort(rest))
+				agent, truncated = nil, true
 			}
 		}
 	}
 	if fe := parseRequestLine(&r, unescapeLog(reqLine)); fe != nil {
-		return Request{}, fe
+		return Request{}, false, fe
 	}
 	addHeader(&r, "Referer", referer)
 	addHeader(&r, "User-Agent", agent)
 	if fe := checkRequest(&r); fe != nil {
-		return Request{}, fe
+		return Request{}, false, fe
 	}
-	return r, nil
+	return r, truncated, nil
 }
 
 // parseClient parses the client of a CLF head (host ident user).
@@ -470,27 +483,41 @@ type ImportConfig struct {
 	// Agents keeps User-Agent and Referer as request headers (default:
 	// dropped, for smaller traces).
 	Agents bool
-	// Reorder is how far out of time order lines may be and still be put
-	// back in order. Apache logs a request when it ends, stamped with when
-	// it began, so a slow request's line comes late. Default 10s; a line
-	// later than that is placed at the latest time already emitted and
-	// counted as Late.
-	Reorder time.Duration
-	// MaxBuffered bounds the lines held for reordering and spreading.
-	// Default 100,000.
+	// MaxBuffered is how many good lines are held to be put in time order:
+	// a log of at most MaxBuffered good lines is sorted whole, so none is
+	// placed late however far out of order it was logged (Apache logs a
+	// request when it ends, stamped with when it began: a slow request's
+	// line comes late). A longer log is sorted within a window past that
+	// many lines (see Reorder). Each line held costs about 200 bytes plus
+	// its path (and its headers, with Agents): about 250 MB at the default,
+	// 1,000,000 lines. Replaying or simulating a log (replay -log, offline
+	// -log) starts once the log is read or that many lines are held.
 	MaxBuffered int
+	// Reorder is the least window of the fallback, once more than
+	// MaxBuffered lines have been read: from then on a line is emitted
+	// when the newest line read is more than the window later than it (or
+	// to keep at most MaxBuffered held), and the window is the larger of
+	// Reorder and the largest disorder seen so far (how far a line's time
+	// was behind the newest line read before it), so a log that was a
+	// minute out of order keeps a minute's window. A line later than that
+	// is placed at the latest time already emitted and counted as Late.
+	// Default 10s.
+	Reorder time.Duration
 	// Spread spaces the lines stamped with one same second evenly over that
 	// second (logs have one-second resolution; replaying them all at the
 	// top of the second makes bursts that were not there). Default off.
 	Spread bool
 }
 
+// DefaultImportLines is ImportConfig.MaxBuffered's default.
+const DefaultImportLines = 1_000_000
+
 func (c *ImportConfig) setDefaults() {
 	if c.Reorder == 0 {
 		c.Reorder = 10 * time.Second
 	}
 	if c.MaxBuffered == 0 {
-		c.MaxBuffered = 100_000
+		c.MaxBuffered = DefaultImportLines
 	}
 }
 
@@ -500,14 +527,27 @@ type ImportSummary struct {
 	Good    int64            `json:"good"`
 	Bad     int64            `json:"bad"`
 	Reasons map[string]int64 `json:"reasons,omitempty"` // bad lines by Reason
-	Late    int64            `json:"late"`              // good lines beyond Reorder, placed late
-	First   time.Time        `json:"first"`             // the trace's origin: the first request's time
-	Last    time.Time        `json:"last"`
+	// Truncated counts the good lines whose last quoted field (the user
+	// agent, or the referer) was cut off: kept without it.
+	Truncated int64 `json:"truncated"`
+	Late      int64 `json:"late"` // good lines placed late (see ImportConfig.Reorder)
+	// MaxDisorderMillis is the furthest a line's time was behind the
+	// newest line read before it, in milliseconds.
+	MaxDisorderMillis float64 `json:"max_disorder_ms"`
+	// Streamed is true when the log had more good lines than MaxBuffered:
+	// past them it was sorted within a window of WindowMillis (the final
+	// window) instead of whole.
+	Streamed     bool      `json:"streamed"`
+	WindowMillis float64   `json:"window_ms,omitempty"`
+	First        time.Time `json:"first"` // the trace's origin: the first request's time
+	Last         time.Time `json:"last"`
 }
 
 // Importer reads a Common or Combined Log Format access log as a Trace,
-// with its lines put back in time order (within Reorder). Offsets are from
-// the first request's time. It is not safe for concurrent use.
+// with its lines put back in time order: all of them when the log has at
+// most ImportConfig.MaxBuffered good lines, else within a window (see
+// ImportConfig). Offsets are from the first request's time. It is not safe
+// for concurrent use.
 type Importer struct {
 	cfg ImportConfig
 	lr  lineReader
@@ -515,10 +555,11 @@ type Importer struct {
 	h   reqHeap
 	seq int64
 	// emitted is the time of the last request handed out.
-	emitted   time.Time
-	newest    time.Time // the latest time read
-	hasOrigin bool
-	group     []Request // one second's requests, for Spread
+	emitted     time.Time
+	newest      time.Time // the latest time read
+	maxDisorder time.Duration
+	hasOrigin   bool
+	group       []Request // one second's requests, for Spread
 }
 
 // NewImporter returns an Importer of the log read from r.
@@ -534,7 +575,17 @@ func (im *Importer) Summary() ImportSummary {
 	for k, v := range im.sum.Reasons {
 		s.Reasons[k] = v
 	}
+	s.MaxDisorderMillis = float64(im.maxDisorder) / 1e6
+	if s.Streamed {
+		s.WindowMillis = float64(im.window()) / 1e6
+	}
 	return s
+}
+
+// window is the fallback's reorder window: Reorder, or the largest
+// disorder seen when that is more.
+func (im *Importer) window() time.Duration {
+	return max(im.cfg.Reorder, im.maxDisorder)
 }
 
 // All returns the log as a Trace: good requests, and a *LineError for each
@@ -552,11 +603,12 @@ func (im *Importer) All() Trace {
 			}
 			im.sum.Lines++
 			var r Request
+			var truncated bool
 			var fe *fieldError
 			if tooLong {
 				fe = badf(ReasonTooLong, "more than %d bytes", MaxLineBytes)
 			} else {
-				r, fe = parseCLF(line)
+				r, truncated, fe = parseCLF(line)
 			}
 			if fe != nil {
 				im.sum.Bad++
@@ -567,6 +619,9 @@ func (im *Importer) All() Trace {
 				continue
 			}
 			im.sum.Good++
+			if truncated {
+				im.sum.Truncated++
+			}
 			if !im.cfg.Agents {
 				r.Headers = nil
 			}
@@ -577,9 +632,15 @@ func (im *Importer) All() Trace {
 			heap.Push(&im.h, heapItem{r, im.seq})
 			if r.Time.After(im.newest) {
 				im.newest = r.Time
+			} else if d := im.newest.Sub(r.Time); d > im.maxDisorder {
+				im.maxDisorder = d
 			}
-			// Emit what can no longer be overtaken.
-			for im.h.Len() > 0 && (im.h.Len() > im.cfg.MaxBuffered || im.newest.Sub(im.h.items[0].r.Time) > im.cfg.Reorder) {
+			if im.h.Len() <= im.cfg.MaxBuffered && !im.sum.Streamed {
+				continue // the whole log may yet fit: sort it whole
+			}
+			im.sum.Streamed = true
+			// Emit what can no longer be overtaken within the window.
+			for im.h.Len() > 0 && (im.h.Len() > im.cfg.MaxBuffered || im.newest.Sub(im.h.items[0].r.Time) > im.window()) {
 				if !im.emit(heap.Pop(&im.h).(heapItem).r, yield) {
 					return
 				}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"strings"
@@ -34,27 +35,31 @@ func TestImportCorpus(t *testing.T) {
 	wantReasons := map[string]int64{
 		loadtest.ReasonLayout: 2, loadtest.ReasonEmpty: 1, loadtest.ReasonClient: 2, loadtest.ReasonDate: 3,
 		loadtest.ReasonNoRequest: 1, loadtest.ReasonRequestLine: 2, loadtest.ReasonTarget: 2, loadtest.ReasonStatus: 2,
-		loadtest.ReasonSize: 1, loadtest.ReasonQuote: 2, loadtest.ReasonTooLong: 1,
+		loadtest.ReasonSize: 1, loadtest.ReasonQuote: 1, loadtest.ReasonTooLong: 1,
 	}
-	if sum.Lines != 41 || sum.Good != 22 || sum.Bad != 19 || sum.Late != 1 {
-		t.Errorf("got %d lines, %d good, %d bad, %d late; want 41, 22, 19, 1", sum.Lines, sum.Good, sum.Bad, sum.Late)
+	// Line 20's user agent is cut off: kept without it. Line 40 (/late) is
+	// 27 s behind the newest line before it: the log is sorted whole, so it
+	// comes first and nothing is late.
+	if sum.Lines != 41 || sum.Good != 23 || sum.Bad != 18 || sum.Late != 0 || sum.Truncated != 1 || sum.MaxDisorderMillis != 27000 || sum.Streamed {
+		t.Errorf("got %d lines, %d good, %d bad, %d late, %d truncated, disorder %vms, streamed %v; want 41, 23, 18, 0 late, 1 truncated, 27000ms, not streamed",
+			sum.Lines, sum.Good, sum.Bad, sum.Late, sum.Truncated, sum.MaxDisorderMillis, sum.Streamed)
 	}
 	if !maps.Equal(sum.Reasons, wantReasons) {
 		t.Errorf("got reasons %v, want %v", sum.Reasons, wantReasons)
 	}
-	if len(bad) != 19 {
-		t.Fatalf("got %d bad-line reports, want 19", len(bad))
+	if len(bad) != 18 {
+		t.Fatalf("got %d bad-line reports, want 18", len(bad))
 	}
 	// Bad lines are reported with their numbers, in order.
-	wantLines := []int{8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26}
+	wantLines := []int{8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24, 25, 26}
 	for i, le := range bad {
 		if le.Line != wantLines[i] || le.Detail == "" {
 			t.Errorf("bad line %d: got line %d %q, want line %d with a detail", i, le.Line, le.Error(), wantLines[i])
 		}
 	}
-	first := time.Date(2000, 10, 10, 13, 55, 36, 0, mst)
-	if !sum.First.Equal(first) || !sum.Last.Equal(first.Add(24*time.Second)) {
-		t.Errorf("got first %v last %v, want %v and 24 s later (the leap second)", sum.First, sum.Last, first)
+	first := time.Date(2000, 10, 10, 13, 55, 30, 0, mst) // /late's
+	if !sum.First.Equal(first) || !sum.Last.Equal(first.Add(30*time.Second)) {
+		t.Errorf("got first %v last %v, want %v and 30 s later (the leap second)", sum.First, sum.Last, first)
 	}
 	// The trace is in time order and every request parses back.
 	byPath := map[string]loadtest.Request{}
@@ -71,8 +76,8 @@ func TestImportCorpus(t *testing.T) {
 		byPath[r.Path] = r
 		n++
 	}
-	if n != 22 {
-		t.Errorf("got %d requests in the trace, want 22", n)
+	if n != 23 {
+		t.Errorf("got %d requests in the trace, want 23", n)
 	}
 	checks := []struct {
 		path   string
@@ -82,25 +87,26 @@ func TestImportCorpus(t *testing.T) {
 		method string
 		ua     string
 	}{
-		{"/v6", "2001:db8::1", time.Second, "", "GET", "curl/8.5.0"},
-		{"/login", "198.51.100.7", 2 * time.Second, "", "POST", "python-requests/2.31"},
-		{"/search?q=%22quoted%22", "203.0.113.9", 3 * time.Second, "", "GET", `Mozilla/5.0 "Escaped" Agent`},
-		{`/a"b`, "203.0.113.10", 4 * time.Second, "", "GET", ""},
-		{"/caf%C3%A9", "198.51.100.20", 5 * time.Second, "", "GET", "Mozilla/5.0"},
-		{"/vhost", "192.0.2.50", 15 * time.Second, "www.example.com", "GET", "Mozilla/5.0"},
-		{"/abs?x=1", "192.0.2.51", 16 * time.Second, "proxy.example.com", "GET", ""},
-		{"/old", "192.0.2.52", 16 * time.Second, "", "GET", ""},
-		{"/a%20b", "192.0.2.53", 17 * time.Second, "", "GET", ""},
-		{`/say"hi"`, "192.0.2.54", 17 * time.Second, "", "GET", ""},
-		{"/rt", "192.0.2.55", 18 * time.Second, "", "GET", "agent"},
-		{"/slow", "192.0.2.61", 18 * time.Second, "", "GET", ""},
-		{"/dash", "192.0.2.57", 19 * time.Second, "", "GET", ""},
-		{"/br", "2001:db8::2", 19 * time.Second, "", "GET", ""},
-		{"/utc", "192.0.2.58", 20 * time.Second, "", "GET", ""},
-		{"/ms", "192.0.2.59", 20250 * time.Millisecond, "", "GET", ""},
-		{"/np", "192.0.2.60", 21 * time.Second, "", "GET", ""},
-		{"/late", "192.0.2.63", 5 * time.Second, "", "GET", ""}, // 13:55:30, read after 13:55:57: placed at the latest time out (13:55:41)
-		{"/leap", "192.0.2.62", 24 * time.Second, "", "GET", ""},
+		{"/late", "192.0.2.63", 0, "", "GET", ""}, // 13:55:30, read after 13:55:57: sorted first
+		{"/v6", "2001:db8::1", 7 * time.Second, "", "GET", "curl/8.5.0"},
+		{"/login", "198.51.100.7", 8 * time.Second, "", "POST", "python-requests/2.31"},
+		{"/search?q=%22quoted%22", "203.0.113.9", 9 * time.Second, "", "GET", `Mozilla/5.0 "Escaped" Agent`},
+		{`/a"b`, "203.0.113.10", 10 * time.Second, "", "GET", ""},
+		{"/caf%C3%A9", "198.51.100.20", 11 * time.Second, "", "GET", "Mozilla/5.0"},
+		{"/", "192.0.2.7", 18 * time.Second, "", "GET", ""}, // its user agent cut off: dropped
+		{"/vhost", "192.0.2.50", 21 * time.Second, "www.example.com", "GET", "Mozilla/5.0"},
+		{"/abs?x=1", "192.0.2.51", 22 * time.Second, "proxy.example.com", "GET", ""},
+		{"/old", "192.0.2.52", 22 * time.Second, "", "GET", ""},
+		{"/a%20b", "192.0.2.53", 23 * time.Second, "", "GET", ""},
+		{`/say"hi"`, "192.0.2.54", 23 * time.Second, "", "GET", ""},
+		{"/rt", "192.0.2.55", 24 * time.Second, "", "GET", "agent"},
+		{"/slow", "192.0.2.61", 24 * time.Second, "", "GET", ""},
+		{"/dash", "192.0.2.57", 25 * time.Second, "", "GET", ""},
+		{"/br", "2001:db8::2", 25 * time.Second, "", "GET", ""},
+		{"/utc", "192.0.2.58", 26 * time.Second, "", "GET", ""},
+		{"/ms", "192.0.2.59", 26250 * time.Millisecond, "", "GET", ""},
+		{"/np", "192.0.2.60", 27 * time.Second, "", "GET", ""},
+		{"/leap", "192.0.2.62", 30 * time.Second, "", "GET", ""},
 	}
 	for _, c := range checks {
 		r, ok := byPath[c.path]
@@ -115,6 +121,9 @@ func TestImportCorpus(t *testing.T) {
 	}
 	if ref := byPath["/search?q=%22quoted%22"].Headers["Referer"]; ref != `https://example.com/?a="b"` {
 		t.Errorf("escaped referer: got %q", ref)
+	}
+	if h := byPath["/"].Headers; h["Referer"] != "http://ref/" || len(h) != 1 {
+		t.Errorf("a cut-off user agent: got headers %q, want the referer alone", h)
 	}
 }
 
@@ -305,4 +314,128 @@ func ExampleNewImporter() {
 	// 1s /b
 	// import: 3 lines, 2 good, 1 bad, 0 placed late, 2000-10-10T13:55:36-07:00 to 2000-10-10T13:55:37-07:00
 	//        1  malformed request line
+	//   order: lines up to 1s out of time order, sorted whole
+}
+
+// disorderedLog writes n Combined Log Format lines as Apache logs them: in
+// the order requests end, every 30 ms, each stamped with when it began, up
+// to maxAge earlier (whole seconds, as CLF has them).
+func disorderedLog(n int, maxAge time.Duration, seed int64) string {
+	rng := rand.New(rand.NewPCG(uint64(seed), 7))
+	base := time.Date(2024, 5, 7, 10, 0, 0, 0, time.UTC)
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		end := base.Add(time.Duration(i) * 30 * time.Millisecond)
+		began := end.Add(-time.Duration(rng.Int64N(int64(maxAge)))).Truncate(time.Second)
+		fmt.Fprintf(&b, "192.0.2.%d - - [%s] \"GET /r/%d HTTP/1.1\" 200 %d \"-\" \"Mozilla/5.0 (X11; Linux x86_64)\"\n",
+			i%250, began.Format("02/Jan/2006:15:04:05 -0700"), i, 100+i%900)
+	}
+	return b.String()
+}
+
+// TestImportSortsAMinuteOfDisorder: a log whose lines are up to a minute
+// out of time order once placed 73 % of them late with a 10 s reorder
+// window. One that fits in MaxBuffered is sorted whole: none is late.
+func TestImportSortsAMinuteOfDisorder(t *testing.T) {
+	const n = 10_000 // 5 minutes
+	log := disorderedLog(n, 60*time.Second, 1)
+	var out bytes.Buffer
+	sum, err := loadtest.Import(strings.NewReader(log), &out, loadtest.ImportConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Good != n || sum.Late != 0 || sum.Streamed || sum.MaxDisorderMillis < 55_000 || sum.MaxDisorderMillis > 61_000 {
+		t.Errorf("got %d good, %d late, streamed %v, disorder %vms; want %d good, 0 late, sorted whole, disorder about 60 s",
+			sum.Good, sum.Late, sum.Streamed, sum.MaxDisorderMillis, n)
+	}
+	checkSorted(t, &out, n)
+
+	// Longer than MaxBuffered: past the sorted part the window grows to the
+	// disorder seen (a minute), not the 10 s of Reorder.
+	out.Reset()
+	sum, err = loadtest.Import(strings.NewReader(log), &out, loadtest.ImportConfig{MaxBuffered: 3000}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("streamed past 3000 lines: %d of %d late, window %vms", sum.Late, sum.Good, sum.WindowMillis)
+	if sum.Good != n || !sum.Streamed || sum.WindowMillis < 55_000 || float64(sum.Late) > 0.002*n {
+		t.Errorf("got %d good, %d late, streamed %v, window %vms; want %d good, at most 0.2%% late, streamed in a window of about a minute",
+			sum.Good, sum.Late, sum.Streamed, sum.WindowMillis, n)
+	}
+	checkSorted(t, &out, n)
+}
+
+// checkSorted reads a trace and checks it has n requests in time order.
+func checkSorted(t *testing.T, trace *bytes.Buffer, n int) {
+	t.Helper()
+	var prev time.Duration
+	got := 0
+	for r, err := range loadtest.NewReader(trace).All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.At < prev {
+			t.Fatalf("request %d at %v, before %v", got, r.At, prev)
+		}
+		prev = r.At
+		got++
+	}
+	if got != n {
+		t.Errorf("got %d requests, want %d", got, n)
+	}
+}
+
+// TestImportCutOffLines: a line cut off inside its last quoted field (the
+// user agent, or the referer when it is last) is kept without it; one cut
+// off before, where the trace's fields or the status and size are, is bad
+// and counted by reason.
+func TestImportCutOffLines(t *testing.T) {
+	const head = `203.0.113.9 - - [10/Oct/2000:13:55:36 +0000] `
+	tests := []struct {
+		name, line string
+		reason     string // "" for a good line
+		ua, ref    string
+	}{
+		{"user agent cut", head + `"GET /a HTTP/1.1" 200 5 "http://ref/" "Mozilla/5.0 (X11; Li`, "", "", "http://ref/"},
+		{"user agent cut after its quote", head + `"GET /a HTTP/1.1" 200 5 "-" "`, "", "", ""},
+		{"user agent cut after an escape", head + `"GET /a HTTP/1.1" 200 5 "-" "Mozilla \"x\`, "", "", ""},
+		{"referer cut", head + `"GET /a HTTP/1.1" 200 5 "http://ref/pa`, "", "", ""},
+		{"intact", head + `"GET /a HTTP/1.1" 200 5 "http://ref/" "curl/8"`, "", "curl/8", "http://ref/"},
+		{"request line cut", head + `"GET /a HT`, loadtest.ReasonQuote, "", ""},
+		{"status cut", head + `"GET /a HTTP/1.1" 2`, loadtest.ReasonStatus, "", ""},
+		{"size missing", head + `"GET /a HTTP/1.1" 200`, loadtest.ReasonSize, "", ""},
+		{"date cut", `203.0.113.9 - - [10/Oct/2000:13:5`, loadtest.ReasonDate, "", ""},
+	}
+	var log strings.Builder
+	wantReasons := map[string]int64{}
+	var good, cut int64
+	for _, tt := range tests {
+		log.WriteString(tt.line + "\n")
+		r, err := loadtest.ParseCLF([]byte(tt.line))
+		var le *loadtest.LineError
+		switch {
+		case tt.reason != "":
+			wantReasons[tt.reason]++
+			if !errors.As(err, &le) || le.Reason != tt.reason {
+				t.Errorf("%s: got %v, want reason %q", tt.name, err, tt.reason)
+			}
+		case err != nil:
+			t.Errorf("%s: got %v, want the line kept", tt.name, err)
+		default:
+			good++
+			if tt.name != "intact" {
+				cut++
+			}
+			if r.Path != "/a" || r.IP.String() != "203.0.113.9" || r.Headers["User-Agent"] != tt.ua || r.Headers["Referer"] != tt.ref {
+				t.Errorf("%s: got %s %s headers %q, want /a from 203.0.113.9 with user agent %q, referer %q", tt.name, r.IP, r.Path, r.Headers, tt.ua, tt.ref)
+			}
+		}
+	}
+	im := loadtest.NewImporter(strings.NewReader(log.String()), loadtest.ImportConfig{Agents: true})
+	for range im.All() {
+	}
+	s := im.Summary()
+	if s.Good != good || s.Truncated != cut || s.Bad != int64(len(tests))-good || !maps.Equal(s.Reasons, wantReasons) {
+		t.Errorf("summary %+v: want %d good (%d cut off), reasons %v", s, good, cut, wantReasons)
+	}
 }

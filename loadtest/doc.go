@@ -37,9 +37,12 @@
 // order, so equal traces are equal bytes.
 //
 // Importer reads Apache and nginx access logs in Common or Combined Log
-// Format into the same requests (see ParseCLF for the tolerated variants),
-// reorders lines logged out of time order within a bound, and counts good
-// and bad lines by reason in an ImportSummary.
+// Format into the same requests (see ParseCLF for the tolerated variants,
+// lines cut off inside their user agent among them), puts lines logged out
+// of time order back in order (a log of up to ImportConfig.MaxBuffered
+// good lines, 1,000,000 by default, is sorted whole; past that, within a
+// window that grows to the largest disorder seen), and counts good, bad
+// (by reason), cut-off and late lines in an ImportSummary.
 //
 // The generators (Zipf, Abuser, Burst, Flood, Stuffing, and Mix of them)
 // are seeded: one seed, one trace, byte for byte, on every platform. They
@@ -59,6 +62,41 @@
 // allowed and limited requests, read from each response's RateLimit field
 // (or a 429's problem body). It ends with the aggregator's JSON report when
 // given its URL.
+//
+// A replay starts at once, at whatever phase the wall clock has against
+// the rules' window grid (windows start at multiples of their length since
+// the Unix epoch), and a sliding-window estimate errs differently at each
+// phase. ReplayConfig.Align puts the trace's offset 0 on a multiple of a
+// window, and Phase that far past one (loadtest replay -align 10s -phase
+// 2.5s; offline -phase 2.5s simulates the same phase); the report gives
+// the phase used.
+//
+// ReplayConfig.Results (loadtest replay -results FILE) receives one
+// tab-separated line per request due, after the header ResultsHeader:
+//
+//	column         meaning
+//	index          the request's number among those due, from 0
+//	edge           the target it went to, host:port
+//	scheduled_ns   when it was due, Unix ns
+//	sent_ns        when it was handed to the connection pool, Unix ns ("-": not sent)
+//	answered_ns    when its response or transport error came, Unix ns ("-": not sent)
+//	client         the client address sent (X-Forwarded-For)
+//	method         the method sent
+//	host           the Host header sent
+//	target         the request target sent (path prefix, path and query)
+//	status         the HTTP status (0: transport error or not sent)
+//	outcome        answered, not-sent, timeout, no-free-connection,
+//	               connection-refused, connection-closed or error
+//	rule           the deciding rule: RateLimit's policy, or a 429 body's
+//	limit          RateLimit-Policy's q, else X-RateLimit-Limit
+//	remaining      RateLimit's r, else X-RateLimit-Remaining
+//	reset_s        RateLimit's t, else X-RateLimit-Reset minus the answer's time
+//	window_s       RateLimit-Policy's w
+//	retry_after_s  Retry-After
+//
+// A field with nothing to say is "-". Lines are in the order requests end;
+// they are written by one goroutine in 64 KiB chunks, off the request
+// path. RESULTS.md has the details and examples.
 //
 // # Offline
 //

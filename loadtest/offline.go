@@ -171,7 +171,7 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 		return nil, fmt.Errorf("loadtest: offline: %w", err)
 	}
 	sim.slots = window.NewSlots(window.SlotsConfig{}, store)
-	sim.core, err = edge.NewCore(edge.CoreConfig{Observe: sim.observe}, cfg.Rules,
+	sim.core, err = edge.NewCore(edge.CoreConfig{Observe: sim.observe, Wait: func(time.Duration) {}}, cfg.Rules,
 		edge.CoreDeps{Limiter: sim.lim, Blocks: sim.blocks, Slots: sim.slots, Events: sim})
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: offline: %w", err)

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sort"
 	"strconv"
@@ -72,8 +73,13 @@ type ReplayConfig struct {
 	// Align starts the replay at the next wall-clock multiple of Align since
 	// the Unix epoch, so that trace offsets that are multiples of a rule's
 	// window fall on its window edges (which start at multiples of the
-	// window). Default 0: start at once.
+	// window). Default 0: start at once, at whatever phase the clock is.
 	Align time.Duration
+	// Phase, with Align, starts the replay Phase past such a multiple
+	// instead: the trace's offset 0 lands Phase into the window grid (a
+	// sliding-window estimate errs differently at each phase; offline's
+	// -phases measures them all). 0 ≤ Phase < Align. Default 0.
+	Phase time.Duration
 	// ClientIPHeader carries each request's client address, for edges that
 	// trust the replayer as a proxy (edge -trusted-proxies). Default
 	// "X-Forwarded-For"; OmitClientIP sends none.
@@ -94,6 +100,18 @@ type ReplayConfig struct {
 	// many goroutines at once: it must be safe for concurrent use, and
 	// quick, since it runs on the request's goroutine.
 	OnResult func(Result)
+	// Results, when not nil, receives one tab-separated line per request
+	// due, after a header line (ResultsHeader; the columns are described in
+	// the package doc and RESULTS.md): its schedule, send and answer times,
+	// client, method and target, status, and the deciding rule and quota
+	// from the response's headers. Lines are in the order requests end, not
+	// by index. It is written in 64 KiB chunks by one goroutine, off the
+	// request path. Replay does not close it.
+	Results io.Writer
+	// OnStart, when not nil, is called once the start (the wall time of the
+	// trace's offset 0, after Align and Phase) is fixed, before waiting for
+	// it.
+	OnStart func(start time.Time)
 }
 
 func (c *ReplayConfig) setDefaults() {
@@ -155,6 +173,9 @@ func (c ReplayConfig) Validate() error {
 	if c.Align < 0 || c.Align > 24*time.Hour {
 		bad("Align", c.Align, "must be between 0 and 24h")
 	}
+	if c.Phase < 0 || c.Phase > 0 && c.Phase >= c.Align {
+		bad("Phase", c.Phase, "must be at least 0 and below Align (Phase needs Align)")
+	}
 	if c.ClientIPHeader != "" && !rules.IsToken(c.ClientIPHeader) {
 		bad("ClientIPHeader", strconv.Quote(c.ClientIPHeader), "not a header name")
 	}
@@ -188,6 +209,17 @@ type Result struct {
 	Rule    string
 	Err     error // the transport error, if any
 	NotSent bool  // due while MaxOutstanding requests were outstanding
+	// Client, Method, Host and Path are what was (or would have been)
+	// sent, when OnResult or Results is set: the client address (in
+	// ClientIPHeader), the method, the Host header and the request target
+	// (PathPrefix and the trace's path).
+	Client netip.Addr
+	Method string
+	Host   string
+	Path   string
+	// Quota is what the response's headers said of the deciding rule's
+	// quota; every field -1 when not answered.
+	Quota ResponseQuota
 }
 
 // Latency summarizes a histogram, in milliseconds (microsecond resolution,
@@ -214,12 +246,17 @@ type RuleCount struct {
 // sent rate over (first sent, last sent), each as intervals (n−1 of them for
 // n requests), so a perfectly paced replay shows equal rates.
 type Report struct {
-	Targets        []string  `json:"targets"`
-	Spread         string    `json:"spread"`
-	Speed          float64   `json:"speed"`
-	Start          time.Time `json:"start"`           // wall time of the trace's offset 0
-	Stopped        string    `json:"stopped"`         // why dispatch ended
-	ElapsedSeconds float64   `json:"elapsed_seconds"` // from Start to the last response
+	Targets []string  `json:"targets"`
+	Spread  string    `json:"spread"`
+	Speed   float64   `json:"speed"`
+	Start   time.Time `json:"start"` // wall time of the trace's offset 0
+	// AlignMillis and PhaseMillis are the window grid the start was put on
+	// (ReplayConfig.Align, Phase): Start is PhaseMillis past a multiple of
+	// AlignMillis since the Unix epoch. AlignMillis 0: not aligned.
+	AlignMillis    float64 `json:"align_ms"`
+	PhaseMillis    float64 `json:"phase_ms"`
+	Stopped        string  `json:"stopped"`         // why dispatch ended
+	ElapsedSeconds float64 `json:"elapsed_seconds"` // from Start to the last response
 
 	Scheduled int64            `json:"scheduled"` // requests due within the bounds
 	Sent      int64            `json:"sent"`
@@ -244,6 +281,12 @@ type Report struct {
 
 	Aggregator      json.RawMessage `json:"aggregator,omitempty"`
 	AggregatorError string          `json:"aggregator_error,omitempty"`
+
+	// ResultsLines counts the lines written to ReplayConfig.Results (the
+	// header excluded): one per request due. ResultsError is why writing
+	// them failed, if it did.
+	ResultsLines int64  `json:"results_lines,omitempty"`
+	ResultsError string `json:"results_error,omitempty"`
 }
 
 // Reasons a replay stops dispatching.
@@ -304,6 +347,9 @@ type replayer struct {
 	// rulesMu protects rules.
 	rulesMu sync.Mutex
 	rules   map[string]*ruleCounter
+
+	detail  bool           // fill Result's request and quota fields (OnResult or Results)
+	results *resultsWriter // nil without Results
 }
 
 type job struct {
@@ -353,10 +399,17 @@ func Replay(ctx context.Context, cfg ReplayConfig, trace Trace) (*Report, error)
 		rp.shards[i].lag = hdrhistogram.New(1, histMaxUsec, 3)
 	}
 
-	start := time.Now()
-	if a := int64(cfg.Align); a > 0 {
-		ns := start.UnixNano()
-		start = start.Add(time.Duration(a - ns%a))
+	rp.detail = cfg.OnResult != nil || cfg.Results != nil
+	if cfg.Results != nil {
+		var err error
+		if rp.results, err = newResultsWriter(cfg.Results); err != nil {
+			return nil, fmt.Errorf("loadtest: write results: %w", err)
+		}
+	}
+
+	start := AlignedStart(time.Now(), cfg.Align, cfg.Phase)
+	if cfg.OnStart != nil {
+		cfg.OnStart(start)
 	}
 	stopProgress := rp.startProgress(start)
 	stopped, firstDue, lastDue, badLines, traceErr := rp.dispatch(ctx, start, trace)
@@ -367,10 +420,32 @@ func Replay(ctx context.Context, cfg ReplayConfig, trace Trace) (*Report, error)
 	stopProgress()
 
 	rep := rp.report(start, stopped, firstDue, lastDue, badLines)
+	if rp.results != nil {
+		var err error
+		if rep.ResultsLines, err = rp.results.close(); err != nil {
+			rep.ResultsError = err.Error()
+		}
+	}
 	if cfg.AggregatorURL != "" {
 		rep.Aggregator, rep.AggregatorError = fetchAggregator(ctx, cfg.AggregatorURL, cfg.AggregatorWait)
 	}
 	return rep, traceErr
+}
+
+// AlignedStart returns the first instant after now that is phase past a
+// multiple of align since the Unix epoch (the window grid of a rule whose
+// window is align), or now when align is 0. A start exactly on now is
+// taken one grid step later, so that there is time to prepare.
+func AlignedStart(now time.Time, align, phase time.Duration) time.Time {
+	a := int64(align)
+	if a <= 0 {
+		return now
+	}
+	wait := (int64(phase) - now.UnixNano()%a) % a
+	if wait <= 0 {
+		wait += a
+	}
+	return now.Add(time.Duration(wait))
 }
 
 // dispatch runs the schedule; it is the only goroutine that reads the trace.
@@ -434,8 +509,10 @@ outer:
 				go rp.do(j)
 			default:
 				rp.notSent.Add(1)
-				if cfg.OnResult != nil {
-					cfg.OnResult(Result{Index: j.idx, Target: j.target, Scheduled: due, NotSent: true})
+				if rp.detail {
+					res := Result{Index: j.idx, Target: j.target, Scheduled: due, NotSent: true, Quota: noQuota}
+					rp.fillRequest(&res, &j)
+					rp.record(&res)
 				}
 			}
 		}
@@ -531,10 +608,54 @@ func (rp *replayer) do(j job) {
 			rp.rule(rule).allowed.Add(1)
 		}
 	}
-	if cfg.OnResult != nil {
-		cfg.OnResult(Result{Index: j.idx, Target: j.target, Scheduled: j.due, Sent: sent, Done: done,
-			Status: status, Rule: string(rule), Err: err})
+	if rp.detail {
+		res := Result{Index: j.idx, Target: j.target, Scheduled: j.due, Sent: sent, Done: done,
+			Status: status, Rule: string(rule), Err: err, Quota: noQuota}
+		if err == nil {
+			res.Quota = quotaOf(resp, done)
+		}
+		rp.fillRequest(&res, &j)
+		rp.record(&res)
 	}
+}
+
+// fillRequest sets what res's request was (or would have been) sent with.
+func (rp *replayer) fillRequest(res *Result, j *job) {
+	cfg := &rp.cfg
+	res.Client = j.req.IP
+	res.Method = j.req.Method
+	if res.Method == "" {
+		res.Method = fasthttp.MethodGet
+	}
+	res.Host = j.req.Host
+	if res.Host == "" {
+		res.Host = cfg.Targets[j.target]
+	}
+	path := j.req.Path
+	if path == "" {
+		path = "/"
+	}
+	res.Path = path
+	if cfg.PathPrefix != "" {
+		res.Path = cfg.PathPrefix + path
+	}
+}
+
+// record hands res to OnResult and to the results file.
+func (rp *replayer) record(res *Result) {
+	if rp.cfg.OnResult != nil {
+		rp.cfg.OnResult(*res)
+	}
+	if rp.results == nil {
+		return
+	}
+	var lb [512]byte
+	line := appendResultLine(lb[:0], res, rp.cfg.Targets[res.Target])
+	i := int(res.Index % histShards)
+	sh := &rp.shards[i]
+	sh.mu.Lock()
+	rp.results.add(i, line)
+	sh.mu.Unlock()
 }
 
 // storeMax stores v in a if v is above (or, with less, below) its value.
@@ -685,6 +806,7 @@ func (rp *replayer) report(start time.Time, stopped string, firstDue, lastDue ti
 	cfg := &rp.cfg
 	r := &Report{
 		Targets: cfg.Targets, Spread: cfg.Spread.String(), Speed: cfg.Speed, Start: start.Round(0), Stopped: stopped,
+		AlignMillis: float64(cfg.Align) / 1e6, PhaseMillis: float64(cfg.Phase) / 1e6,
 		Scheduled: rp.scheduled.Load(), Sent: rp.sent.Load(), NotSent: rp.notSent.Load(), Completed: rp.completed.Load(),
 		BadLines: badLines, Statuses: map[string]int64{},
 	}

@@ -10,9 +10,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -418,24 +419,40 @@ func TestReplaySendsTheTraceRequest(t *testing.T) {
 
 // BenchmarkReplaySaturated measures the replayer's own cost per request
 // when every request is due at once against a local server: what it can
-// push, and how much of it the outstanding bound turns away.
+// push, and how much of it the outstanding bound turns away; "results"
+// writes the results file as well (replay -results), to show what it costs.
 func BenchmarkReplaySaturated(b *testing.B) {
 	addr := startServer(b, ok200)
-	var n atomic.Int64
-	tr := func(yield func(loadtest.Request, error) bool) {
-		for i := 0; i < b.N; i++ {
-			n.Add(1)
-			if !yield(loadtest.Request{IP: netip.MustParseAddr("192.0.2.1"), Path: "/"}, nil) {
-				return
-			}
+	for _, withResults := range []bool{false, true} {
+		name := "plain"
+		if withResults {
+			name = "results"
 		}
+		b.Run(name, func(b *testing.B) {
+			cfg := loadtest.ReplayConfig{Targets: []string{addr}, MaxOutstanding: 512}
+			if withResults {
+				f, err := os.Create(filepath.Join(b.TempDir(), "results.tsv"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+				cfg.Results = f
+			}
+			tr := func(yield func(loadtest.Request, error) bool) {
+				for i := 0; i < b.N; i++ {
+					if !yield(loadtest.Request{IP: netip.MustParseAddr("192.0.2.1"), Path: "/"}, nil) {
+						return
+					}
+				}
+			}
+			b.ReportAllocs()
+			rep, err := loadtest.Replay(context.Background(), cfg, tr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(rep.NotSent)/float64(max(rep.Scheduled, 1)), "not-sent/op")
+		})
 	}
-	b.ReportAllocs()
-	rep, err := loadtest.Replay(context.Background(), loadtest.ReplayConfig{Targets: []string{addr}, MaxOutstanding: 512}, tr)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(rep.NotSent)/float64(max(rep.Scheduled, 1)), "not-sent/op")
 }
 
 func ExampleReplay() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +21,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "replay: %d requests due over %s to %s (%s), speed %g×, stopped: %s\n",
 		r.Scheduled, seconds(r.ElapsedSeconds), strings.Join(r.Targets, ", "), r.Spread, r.Speed, r.Stopped)
+	if !r.Start.IsZero() {
+		fmt.Fprintf(&b, "  start        %s\n", r.startText())
+	}
 	fmt.Fprintf(&b, "  throughput   scheduled %.1f/s  sent %.1f/s  completed %.1f/s\n", r.ScheduledRate, r.SentRate, r.CompletedRate)
 	fmt.Fprintf(&b, "  requests     sent %d  completed %d  not sent (outstanding bound) %d  errors %d  bad trace lines %d\n",
 		r.Sent, r.Completed, r.NotSent, sumValues(r.Errors), r.BadLines)
@@ -59,6 +63,18 @@ func (r *Report) WriteText(w io.Writer) error {
 	return err
 }
 
+// startText says when the replay started and at which phase of which
+// window grid.
+func (r *Report) startText() string {
+	start := r.Start.UTC().Format(time.RFC3339Nano)
+	if r.AlignMillis <= 0 {
+		return start + ", not aligned to a window grid (-align W [-phase D] puts offset 0 D past a multiple of W)"
+	}
+	align := time.Duration(math.Round(r.AlignMillis * 1e6))
+	phase := time.Duration(math.Round(r.PhaseMillis * 1e6))
+	return fmt.Sprintf("%s, phase %s against a %s window grid (offset 0 is %s past a multiple of %s)", start, phase, align, phase, align)
+}
+
 func (l Latency) text() string {
 	if l.Count == 0 {
 		return "no samples"
@@ -86,6 +102,13 @@ func pct(n, of int64) float64 {
 		return 0
 	}
 	return 100 * float64(n) / float64(of)
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 func sumValues(m map[string]int64) int64 {
@@ -149,6 +172,19 @@ func (s ImportSummary) WriteText(w io.Writer) error {
 	b.WriteString("\n")
 	for _, k := range slices.Sorted(maps.Keys(s.Reasons)) {
 		fmt.Fprintf(&b, "  %6d  %s\n", s.Reasons[k], k)
+	}
+	if s.Truncated > 0 {
+		fmt.Fprintf(&b, "  cut off: %d good %s ended inside the last quoted field (user agent or referer), kept without it\n",
+			s.Truncated, plural(s.Truncated, "line", "lines"))
+	}
+	if s.MaxDisorderMillis > 0 || s.Streamed {
+		disorder := time.Duration(s.MaxDisorderMillis * 1e6).Round(time.Millisecond)
+		if s.Streamed {
+			fmt.Fprintf(&b, "  order: lines up to %s out of time order; more good lines than -max-lines, so sorted within a %s window\n",
+				disorder, time.Duration(s.WindowMillis*1e6).Round(time.Millisecond))
+		} else {
+			fmt.Fprintf(&b, "  order: lines up to %s out of time order, sorted whole\n", disorder)
+		}
 	}
 	_, err := w.Write(b.Bytes())
 	return err

@@ -4,7 +4,17 @@
 //	loadtest gen -kind zipf -rate 1000 -duration 1m > trace.jsonl
 //	loadtest import access.log > trace.jsonl
 //	loadtest replay -targets 127.0.0.1:7070,127.0.0.1:7080 -trace trace.jsonl [-aggregator http://127.0.0.1:7072/report] [-json]
+//	loadtest replay -trace trace.jsonl -align 10s -phase 2.5s -results results.tsv
 //	loadtest offline -rules rules.yaml -trace trace.jsonl
+//
+// replay -align W -phase D starts the trace's offset 0 at D past a
+// wall-clock multiple of W (a rule's window), so a live replay is measured
+// at a known phase of the window grid, as offline -phase D simulates it;
+// the report says which. replay -results FILE writes one tab-separated line
+// per request (loadtest/RESULTS.md): scheduled, sent and answered times in
+// Unix ns, edge, client, method, host and target, status, outcome, and the
+// deciding rule's limit, remaining, reset, window and Retry-After from the
+// response headers.
 //
 // Every flag has a working default: `loadtest gen | loadtest replay` drives
 // an edge started with no flags (127.0.0.1:7070) with a mix of traffic, and
@@ -213,12 +223,16 @@ func runImport(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Host, "host", "", "Host of requests whose line names none (default: the replay target's)")
 	fs.BoolVar(&cfg.Agents, "agents", false, "keep User-Agent and Referer as headers")
 	fs.BoolVar(&cfg.Spread, "spread", true, "spread the lines of one logged second over that second")
-	fs.DurationVar(&cfg.Reorder, "reorder", 10*time.Second, "put lines this far out of time order back in order")
+	fs.IntVar(&cfg.MaxBuffered, "max-lines", loadtest.DefaultImportLines, "good lines held to put in time order: a log of at most this many is sorted whole (about 250 bytes each); past them, lines are sorted within a window (-reorder)")
+	fs.DurationVar(&cfg.Reorder, "reorder", 10*time.Second, "past -max-lines lines: put lines this far out of time order back in order (the window grows to the largest disorder seen)")
 	out := fs.String("o", "-", "output trace file")
 	showBad := fs.Int("show-bad", 20, "print at most this many bad lines (all are counted)")
 	jsonSum := fs.Bool("json", false, "print the summary as JSON")
 	if err := parse(fs, args, 1); err != nil {
 		return err
+	}
+	if cfg.MaxBuffered < 1 || cfg.Reorder <= 0 {
+		return errors.New("loadtest import: -max-lines must be at least 1 and -reorder above 0")
 	}
 	in := stdin
 	if p := fs.Arg(0); p != "" && p != "-" {
@@ -265,7 +279,9 @@ func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 	fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Second, "per request")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "stop sending after this long (0: the whole trace)")
 	fs.Int64Var(&cfg.MaxRequests, "requests", 0, "stop after this many requests (0: no bound)")
-	fs.DurationVar(&cfg.Align, "align", 0, "start at the next wall-clock multiple of this (a rule's window)")
+	fs.DurationVar(&cfg.Align, "align", 0, "start at the next wall-clock multiple of this since the Unix epoch (a rule's window): the trace's offset 0 on the window grid")
+	fs.DurationVar(&cfg.Phase, "phase", 0, "with -align W: start this far past a multiple of W instead (0 ≤ phase < W), e.g. -align 10s -phase 2.5s")
+	resultsPath := fs.String("results", "", "write one tab-separated line per request to this file: times, client, request, status, rule and quota (see loadtest/RESULTS.md)")
 	fs.StringVar(&cfg.ClientIPHeader, "ip-header", "X-Forwarded-For", "header carrying each request's client address")
 	fs.BoolVar(&cfg.OmitClientIP, "no-ip", false, "send no client address header")
 	fs.StringVar(&cfg.PathPrefix, "path-prefix", "", `put before every path (e.g. "/check")`)
@@ -296,16 +312,40 @@ func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 	default:
 		return fmt.Errorf("loadtest replay: -progress %q: want auto, on or off", *progress)
 	}
+	if cfg.Phase != 0 && cfg.Align == 0 {
+		return errors.New("loadtest replay: -phase needs -align (the window grid it is a phase of)")
+	}
 	tr, err := traceFrom(*tracePath, *asLog, stdin)
 	if err != nil {
 		return err
 	}
+	cfg.OnStart = func(start time.Time) {
+		if cfg.Align > 0 {
+			fmt.Fprintf(stderr, "loadtest replay: starting at %s (in %s): phase %s against a %s window grid\n",
+				start.UTC().Format(time.RFC3339Nano), time.Until(start).Round(time.Millisecond), cfg.Phase, cfg.Align)
+		}
+	}
+	var results *os.File
+	if *resultsPath != "" {
+		if results, err = os.Create(*resultsPath); err != nil {
+			return fmt.Errorf("loadtest replay: -results: %w", err)
+		}
+		cfg.Results = results
+	}
 	rep, err := loadtest.Replay(ctx, cfg, tr)
+	if results != nil {
+		if cerr := results.Close(); cerr != nil && rep != nil && rep.ResultsError == "" {
+			rep.ResultsError = cerr.Error()
+		}
+	}
 	if rep == nil {
 		return err
 	}
 	if werr := writeReport(stdout, *asJSON, rep, rep.WriteText); err == nil {
 		err = werr
+	}
+	if err == nil && rep.ResultsError != "" {
+		err = fmt.Errorf("loadtest replay: -results %s: %s", *resultsPath, rep.ResultsError)
 	}
 	return err
 }
@@ -324,12 +364,18 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.StringVar(&cfg.CheckPrefix, "check-prefix", "/check", "path prefix stripped before matching, as the edge's")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	judgeIt := fs.Bool("judge", false, "judge every decision with the aggregator's judge: the algorithm's own accuracy, undistributed")
+	phase := fs.Duration("phase", 0, "the trace's offset 0 this far past a window boundary: origin = the Unix epoch (a multiple of every window) + phase, as replay -align W -phase D runs it live")
 	phases := fs.Int("phases", 1, "with -judge: run the trace this many times, its start shifted by k/N of the longest window against the window grid, and report each phase's accuracy with the worst and the mean (a trace that starts on a window boundary flatters the sliding-window estimate)")
 	if err := parse(fs, args, 0); err != nil {
 		return err
 	}
-	if *phases < 1 || *phases > 64 || *phases > 1 && (!*judgeIt || *tracePath == "-" || *origin != "") {
-		return errors.New("loadtest offline: -phases N: 1 to 64, with -judge, a -trace file and no -origin")
+	phaseSet := false
+	fs.Visit(func(f *flag.Flag) { phaseSet = phaseSet || f.Name == "phase" })
+	if *phases < 1 || *phases > 64 || *phases > 1 && (!*judgeIt || *tracePath == "-" || *origin != "" || phaseSet) {
+		return errors.New("loadtest offline: -phases N: 1 to 64, with -judge, a -trace file and no -origin or -phase")
+	}
+	if *phase < 0 || phaseSet && *origin != "" {
+		return errors.New("loadtest offline: -phase D: at least 0, and not with -origin (it sets the origin)")
 	}
 	rs, err := edge.LoadFiles(*rulesPath, *overrides) // the edge's own loader: same files, same built-in rule
 	if err != nil {
@@ -340,6 +386,9 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		if cfg.Origin, err = time.Parse(time.RFC3339Nano, *origin); err != nil {
 			return fmt.Errorf("loadtest offline: -origin: %w", err)
 		}
+	}
+	if phaseSet {
+		cfg.Origin = time.Unix(0, 0).Add(*phase).UTC()
 	}
 	tr, err := traceFrom(*tracePath, *asLog, stdin)
 	if err != nil {

@@ -1,0 +1,49 @@
+-- wrk script for scripts/bench-edge.sh's HTTP peers: each request a POST of
+-- one JSON rate limit check for a key drawn from N keys by Zipf(s), as
+-- loadtest/wrk/zipf.lua draws its X-API-Key (same seed, same keys).
+-- WRK_BODY picks the API:
+--   ratelimit   envoyproxy/ratelimit's /json: {"domain":"bench","descriptors":[{"entries":[{"key":"user","value":KEY}]}]}
+--   gubernator  gubernator's /v1/GetRateLimits: one token-bucket request,
+--               WRK_LIMIT hits per WRK_DURATION_MS (default 1,000,000 per minute)
+-- on PATH (env WRK_PATH).
+local N = tonumber(os.getenv("WRK_KEYS") or "10000")
+local S = tonumber(os.getenv("WRK_ZIPF_S") or "1.1")
+local PATH = os.getenv("WRK_PATH") or "/"
+local KIND = os.getenv("WRK_BODY") or "ratelimit"
+local LIMIT = os.getenv("WRK_LIMIT") or "1000000"
+local DURMS = os.getenv("WRK_DURATION_MS") or "60000"
+local cdf = {}
+local bodies = {}
+local headers = { ["Content-Type"] = "application/json" }
+
+function init(args)
+  local total = 0
+  for i = 1, N do total = total + 1 / (i ^ S) end
+  local acc = 0
+  for i = 1, N do
+    acc = acc + 1 / (i ^ S) / total
+    cdf[i] = acc
+    local key = "key-" .. i
+    if KIND == "gubernator" then
+      bodies[i] = '{"requests":[{"name":"bench","unique_key":"' .. key .. '","hits":1,"limit":' .. LIMIT ..
+        ',"duration":' .. DURMS .. ',"algorithm":0}]}'
+    else
+      bodies[i] = '{"domain":"bench","descriptors":[{"entries":[{"key":"user","value":"' .. key .. '"}]}]}'
+    end
+  end
+  math.randomseed(12345)
+end
+
+local function pick()
+  local u = math.random()
+  local lo, hi = 1, N
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if cdf[mid] < u then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
+function request()
+  return wrk.format("POST", PATH, headers, bodies[pick()])
+end
