@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/loadtest"
+	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
 )
 
@@ -57,6 +58,9 @@ type options struct {
 	duration   time.Duration
 	exit       bool
 	dir        string
+	install    bool
+	align      time.Duration
+	phase      time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -74,8 +78,17 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.duration, "duration", 20*time.Second, "length of the built-in replay")
 	fs.BoolVar(&o.exit, "exit", false, "stop after the replay instead of serving until Ctrl-C")
 	fs.StringVar(&o.dir, "dir", "", "working directory for binaries, configs and logs (default: a new temporary one)")
+	fs.BoolVar(&o.install, "install", true, "install memcached and prometheus with apt-get when they are missing and pop runs as root (as scripts/test.sh does)")
+	fs.DurationVar(&o.align, "align", 0, "start the replay at a wall-clock multiple of this (a rule's window), as loadtest replay -align (default: at once)")
+	fs.DurationVar(&o.phase, "phase", 0, "with -align W: start this far past a multiple of W, as loadtest replay -phase")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.phase < 0 || o.phase > 0 && o.phase >= o.align {
+		return nil, errors.New("-phase D needs -align W and 0 ≤ D < W")
 	}
 	return o, nil
 }
@@ -132,16 +145,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	windows, err := ruleWindows(rulesPath)
+	if err != nil { // the edges will say more; the summary goes without phases
+		fmt.Fprintf(stderr, "pop: WARNING: reading the rules' windows: %v\n", err)
+	}
+
+	// memcached and prometheus: installed with apt-get when missing and
+	// root, else named with what the PoP does without them.
+	found := ensureTools(ctx, realSystem, o.install, stdout, stderr)
 
 	var procs procSet
 	defer procs.stop(stdout)
 
-	// Memcached shards, or a loud fallback.
+	// Memcached shards, or a loud fallback (said by ensureTools).
 	var memcache []string
-	if bin, err := exec.LookPath("memcached"); err != nil {
-		fmt.Fprintln(stderr, "pop: WARNING: memcached is not installed (apt-get install memcached):")
-		fmt.Fprintln(stderr, "pop: WARNING: each edge falls back to its own in-memory store, so limits do NOT hold across edges")
-	} else {
+	if bin := found["memcached"]; bin != "" {
 		for _, p := range shardPorts {
 			addr := "127.0.0.1:" + strconv.Itoa(p)
 			args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(p), "-U", "0", "-m", "256", "-t", "2"}
@@ -161,7 +179,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// The aggregator and its embedded broker.
 	if err := procs.start(ctx, o.dir, "aggregator", filepath.Join(o.dir, "aggregator"),
-		"-listen", o.aggregator, "-embedded-broker", o.broker, "-partitions", "4", "-lateness", "2s"); err != nil {
+		"-listen", o.aggregator, "-embedded-broker", o.broker, "-partitions", "4", "-lateness", "2s",
+		"-top-keys", "1000"); err != nil { // enough wrongly allowed keys listed for each rule's worst
 		return err
 	}
 	if err := waitHTTP(ctx, "http://"+o.aggregator+"/healthz", procs.exited("aggregator")); err != nil {
@@ -201,7 +220,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// Prometheus, when installed.
 	promURL := ""
-	if bin, err := exec.LookPath("prometheus"); err == nil {
+	if bin := found["prometheus"]; bin != "" {
 		cfg, err := preparePrometheus(o.dir, root, admins, o.aggregator)
 		if err != nil {
 			return err
@@ -218,18 +237,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		promURL = "http://" + o.prometheus
 		say("prometheus on %s", promURL)
 	} else {
-		say("prometheus is not installed (apt-get install prometheus): no dashboards this time")
+		say("prometheus is not installed (sudo apt-get install prometheus): no dashboards this time")
 	}
 
 	// The built-in replay through both edges.
 	say("replaying %v of traffic at %.0f requests/s through both edges: Zipf clients, an abuser, credential stuffing", o.duration, o.rate)
-	rep, err := replay(ctx, o, targets)
+	rep, err := replay(ctx, o, targets, stdout)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout)
 	if err := rep.WriteText(stdout); err != nil {
 		return err
+	}
+	fmt.Fprintln(stdout)
+	if err := writeSummary(stdout, rep, windows); err != nil {
+		return err
+	}
+	if len(memcache) == 0 {
+		say("WARNING: without memcached each edge counted alone: the figures above are not a shared PoP's")
 	}
 	fmt.Fprintln(stdout)
 	say("look at:")
@@ -250,7 +276,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // replay runs the built-in mix through the edges and fetches the
 // aggregator's report at the end.
-func replay(ctx context.Context, o *options, targets []string) (*loadtest.Report, error) {
+func replay(ctx context.Context, o *options, targets []string, stdout io.Writer) (*loadtest.Report, error) {
 	zipf, err := loadtest.Zipf(loadtest.ZipfConfig{Seed: 1, Clients: 2000, Rate: o.rate * 0.9, Duration: o.duration})
 	if err != nil {
 		return nil, err
@@ -266,11 +292,35 @@ func replay(ctx context.Context, o *options, targets []string) (*loadtest.Report
 		return nil, err
 	}
 	cfg := loadtest.ReplayConfig{Targets: targets, AggregatorURL: "http://" + o.aggregator + "/report",
-		AggregatorWait: 4 * time.Second}
+		AggregatorWait: 4 * time.Second, Align: o.align, Phase: o.phase}
+	if o.align > 0 {
+		cfg.OnStart = func(start time.Time) {
+			fmt.Fprintf(stdout, "pop: the replay starts at %s (in %s): phase %s against a %s window grid\n",
+				start.UTC().Format(time.RFC3339Nano), time.Until(start).Round(time.Millisecond), o.phase, o.align)
+		}
+	}
 	if isTerminal(os.Stderr) {
 		cfg.Progress = os.Stderr
 	}
 	return loadtest.Replay(ctx, cfg, loadtest.Mix(zipf, abuser, stuffing))
+}
+
+// ruleWindows returns each rule's window, from the rules file the edges
+// read.
+func ruleWindows(path string) (map[string]time.Duration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := rules.ParseRules(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	out := map[string]time.Duration{}
+	for _, r := range rs.Rules {
+		out[r.Name] = r.Window
+	}
+	return out, nil
 }
 
 func isTerminal(f *os.File) bool {
