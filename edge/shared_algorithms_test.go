@@ -128,8 +128,11 @@ rules:
 					if float64(admitted) > bound+slack {
 						t.Errorf("admitted %d of 60, want ≤ %.2f (+%v)", admitted, bound, slack)
 					}
-					if admitted < 20 {
-						t.Errorf("admitted %d of 60, want the burst of 20", admitted)
+					// Sync admits the whole burst. Async may refuse a few
+					// of it when the replies that would show the room
+					// still there come late (as under the race detector).
+					if least := map[string]int{"sync": 20, "async": 15}[mode]; admitted < least {
+						t.Errorf("admitted %d of 60, want at least %d of the burst of 20", admitted, least)
 					}
 				})
 			}
