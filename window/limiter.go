@@ -348,12 +348,9 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 		d := Decision{Verdict: v, Limit: limit}
 		if failed {
 			// Decided on a view the store could not refresh.
-			if r.Fail == FailClosed {
-				l.m.fallbackClosed.Inc()
-				return l.closed(t, r, limit)
+			if d = l.fellBack(t, r, d); d.Fallback == FallbackClosed {
+				return d
 			}
-			l.m.fallbackOpen.Inc()
-			d.Fallback = FallbackOpen
 		}
 		if !v.Allowed && r.Action == Block {
 			d.ReleaseAt = t + int64(r.Timeout)

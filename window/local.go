@@ -1,7 +1,5 @@
 package window
 
-import "math"
-
 // localState is one key's state under a per-edge algorithm (token bucket,
 // leaky bucket, sliding log). These algorithms do not reduce to an
 // increment-only shared counter, so each edge enforces them alone: a
@@ -73,22 +71,7 @@ func (l *Limiter) decideLocal(t int64, r *Policy, key, limit, cost uint64) Decis
 	st := s.localGet(l, key, t, r)
 	ok, remaining, releaseAt := localAllow(r, st, t, limit, cost, true)
 	s.mu.Unlock()
-	d := Decision{Limit: limit}
-	d.Allowed = ok
-	d.Remaining = uint64(max(remaining, 0))
-	d.Estimate = float64(int64(limit) - max(remaining, 0))
-	w := int64(r.Window)
-	d.ResetAt = windowStart(t, w) + w
-	if !ok {
-		d.ReleaseAt = releaseAt
-		if releaseAt == math.MaxInt64 {
-			d.ReleaseAt = 0 // never: cost above the bucket
-		}
-		if r.Action == Block {
-			d.ReleaseAt = t + int64(r.Timeout)
-		}
-	}
-	return d
+	return l.stateDecision(t, r, limit, cost, ok, remaining, releaseAt)
 }
 
 func (l *Limiter) recordLocal(t int64, r *Policy, key, cost uint64) {

@@ -161,7 +161,7 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 	}
 	if r.Fail == FailClosed && l.health != nil && !l.health.Healthy() {
 		l.m.fallbackClosed.Inc()
-		return l.closedState(t, r, limit)
+		return l.closed(t, r, limit)
 	}
 	lb := bucketOf(r, limit)
 	n := int64(cost)
@@ -232,12 +232,8 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 		d := l.stateDecision(t, r, limit, cost, ok, remaining, releaseAt)
 		d.Delay = delay
 		if failed {
-			if r.Fail == FailClosed {
-				l.m.fallbackClosed.Inc()
-				return l.closedState(t, r, limit)
-			}
-			l.m.fallbackOpen.Inc()
-			d.Fallback = FallbackOpen
+			// Decided on a view the store could not refresh.
+			return l.fellBack(t, r, d)
 		}
 		return d
 	}
@@ -309,8 +305,16 @@ func (l *Limiter) stateDecision(t int64, r *Policy, limit, cost uint64, ok bool,
 	return d
 }
 
-func (l *Limiter) closedState(t int64, r *Policy, limit uint64) Decision {
-	d := l.closed(t, r, limit)
+// fellBack applies r's failure policy to d, decided on a view the store
+// could not refresh: fail-closed rules refuse, fail-open ones keep d,
+// marked, and both are counted.
+func (l *Limiter) fellBack(t int64, r *Policy, d Decision) Decision {
+	if r.Fail == FailClosed {
+		l.m.fallbackClosed.Inc()
+		return l.closed(t, r, d.Limit)
+	}
+	l.m.fallbackOpen.Inc()
+	d.Fallback = FallbackOpen
 	return d
 }
 
@@ -341,7 +345,7 @@ func (l *Limiter) decideStateSync(ctx context.Context, t int64, r *Policy, key, 
 		l.m.storeErrors.Inc()
 		if r.Fail == FailClosed {
 			l.m.fallbackClosed.Inc()
-			return l.closedState(t, r, limit)
+			return l.closed(t, r, limit)
 		}
 		l.m.fallbackOpen.Inc()
 		d := l.stateDecision(t, r, limit, cost, true, 0, t)
