@@ -96,6 +96,7 @@ rules:
     mode: %s
 `, alg, mode))
 					c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+					defer c.CloseIdleConnections()
 					var mu sync.Mutex
 					var got []attempt
 					var wg sync.WaitGroup
@@ -155,6 +156,7 @@ rules:
     algorithm: sliding_log
 `)
 			c := &http.Client{Timeout: 5 * time.Second}
+			defer c.CloseIdleConnections()
 			var got []attempt
 			for i := range 150 {
 				got = append(got, attemptAt(t, c, addrs[i%2]))
@@ -187,5 +189,55 @@ rules:
 				t.Errorf("admitted %d, want at least %d", len(ok), min)
 			}
 		})
+	}
+}
+
+// A delay rule queues a burst: the requests over the rate are answered
+// Window/Limit apart, burst of them waiting, the rest refused; the waits
+// are counted and the events say how long.
+func TestDelayRuleQueuesThroughAnEdge(t *testing.T) {
+	e := edgetest.Start(t, `
+rules:
+  - name: uploads
+    path_prefix: /api
+    key: [ip]
+    limit: 10
+    window: 1s
+    burst: 3
+    algorithm: leaky_bucket
+    action: delay
+    mode: sync
+`, edge.Options{})
+	c := &http.Client{Timeout: 5 * time.Second}
+	defer c.CloseIdleConnections()
+	var mu sync.Mutex
+	var took []time.Duration
+	refused := 0
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := attemptAt(t, c, e.Addr())
+			mu.Lock()
+			defer mu.Unlock()
+			if a.ok {
+				took = append(took, time.Duration(a.answered-a.sent))
+			} else {
+				refused++
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	t.Logf("answered after %v; %d refused", took, refused)
+	if len(took) != 4 || refused != 2 {
+		t.Fatalf("%d admitted and %d refused, want 4 (one served, 3 waiting) and 2", len(took), refused)
+	}
+	if took[3] < 250*time.Millisecond || took[3] > 2*time.Second {
+		t.Errorf("the last queued request answered after %v, want about 300ms", took[3])
+	}
+	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_queue_delay_seconds"); n < 3 {
+		t.Errorf("poplimit_edge_queue_delay_seconds counted %v waits, want 3", n)
 	}
 }
