@@ -15,6 +15,8 @@
 #   blocked          a rule of 10 a minute most requests exceed (the block cache answers)
 #   redis-async      the edge with the Redis store (-redis, one redis-server), async rule
 #   redis-sync       the same, sync rule (a Redis round trip each)
+#   sync-tb, redis-sync-tb  a sync token bucket on memcached (gets + cas) and on
+#                    Redis (one script call), read against the sync sliding window
 #   nethttp-bare     loadtest/middlewarebench: net/http answering 200 "ok"
 #   nethttp          the same handler behind middleware.NetHTTP (edge.Build, 3 memcached shards), async rule
 #   fasthttp-bare    loadtest/middlewarebench: fasthttp answering 200 "ok"
@@ -52,7 +54,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=3 DUR=8 WARM=1 CONNS=64 EVENTS=on PIN=on PEERS=on OUT=${BENCH_OUT:-}
 if [ "${QUICK:-0}" = 1 ]; then ROUNDS=1 DUR=2 WARM=1; fi
-ALL="bare async sync blocked redis-async redis-sync nethttp-bare nethttp fasthttp-bare fasthttp gubernator ratelimit-json rls-bare rls-sync rls-async ratelimit-grpc"
+ALL="bare async sync sync-tb blocked redis-async redis-sync redis-sync-tb nethttp-bare nethttp fasthttp-bare fasthttp gubernator ratelimit-json rls-bare rls-sync rls-async ratelimit-grpc"
 TARGETS=$ALL
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -121,7 +123,7 @@ if want redis-async || want redis-sync; then
     echo "bench-edge: installing redis-server with apt-get" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null || true
   fi
-  command -v redis-server >/dev/null || { note "no redis-server (apt-get install redis-server): the Redis rows are skipped"; drop redis-async; drop redis-sync; }
+  command -v redis-server >/dev/null || { note "no redis-server (apt-get install redis-server): the Redis rows are skipped"; drop redis-async; drop redis-sync; drop redis-sync-tb; }
 fi
 
 # --- servers --------------------------------------------------------------
@@ -153,6 +155,13 @@ rules:
     limit: 100000000
     window: 1m
     mode: sync
+  - name: sync-tb
+    path_prefix: /synctb
+    key: ["header:X-API-Key"]
+    limit: 100000000
+    window: 1m
+    algorithm: token_bucket
+    mode: sync
   - name: blocked
     path_prefix: /blocked
     key: ["header:X-API-Key"]
@@ -182,16 +191,18 @@ if want bare; then
   p=$(port); $SRV "$tmp/bare" -listen "127.0.0.1:$p" & pids+=($!)
   pid[bare]=$! addr[bare]=127.0.0.1:$p path[bare]=/ kind[bare]=get body[bare]=""; wait_port "$p"
 fi
-if want async || want sync || want blocked; then
+if want async || want sync || want sync-tb || want blocked; then
   start_edge edge -rules "$tmp/rules.yaml" -memcache "$memcache"
   http_target async edge /async/x; http_target sync edge /sync/x; http_target blocked edge /blocked/x
+  http_target sync-tb edge /synctb/x
 fi
-if want redis-async || want redis-sync; then
+if want redis-async || want redis-sync || want redis-sync-tb; then
   rp=$(port)
   $REST redis-server --bind 127.0.0.1 --port "$rp" --save "" --appendonly no --daemonize no --loglevel warning >"$tmp/redis.log" 2>&1 & pids+=($!)
   wait_port "$rp"
   start_edge edge-redis -rules "$tmp/rules.yaml" -redis "127.0.0.1:$rp"
   http_target redis-async edge-redis /async/x; http_target redis-sync edge-redis /sync/x
+  http_target redis-sync-tb edge-redis /synctb/x
 fi
 for k in nethttp-bare nethttp fasthttp-bare fasthttp; do
   want $k || continue
@@ -258,9 +269,11 @@ cat > "$tmp/rows" <<'ROWS'
 bare	-	ratelimit-json	gubernator	fasthttp answering 200 (loadtest/bare)
 async	bare	ratelimit-json	gubernator	edge, async rule, 3 memcached shards
 sync	bare	ratelimit-json	gubernator	edge, sync rule (a memcached round trip each)
+sync-tb	sync	ratelimit-json	gubernator	edge, sync token bucket (memcached gets + cas each); CPU ratio to sync
 blocked	bare	ratelimit-json	gubernator	edge, blocked keys (block cache, 429)
 redis-async	bare	ratelimit-json	gubernator	edge, Redis store, async rule
 redis-sync	bare	ratelimit-json	gubernator	edge, Redis store, sync rule
+redis-sync-tb	redis-sync	ratelimit-json	gubernator	edge, Redis store, sync token bucket (one script call each); CPU ratio to redis-sync
 nethttp-bare	bare	ratelimit-json	gubernator	net/http answering "ok" (loadtest/middlewarebench)
 nethttp	nethttp-bare	ratelimit-json	gubernator	middleware.NetHTTP, async rule, 3 memcached shards
 fasthttp-bare	bare	ratelimit-json	gubernator	fasthttp answering "ok" (loadtest/middlewarebench)
