@@ -501,6 +501,9 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		return true
 	}
 	v := c.lim.Decide(context.Background(), d.now, &r.Policy, h, limit, cost)
+	if v.At > ev.Time {
+		ev.Time = v.At // decided after a wait for the store: judged when decided
+	}
 	d.Quota.Remaining, d.Quota.ResetAt, d.Quota.ReleaseAt = v.Remaining, v.ResetAt, v.ReleaseAt
 	ev.Estimate = float32(v.Estimate)
 	if v.Delay > 0 && v.Allowed {

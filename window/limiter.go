@@ -132,6 +132,12 @@ type Decision struct {
 	// Delay is how long an admitted request of a Delay rule waits before
 	// it is served: its place in the key's queue.
 	Delay time.Duration
+	// At is when the request was decided, Unix ns, when that is later than
+	// the now it was asked at: it waited for the store's reply (a key new
+	// here, a bucket past its share), and was decided, and counted, at
+	// the limiter clock's time after the wait, so that decisions keep the
+	// order of their times. 0: at now.
+	At int64
 }
 
 // Limiter runs rules over a Store. It keeps a local view of each active key
@@ -310,6 +316,7 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 	// would be admitted waits for the read (once), then is decided again.
 	// Not while the store is down: no read would come.
 	mayWait := l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load()
+	var waitedAt int64 // when a wait for the store's read ended
 	s := l.shardOf(key)
 	for {
 		s.mu.Lock()
@@ -336,6 +343,8 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 			}
 			l.awaitRead(ctx, key)
 			mayWait = false
+			t = max(t, l.cfg.Clock.Now().UnixNano())
+			waitedAt = t
 			continue
 		}
 		if v.Allowed || r.Action == Block {
@@ -345,7 +354,7 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 			}
 		}
 		s.mu.Unlock()
-		d := Decision{Verdict: v, Limit: limit}
+		d := Decision{Verdict: v, Limit: limit, At: waitedAt}
 		if failed {
 			// Decided on a view the store could not refresh.
 			if d = l.fellBack(t, r, d); d.Fallback == FallbackClosed {

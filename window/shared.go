@@ -198,6 +198,9 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 					}
 					l.awaitView(ctx, key, seq, deadline.Sub(now))
 					mayWait = time.Now().Before(deadline)
+					// Decided, and counted, when decided: after
+					// the requests that went on meanwhile.
+					t = max(t, l.cfg.Clock.Now().UnixNano())
 					continue
 				}
 				if known && !deadline.IsZero() {
@@ -231,6 +234,9 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 		s.mu.Unlock()
 		d := l.stateDecision(t, r, limit, cost, ok, remaining, releaseAt)
 		d.Delay = delay
+		if !deadline.IsZero() {
+			d.At = t
+		}
 		if failed {
 			// Decided on a view the store could not refresh.
 			return l.fellBack(t, r, d)
