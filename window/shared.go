@@ -53,6 +53,7 @@ type bucketView struct {
 	unseenAt int64            // when the reserve for unseen units was last renewed
 	othersAt int64            // when a reply last showed other edges' units
 	knownAt  int64            // when the first reply came
+	replyAt  int64            // when the last reply came
 	alone    bool             // replies have shown no other edge spending the key for a while
 	seq      uint32           // replies applied
 	peers    int32            // estimated edges spending this key, ≥ 1
@@ -176,7 +177,13 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 		if ok && n > 0 && !fresh && v.flags&bvFailed == 0 {
 			mine := v.pend + v.infl
 			known := v.flags&bvKnown != 0
-			if !known || !v.withinShare(t, mine, n, l.unsure()) {
+			within := known && v.withinShare(t, mine, n, l.unsure())
+			// A key other edges spend too, whose view no reply has
+			// refreshed for two flush intervals (this edge refused it
+			// meanwhile, so sent nothing): the room it shows may be
+			// theirs already.
+			stale := known && !v.alone && t-v.replyAt > 2*int64(l.cfg.FlushInterval)
+			if !within || stale {
 				if mayWait {
 					// A key new here, or past this edge's share of
 					// the room: wait for the next reply and decide
@@ -203,7 +210,7 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 					t = max(t, l.cfg.Clock.Now().UnixNano())
 					continue
 				}
-				if known && !deadline.IsZero() {
+				if known && !within && !deadline.IsZero() {
 					// Past its share, and no reply came in time to
 					// say the room is still there: refuse rather
 					// than spend the other edges' share.
@@ -248,12 +255,11 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 // withinShare reports whether this edge, having taken mine units since the
 // last reply, may take n more before the next: at most its share of the
 // room the reply showed (at t, less what the other edges likely took
-// unseen), or n when it has taken none and they fit.
+// unseen). An edge alone takes the whole room; one that shares the key
+// waits, when the room is small, until there is a share for each edge, so
+// two edges never take the same last unit.
 func (v *bucketView) withinShare(t, mine, n, unsure int64) bool {
 	room := v.lb.Remaining(v.shared, t) - v.unseen
-	if mine == 0 && n <= room {
-		return true
-	}
 	return (mine+n)*int64(v.peersFor(t, unsure)) <= room
 }
 
@@ -502,6 +508,7 @@ func (s *shard) applyView(l *Limiter, t int64, op *StateOp) {
 		return
 	}
 	v.flags &^= bvFailed
+	v.replyAt = t
 	if v.kind != StateGCRA {
 		v.flags |= bvKnown
 		return
