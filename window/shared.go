@@ -177,7 +177,7 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 		if ok && n > 0 && !fresh && v.flags&bvFailed == 0 {
 			mine := v.pend + v.infl
 			known := v.flags&bvKnown != 0
-			within := known && v.withinShare(t, mine, n, l.unsure())
+			within := known && v.withinShare(t, mine, n)
 			// A key other edges spend too, whose view no reply has
 			// refreshed for two flush intervals (this edge refused it
 			// meanwhile, so sent nothing): the room it shows may be
@@ -258,9 +258,9 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 // unseen). An edge alone takes the whole room; one that shares the key
 // waits, when the room is small, until there is a share for each edge, so
 // two edges never take the same last unit.
-func (v *bucketView) withinShare(t, mine, n, unsure int64) bool {
+func (v *bucketView) withinShare(t, mine, n int64) bool {
 	room := v.lb.Remaining(v.shared, t) - v.unseen
-	return (mine+n)*int64(v.peersFor(t, unsure)) <= room
+	return (mine+n)*int64(v.peersFor()) <= room
 }
 
 // peersFor is the number of edges this one shares the key's room with:
@@ -268,7 +268,7 @@ func (v *bucketView) withinShare(t, mine, n, unsure int64) bool {
 // edge took any for a while (unsure after the key became known here, or
 // after others last took some), since their latest units may not have
 // landed yet.
-func (v *bucketView) peersFor(t, unsure int64) int32 {
+func (v *bucketView) peersFor() int32 {
 	if !v.alone {
 		return max(v.peers, 2)
 	}
@@ -540,7 +540,7 @@ func (s *shard) applyView(l *Limiter, t int64, op *StateOp) {
 		// much of the room for them until a reply shows it, for at most
 		// a few flush intervals (by then it has landed, unless its
 		// flusher runs late), so the reserve does not accumulate.
-		pe := v.peersFor(t, l.unsure())
+		pe := v.peersFor()
 		reserve := int64(0)
 		if pe > 1 {
 			reserve = int64(pe-1) * v.share
@@ -557,7 +557,7 @@ func (s *shard) applyView(l *Limiter, t int64, op *StateOp) {
 	if v.flags&bvKnown == 0 {
 		v.knownAt, v.alone = t, false
 	}
-	v.share = max(0, v.lb.Remaining(reply, t)-v.unseen) / int64(v.peersFor(t, l.unsure()))
+	v.share = max(0, v.lb.Remaining(reply, t)-v.unseen) / int64(v.peersFor())
 	v.shared = reply
 	v.view = reply
 	if v.pend > 0 {
