@@ -580,3 +580,34 @@ func TestFloodDoesNotEvictReturningKeys(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkFlush measures one flush of the async path as the flusher runs
+// it under load: 10,000 keys known, 200 decisions over 150 of them between
+// two flushes 5 ms apart (about 40,000 decisions a second), a memory store.
+// ns/op is per flush; the idle sweep's share of it is what sweepEvery
+// bounds.
+func BenchmarkFlush(b *testing.B) {
+	clock := newSimClock(t0)
+	l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+	r := mustRules(b, "rules: [{name: b, limit: 1000000000, window: 1m}]").Rules[0]
+	keys := make([]uint64, 10_000)
+	for i := range keys {
+		keys[i] = r.Hash([]byte{byte(i), byte(i >> 8)})
+	}
+	ctx := context.Background()
+	for _, k := range keys {
+		l.Decide(ctx, clock.Now(), &r.Policy, k, r.Limit, 1)
+	}
+	l.Flush(ctx, clock.Now())
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		clock.Add(5 * time.Millisecond)
+		now := clock.Now()
+		for n := range 200 {
+			l.Decide(ctx, now, &r.Policy, keys[(i+n%150)%len(keys)], r.Limit, 1)
+		}
+		i += 37
+		l.Flush(ctx, now)
+	}
+}

@@ -3,6 +3,7 @@ package window
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // entry is the local view of one key under one rule: 64 bytes.
@@ -53,6 +54,7 @@ type shard struct {
 	spare  []uint32               // the previous queue, reused
 	hand   int                    // eviction hand (CLOCK)
 	sweep  int                    // idle-sweep cursor
+	swept  int64                  // when the idle sweep last ran (Unix ns)
 	max    int                    // entries at most
 	local  map[uint64]*localState // per-edge algorithms' keys (local.go)
 	views  map[uint64]*bucketView // shared buckets' and logs' keys (shared.go)
@@ -227,8 +229,28 @@ func (s *shard) alloc(l *Limiter) uint32 {
 	return uint32(victim)
 }
 
-// sweepPerFlush bounds the entries one flush checks for idleness per shard.
+// sweepPerFlush bounds the entries one sweep checks for idleness per shard
+// (in each of its tables: the counters' slab, the per-edge states, the
+// shared views).
 const sweepPerFlush = 256
+
+// sweepEvery is how often a shard's idle sweep runs at most: a flush
+// every few milliseconds does not need to look for idle entries each time
+// (64 shards × 256 entries × 200 flushes a second was a third of the
+// flusher's CPU), and an entry idle for two of its windows (a second at
+// least) is freed within sweepEvery × entries/256 more, the bound on the
+// table (MaxKeys, least recently used out first) holding meanwhile.
+const sweepEvery = int64(100 * time.Millisecond)
+
+// sweepDue reports whether the shard's idle sweep runs at t, and if so
+// notes that it ran. s.mu must be held.
+func (s *shard) sweepDue(t int64) bool {
+	if t-s.swept < sweepEvery && t >= s.swept {
+		return false
+	}
+	s.swept = t
+	return true
+}
 
 // take swaps out the shard's flush queue: the entries to visit in this
 // flush. Entries queued meanwhile go into a fresh queue, for the next flush.
@@ -298,10 +320,16 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 		return k, ops
 	}
 	s.spare = q[:0]
+	if !s.sweepDue(t) {
+		return k, ops
+	}
 	s.sweepLocal(t, sweepPerFlush)
+	s.sweepViews(t, sweepPerFlush)
 	// Free entries idle for two of their windows with nothing in flight.
 	for n := 0; n < sweepPerFlush && len(s.slab) > 0; n++ {
-		s.sweep = (s.sweep + 1) % len(s.slab)
+		if s.sweep++; s.sweep >= len(s.slab) {
+			s.sweep = 0
+		}
 		e := &s.slab[s.sweep]
 		if t-e.last <= 2*e.win || e.flags&flagQueued != 0 || e.infl != 0 || e.prevInfl != 0 {
 			continue

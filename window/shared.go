@@ -444,8 +444,7 @@ func (l *Limiter) flushStates(ctx context.Context, t int64, st *FlushStats) {
 				ops = append(ops, op)
 			}
 			if k == len(q) {
-				s.vspare = q[:0]
-				s.sweepViews(t, sweepPerFlush)
+				s.vspare = q[:0] // idle views are swept by collect
 			}
 			s.mu.Unlock()
 			if len(ops) >= l.cfg.MaxFlushOps {
