@@ -63,8 +63,8 @@
 // # Frames
 //
 // A producer sends each partition's events in frames, one Kafka message
-// each, of up to FrameEvents events (default 256) and FrameBytes bytes
-// (default 16 KiB), instead of one message per event: the per-message work
+// each, of up to FrameEvents events (default 1024) and FrameBytes bytes
+// (default 64 KiB), instead of one message per event: the per-message work
 // of kafka-go and of the broker (record headers, batching, requests) is
 // shared by a frame's events. A frame is a header and the events, each
 // with its length:
