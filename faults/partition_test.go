@@ -197,8 +197,8 @@ rules:
 			t.Errorf("%+v: no decisions after the heal settled", k)
 			continue
 		}
-		if p, p0 := pct(h.OverAdmitted, h.Decisions), pct(b.OverAdmitted, b.Decisions); p > p0+5 || h.WronglyLimited > 0 {
-			t.Errorf("%+v after the heal settled: %v; before the partition %.1f%% admitted beyond the limit: want no worse", k, h, p0)
+		if worse(h.OverAdmitted, h.Decisions, b.OverAdmitted, b.Decisions, 5) || h.WronglyLimited > 0 {
+			t.Errorf("%+v after the heal settled: %v; before the partition %.1f%% admitted beyond the limit: want no worse", k, h, pct(b.OverAdmitted, b.Decisions))
 		}
 		if ex := over[k][3] / (float64(h.Decisions) / 15); ex > limit/5 {
 			t.Errorf("%+v after the heal settled: %+.1f admitted over the allowance per client-second, want about none", k, ex)
