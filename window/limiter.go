@@ -176,8 +176,9 @@ type Limiter struct {
 	waiting atomic.Int32 // requests in awaitRead: a batch wakes them only if any
 	started atomic.Bool
 	down    atomic.Bool   // the flusher backs off: every op of its last flush failed
-	poke    chan struct{} // wakes the flusher for a waiting request
-	timers  sync.Pool     // *time.Timer for those waits
+	poke    chan struct{} // wakes the flusher for a waiting request, or from its park
+	park    flusherPark
+	timers  sync.Pool // *time.Timer for those waits
 	m       *metrics
 	hm      *histMetrics
 	done    chan struct{}
@@ -208,11 +209,12 @@ func New(cfg Config, store Store) (*Limiter, error) {
 		done:   make(chan struct{}),
 		poke:   make(chan struct{}, 1),
 	}
+	l.park.poke = l.poke
 	l.health, _ = store.(interface{ Healthy() bool })
 	l.state, _ = store.(StateStore)
 	perShard := (cfg.MaxKeys + n - 1) / n
 	for i := range l.shards {
-		l.shards[i].init(perShard, histBuckets)
+		l.shards[i].init(perShard, histBuckets, &l.park)
 	}
 	l.ops.New = func() any { s := make([]Op, 0, 64); return &s }
 	l.sops.New = func() any { s := make([]StateOp, 0, 16); return &s }
@@ -269,8 +271,59 @@ func (l *Limiter) Start() {
 				backoff, next = 0, time.Time{}
 				l.down.Store(false)
 			}
+			if st.Ops == 0 && l.parkFlusher(t) {
+				return
+			}
 		}
 	}()
+}
+
+// flusherPark lets the flusher sleep while there is nothing to flush, so
+// an idle limiter does not wake every FlushInterval: the first entry
+// queued afterwards wakes it.
+type flusherPark struct {
+	parked atomic.Bool
+	poke   chan struct{}
+}
+
+// wake wakes the flusher if it is parked. The shard's lock is held, which
+// orders the queue's growth before the flusher's last look at it.
+func (p *flusherPark) wake() {
+	if p.parked.Load() {
+		select {
+		case p.poke <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// parkFlusher parks the flusher while every queue is empty, stopping its
+// ticker meanwhile, and reports whether the limiter was closed. A flush
+// that sent nothing calls it; entries waiting for their grace, failed
+// increments and reads due stay queued, so a limiter with anything left
+// to do never parks. Idle entries are not swept while it is parked: the
+// table is bounded by MaxKeys, and the sweep goes on with the traffic.
+func (l *Limiter) parkFlusher(t *time.Ticker) (closed bool) {
+	l.park.parked.Store(true)
+	defer l.park.parked.Store(false)
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		busy := len(s.queue) > 0 || len(s.vqueue) > 0
+		s.mu.Unlock()
+		if busy {
+			return false
+		}
+	}
+	t.Stop()
+	defer t.Reset(l.cfg.FlushInterval)
+	l.m.flusherParks.Inc()
+	select {
+	case <-l.done:
+		return true
+	case <-l.poke:
+		return false
+	}
 }
 
 // Close stops the flusher and flushes what is pending one last time, within

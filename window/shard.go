@@ -62,12 +62,15 @@ type shard struct {
 	vspare []uint64               // the previous vqueue, reused
 	hists  hists                  // hot keys' window shapes (hist.go)
 
+	flusher *flusherPark // the limiter's: a queue that grows wakes it if parked
+
 	n atomic.Int64 // live entries, read without mu
 	_ [64]byte     // keep neighbouring shards' locks off this cache line
 }
 
-func (s *shard) init(max, k int) {
+func (s *shard) init(max, k int, f *flusherPark) {
 	s.idx = make(map[uint64]uint32)
+	s.flusher = f
 	s.max = max
 	s.hists.init(max, k)
 }
@@ -159,6 +162,7 @@ func (s *shard) enqueue(i uint32) {
 	}
 	e.flags |= flagQueued
 	s.queue = append(s.queue, i)
+	s.flusher.wake()
 }
 
 // evictScan bounds how many entries one allocation looks at for a victim.

@@ -152,6 +152,7 @@ func (s *shard) enqueueView(key uint64, v *bucketView) {
 	}
 	v.flags |= bvQueued
 	s.vqueue = append(s.vqueue, key)
+	s.flusher.wake()
 }
 
 // decideState decides a token or leaky bucket or sliding log rule over the

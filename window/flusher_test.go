@@ -1,0 +1,44 @@
+package window
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestIdleFlusherParks: a started limiter with nothing to flush stops
+// waking every FlushInterval (no store calls, one park while idle), and the
+// first decision after the idle spell is flushed at once.
+func TestIdleFlusherParks(t *testing.T) {
+	store := &countingStore{Store: NewMemStore(SystemClock)}
+	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond, StoreTimeout: 20 * time.Millisecond})
+	l.Start()
+	r := mustRules(t, "rules: [{name: a, limit: 100, window: 1s}]").Rules[0]
+	ctx := context.Background()
+	l.Decide(ctx, time.Now(), &r.Policy, r.Hash([]byte("k")), r.Limit, 1)
+	calls := func() int64 { return store.incrs.Load() + store.reads.Load() + store.decrs.Load() }
+	parks := func() float64 { return testutil.ToFloat64(l.m.flusherParks) }
+	deadline := time.Now().Add(5 * time.Second)
+	for (store.incrs.Load() != 1 || parks() < 1) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if store.incrs.Load() != 1 || parks() < 1 {
+		t.Fatalf("after one decision: %d increments sent, %v parks; want 1 and the flusher parked", store.incrs.Load(), parks())
+	}
+	c0, p0 := calls(), parks()
+	time.Sleep(100 * time.Millisecond) // 100 flush intervals
+	if c, p := calls(), parks(); c != c0 || p != p0 {
+		t.Errorf("idle for 100 intervals: %d store ops and %v parks more, want none (the flusher sleeps)", c-c0, p-p0)
+	}
+	begin := time.Now()
+	l.Decide(ctx, time.Now(), &r.Policy, r.Hash([]byte("k")), r.Limit, 1)
+	for store.incrs.Load() != 2 && time.Since(begin) < 5*time.Second {
+		time.Sleep(100 * time.Microsecond)
+	}
+	if store.incrs.Load() != 2 {
+		t.Fatalf("the decision after the idle spell was never flushed")
+	}
+	t.Logf("flushed %v after the decision that woke the flusher", time.Since(begin).Round(time.Microsecond))
+}
