@@ -156,7 +156,7 @@ rules:
     window: 1m
     mode: sync
   - name: sync-tb
-    path_prefix: /synctb
+    path_prefix: /tb
     key: ["header:X-API-Key"]
     limit: 100000000
     window: 1m
@@ -194,7 +194,7 @@ fi
 if want async || want sync || want sync-tb || want blocked; then
   start_edge edge -rules "$tmp/rules.yaml" -memcache "$memcache"
   http_target async edge /async/x; http_target sync edge /sync/x; http_target blocked edge /blocked/x
-  http_target sync-tb edge /synctb/x
+  http_target sync-tb edge /tb/x
 fi
 if want redis-async || want redis-sync || want redis-sync-tb; then
   rp=$(port)
@@ -202,7 +202,7 @@ if want redis-async || want redis-sync || want redis-sync-tb; then
   wait_port "$rp"
   start_edge edge-redis -rules "$tmp/rules.yaml" -redis "127.0.0.1:$rp"
   http_target redis-async edge-redis /async/x; http_target redis-sync edge-redis /sync/x
-  http_target redis-sync-tb edge-redis /synctb/x
+  http_target redis-sync-tb edge-redis /tb/x
 fi
 for k in nethttp-bare nethttp fasthttp-bare fasthttp; do
   want $k || continue
