@@ -162,9 +162,8 @@ type Limiter struct {
 	ops  sync.Pool // *[]Op for flushes and sync decisions
 	sops sync.Pool // *[]StateOp likewise
 	// sync queues the sync decisions that wait for a store call
-	// (syncbatch.go); syncBatches pools the lists of those in one call.
-	sync        syncCombiner
-	syncBatches sync.Pool
+	// (syncbatch.go).
+	sync combiner[Op]
 	// syncMu makes the sync decisions of one key take turns (shared.go).
 	syncMu [syncStripes]sync.Mutex
 	// stateRTT is the recent duration of a flush batch of state ops, ns.
@@ -227,6 +226,7 @@ func New(cfg Config, store Store) (*Limiter, error) {
 	if l.hm, err = newHistMetrics(cfg.Registerer, l); err != nil {
 		return nil, err
 	}
+	l.initCombiners()
 	return l, nil
 }
 
@@ -532,7 +532,7 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit
 	if needPrev {
 		ops = append(ops, Op{Key: key, Start: (start - w) / 1e6})
 	}
-	l.doSync(ctx, ops) // at most StoreTimeout, in a call shared with others waiting
+	l.sync.do(ctx, ops) // at most StoreTimeout, in a call shared with others waiting
 	l.m.storeOps.Add(float64(len(ops)))
 	inc := ops[0]
 	prev := prevLocal
@@ -606,7 +606,7 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit
 	if !v.Allowed && r.Action == Throttle {
 		// A throttle counts admitted requests only: take ours back.
 		ops = append(ops[:0], Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
-		l.doSync(context.WithoutCancel(ctx), ops)
+		l.sync.do(context.WithoutCancel(ctx), ops)
 		l.m.storeOps.Inc()
 		if ops[0].Err != nil {
 			l.m.storeErrors.Inc()

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Sync decisions share store calls. A sync decision needs the store's
@@ -24,6 +26,11 @@ import (
 // passes while it is queued leaves the queue, and one whose call outlives
 // it abandons its outcome to the sender. Ops on one key in one call keep
 // their order: the store applies them in the order they were queued.
+// Only counter ops (Store.Do) are combined. Sync bucket and log decisions
+// already take turns per key on an edge (a compare-and-swap each, see
+// decideStateSync), which is what queues them under load: combined, a call
+// found 1.0-1.2 decisions to share and the CPU per request did not move
+// (scripts/profile-edge.sh -path /tb/x, two rounds alternated).
 
 // maxSyncCalls bounds the store calls of sync decisions in flight at once
 // on one limiter. Measured on one core against memcached (64 connections,
@@ -34,8 +41,8 @@ import (
 const maxSyncCalls = 2
 
 // A syncCall is one sync decision's store ops on their way.
-type syncCall struct {
-	ops      [2]Op
+type syncCall[T any] struct {
+	ops      [2]T
 	n        int
 	deadline time.Time
 	// wake (capacity 1) tells the waiting decision that its ops have their
@@ -52,47 +59,58 @@ const (
 	callAbandoned              // its decision stopped waiting: the sender recycles it
 )
 
-// syncCombiner is the queue of sync decisions waiting for a store call.
-type syncCombiner struct {
+// combiner is the queue of sync decisions waiting for a store call, T the
+// store's op.
+type combiner[T any] struct {
 	mu    sync.Mutex
-	queue []*syncCall
+	queue []*syncCall[T]
 	busy  int // store calls in flight, and senders designated
-	calls sync.Pool
+	max   int // store calls in flight at most
+
+	send    func(ctx context.Context, ops []T) // the store call
+	fail    func(op *T, err error)             // an op's outcome when its decision gives up
+	timeout time.Duration                      // a decision's wait at most (StoreTimeout)
+	maxOps  int                                // ops in one call at most (MaxFlushOps)
+	sizes   prometheus.Observer                // decisions per call
+	timers  *sync.Pool                         // *time.Timer, the limiter's
+
+	calls   sync.Pool // *syncCall[T]
+	batches sync.Pool // *[]*syncCall[T], the decisions of one call
+	bufs    sync.Pool // *[]T, the ops of one call
 }
 
-func (c *syncCombiner) get() *syncCall {
-	sc, _ := c.calls.Get().(*syncCall)
+func (c *combiner[T]) get() *syncCall[T] {
+	sc, _ := c.calls.Get().(*syncCall[T])
 	if sc == nil {
-		sc = &syncCall{wake: make(chan bool, 1)}
+		sc = &syncCall[T]{wake: make(chan bool, 1)}
 	}
 	sc.state.Store(callQueued)
 	return sc
 }
 
-func (c *syncCombiner) put(sc *syncCall) {
+func (c *combiner[T]) put(sc *syncCall[T]) {
 	clear(sc.ops[:])
 	sc.n = 0
 	c.calls.Put(sc)
 }
 
-// doSync performs ops (one or two, of one sync decision) on the store,
-// in a call shared with the sync decisions queued meanwhile, and writes
-// their outcomes into ops. It returns when they have their outcome or
-// the decision's deadline has passed (then the ops not answered fail with
+// do performs ops (one or two, of one sync decision) on the store, in a
+// call shared with the sync decisions queued meanwhile, and writes their
+// outcomes into ops. It returns when they have their outcome or the
+// decision's deadline has passed (then the ops not answered fail with
 // context.DeadlineExceeded).
-func (l *Limiter) doSync(ctx context.Context, ops []Op) {
-	c := &l.sync
+func (c *combiner[T]) do(ctx context.Context, ops []T) {
 	sc := c.get()
 	sc.n = copy(sc.ops[:], ops)
-	sc.deadline = time.Now().Add(l.cfg.StoreTimeout)
+	sc.deadline = time.Now().Add(c.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(sc.deadline) {
 		sc.deadline = d
 	}
 	c.mu.Lock()
-	if c.busy < maxSyncCalls {
+	if c.busy < c.max {
 		c.busy++
 		c.mu.Unlock()
-		l.sendSync(ctx, sc)
+		c.lead(ctx, sc)
 		copy(ops, sc.ops[:sc.n])
 		c.put(sc)
 		return
@@ -100,19 +118,19 @@ func (l *Limiter) doSync(ctx context.Context, ops []Op) {
 	c.queue = append(c.queue, sc)
 	c.mu.Unlock()
 
-	tm, _ := l.timers.Get().(*time.Timer)
+	tm, _ := c.timers.Get().(*time.Timer)
 	if tm == nil {
 		tm = time.NewTimer(time.Until(sc.deadline))
 	} else {
 		tm.Reset(time.Until(sc.deadline))
 	}
-	defer func() { tm.Stop(); l.timers.Put(tm) }()
+	defer func() { tm.Stop(); c.timers.Put(tm) }()
 	select {
 	case done := <-sc.wake:
 		if !done {
 			// This decision sends the next call: the queue's oldest, its
 			// deadline the earliest.
-			l.sendSync(ctx, sc)
+			c.lead(ctx, sc)
 		}
 		copy(ops, sc.ops[:sc.n])
 		c.put(sc)
@@ -131,7 +149,7 @@ func (l *Limiter) doSync(ctx context.Context, ops []Op) {
 			}
 		}
 		c.mu.Unlock()
-		failSync(ops, context.DeadlineExceeded)
+		c.failAll(ops)
 		c.put(sc)
 		return
 	case callLead:
@@ -140,7 +158,7 @@ func (l *Limiter) doSync(ctx context.Context, ops []Op) {
 		<-sc.wake
 		c.handOn()
 		c.mu.Unlock()
-		failSync(ops, context.DeadlineExceeded)
+		c.failAll(ops)
 		c.put(sc)
 		return
 	}
@@ -148,7 +166,7 @@ func (l *Limiter) doSync(ctx context.Context, ops []Op) {
 	// In flight: the call's deadline is no later than this one's, so its
 	// outcome is due now; if it is not written yet, give it up.
 	if sc.state.CompareAndSwap(callInFlight, callAbandoned) {
-		failSync(ops, context.DeadlineExceeded)
+		c.failAll(ops)
 		return // the sender recycles sc
 	}
 	<-sc.wake // done meanwhile: the sender is sending true
@@ -156,18 +174,25 @@ func (l *Limiter) doSync(ctx context.Context, ops []Op) {
 	c.put(sc)
 }
 
-// sendSync sends lead's ops and those of the decisions queued, as one
-// store call bounded by lead's deadline, delivers every outcome, and then
-// hands the turn to the next queued decision, if any.
-func (l *Limiter) sendSync(ctx context.Context, lead *syncCall) {
-	c := &l.sync
-	opsp := l.ops.Get().(*[]Op)
+// lead sends lead's ops and those of the decisions queued, as one store
+// call bounded by lead's deadline, delivers every outcome, and then hands
+// the turn to the next queued decision, if any.
+func (c *combiner[T]) lead(ctx context.Context, lead *syncCall[T]) {
+	opsp, _ := c.bufs.Get().(*[]T)
+	if opsp == nil {
+		s := make([]T, 0, 64)
+		opsp = &s
+	}
+	batch, _ := c.batches.Get().(*[]*syncCall[T])
+	if batch == nil {
+		s := make([]*syncCall[T], 0, 64)
+		batch = &s
+	}
 	ops := append((*opsp)[:0], lead.ops[:lead.n]...)
-	batch := l.syncBatchBuf()
 	c.mu.Lock()
 	lead.state.Store(callInFlight)
 	take := 0
-	for take < len(c.queue) && len(ops)+c.queue[take].n <= l.cfg.MaxFlushOps {
+	for take < len(c.queue) && len(ops)+c.queue[take].n <= c.maxOps {
 		sc := c.queue[take]
 		sc.state.Store(callInFlight)
 		ops = append(ops, sc.ops[:sc.n]...)
@@ -179,9 +204,9 @@ func (l *Limiter) sendSync(ctx context.Context, lead *syncCall) {
 	c.mu.Unlock()
 
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), lead.deadline)
-	l.store.Do(cctx, ops)
+	c.send(cctx, ops)
 	cancel()
-	l.m.syncCalls.Observe(float64(1 + len(*batch)))
+	c.sizes.Observe(float64(1 + len(*batch)))
 	at := copy(lead.ops[:lead.n], ops)
 	lead.state.Store(callDone)
 	for _, sc := range *batch {
@@ -194,10 +219,10 @@ func (l *Limiter) sendSync(ctx context.Context, lead *syncCall) {
 	}
 	clear(*batch)
 	*batch = (*batch)[:0]
-	l.syncBatches.Put(batch)
+	c.batches.Put(batch)
 	clear(ops)
 	*opsp = ops[:0]
-	l.ops.Put(opsp)
+	c.bufs.Put(opsp)
 
 	c.mu.Lock()
 	c.handOn()
@@ -206,7 +231,7 @@ func (l *Limiter) sendSync(ctx context.Context, lead *syncCall) {
 
 // handOn gives a finished sender's turn to the oldest queued decision, or
 // frees it. c.mu must be held.
-func (c *syncCombiner) handOn() {
+func (c *combiner[T]) handOn() {
 	if len(c.queue) == 0 {
 		c.busy--
 		return
@@ -218,25 +243,25 @@ func (c *syncCombiner) handOn() {
 }
 
 // remove takes the queue's i-th decision out. c.mu must be held.
-func (c *syncCombiner) remove(i int) {
+func (c *combiner[T]) remove(i int) {
 	n := len(c.queue) - 1
 	copy(c.queue[i:], c.queue[i+1:])
 	c.queue[n] = nil
 	c.queue = c.queue[:n]
 }
 
-func (l *Limiter) syncBatchBuf() *[]*syncCall {
-	b, _ := l.syncBatches.Get().(*[]*syncCall)
-	if b == nil {
-		s := make([]*syncCall, 0, 64)
-		b = &s
+func (c *combiner[T]) failAll(ops []T) {
+	for i := range ops {
+		c.fail(&ops[i], context.DeadlineExceeded)
 	}
-	return b
 }
 
-// failSync sets err on every op.
-func failSync(ops []Op, err error) {
-	for i := range ops {
-		ops[i].Value, ops[i].Err = 0, err
+// initCombiners sets up the limiter's queue of sync decisions.
+func (l *Limiter) initCombiners() {
+	l.sync = combiner[Op]{
+		send:    l.store.Do,
+		fail:    func(op *Op, err error) { op.Value, op.Err = 0, err },
+		timeout: l.cfg.StoreTimeout, maxOps: l.cfg.MaxFlushOps, max: maxSyncCalls,
+		sizes: l.m.syncCalls, timers: &l.timers,
 	}
 }
