@@ -250,13 +250,17 @@ func (l *Limiter) Start() {
 		defer t.Stop()
 		var backoff time.Duration
 		var next time.Time
+		woke := false // from a park: flush at once
 		for {
-			select {
-			case <-l.done:
-				return
-			case <-l.poke: // a request waits for a new key's read
-			case <-t.C:
+			if !woke {
+				select {
+				case <-l.done:
+					return
+				case <-l.poke: // a request waits for a new key's read
+				case <-t.C:
+				}
 			}
+			woke = false
 			now := time.Now()
 			if now.Before(next) {
 				continue // the store is down: waiting requests time out
@@ -271,8 +275,11 @@ func (l *Limiter) Start() {
 				backoff, next = 0, time.Time{}
 				l.down.Store(false)
 			}
-			if st.Ops == 0 && l.parkFlusher(t) {
-				return
+			if st.Ops == 0 {
+				var closed bool
+				if woke, closed = l.parkFlusher(t); closed {
+					return
+				}
 			}
 		}
 	}()
@@ -298,12 +305,13 @@ func (p *flusherPark) wake() {
 }
 
 // parkFlusher parks the flusher while every queue is empty, stopping its
-// ticker meanwhile, and reports whether the limiter was closed. A flush
+// ticker meanwhile, and reports whether it parked and was woken (the
+// flusher then flushes at once) or the limiter was closed. A flush
 // that sent nothing calls it; entries waiting for their grace, failed
 // increments and reads due stay queued, so a limiter with anything left
 // to do never parks. Idle entries are not swept while it is parked: the
 // table is bounded by MaxKeys, and the sweep goes on with the traffic.
-func (l *Limiter) parkFlusher(t *time.Ticker) (closed bool) {
+func (l *Limiter) parkFlusher(t *time.Ticker) (woke, closed bool) {
 	l.park.parked.Store(true)
 	defer l.park.parked.Store(false)
 	for i := range l.shards {
@@ -312,7 +320,7 @@ func (l *Limiter) parkFlusher(t *time.Ticker) (closed bool) {
 		busy := len(s.queue) > 0 || len(s.vqueue) > 0
 		s.mu.Unlock()
 		if busy {
-			return false
+			return false, false
 		}
 	}
 	t.Stop()
@@ -320,9 +328,9 @@ func (l *Limiter) parkFlusher(t *time.Ticker) (closed bool) {
 	l.m.flusherParks.Inc()
 	select {
 	case <-l.done:
-		return true
+		return false, true
 	case <-l.poke:
-		return false
+		return true, false
 	}
 }
 

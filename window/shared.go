@@ -194,15 +194,25 @@ func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limi
 						s.enqueueView(key, v) // a read
 					}
 					s.mu.Unlock()
-					select {
-					case l.poke <- struct{}{}:
-					default:
+					if !known {
+						// A key new here: its first read at once. Past
+						// its share, the next flush is soon enough, and
+						// not hammering the store with reads while
+						// replies tell whether the edge is alone.
+						select {
+						case l.poke <- struct{}{}:
+						default:
+						}
 					}
 					now := time.Now()
 					if deadline.IsZero() {
 						// Long enough to learn from the replies
-						// whether other edges spend the key.
-						deadline = now.Add(max(l.cfg.NewKeyWait, time.Duration(l.unsure())+l.cfg.FlushInterval))
+						// whether other edges spend the key: the
+						// first reply (a flush and a round trip),
+						// unsure() after it with no other edge's
+						// units, and the reply that shows it.
+						rt := l.cfg.FlushInterval + time.Duration(l.stateRTT.Load())
+						deadline = now.Add(max(l.cfg.NewKeyWait, time.Duration(l.unsure())+2*rt+l.cfg.FlushInterval))
 					}
 					l.awaitView(ctx, key, seq, deadline.Sub(now))
 					mayWait = time.Now().Before(deadline)
