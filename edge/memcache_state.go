@@ -23,21 +23,25 @@ var ErrContention = errors.New("edge: memcached state: compare-and-swap lost to 
 // StateRounds is the most gets-then-cas rounds MemcacheStore.DoState runs
 // for one op, the first included: an op whose cas (or add) loses to
 // another writer is read again and retried at once, with no wait, and
-// fails with ErrContention after the 8th loss.
+// fails with ErrContention after the 16th loss.
 //
 // Every round that an op loses, another writer of its key won (memcached's
 // cas lets exactly one writer of one version through), and the limiter
 // sends at most one operation per key at a time from each edge (sync
-// decisions of one key take turns; the flusher sends one per key), so
-// eight rounds get an op through a burst of up to eight edges writing the
-// key at once. Beyond that failing fast (one op's worth of fallback) is
-// better than spinning. Each round is two round trips (DoValues calls,
+// decisions of one key take turns; the flusher sends one per key). But the
+// winner's edge starts its next op of the key at once, so against another
+// edge's stream of them each round is a race the op may lose again: with
+// 8 rounds, one of 60 concurrent decisions of one key dealt over two edges
+// fell back in 1 of 23 bursts (TestSharedBucketBurstThroughTwoEdges);
+// 16 rounds make losing them all to one other edge a chance of 2^-16 per
+// op. Beyond that failing fast (one op's worth of fallback) is better than
+// spinning. Each round is two round trips (DoValues calls,
 // each within the client's BatchTimeout and ctx), so a call is at most
 // 2·StateRounds of them; and since a failure or a timeout ends an op at
 // once, never retried, a call waits out at most one BatchTimeout per
 // shard that stops answering during it, the other round trips being
 // answers.
-const StateRounds = 8
+const StateRounds = 16
 
 // errContention is the error of an op that lost every round.
 var errContention = fmt.Errorf("%w (%d rounds)", ErrContention, StateRounds)
