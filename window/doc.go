@@ -45,7 +45,8 @@
 // flush for it has landed, so it is read once per key per window, after a
 // grace of one flush interval plus the store timeout. A flush sends its
 // operations in batches of at most Config.MaxFlushOps, so its memory does
-// not grow with the keys queued.
+// not grow with the keys queued; a flush that finds nothing to send parks
+// the flusher until a key is queued, so an idle limiter does not wake.
 //
 // A key new to this edge (a new or restarted edge, a view evicted or idle
 // for a window) has its first request decided at once from this edge's
@@ -60,7 +61,9 @@
 // interval + store round trip), and at least one request per edge, since an
 // edge learns the global count from the reply to its own increment. Sync
 // mode, for rules where exactness comes first, does one store increment on
-// the request path and decides on the reply.
+// the request path and decides on the reply; the sync decisions that
+// arrive while two store calls of them are in flight go together in the
+// next (syncbatch.go), each still bounded by its own store timeout.
 //
 // The limiter's clock is a dependency (Clock) and Flush takes the time as a
 // parameter, so tests drive it, flusher included, in simulated time.
