@@ -163,7 +163,7 @@ type Limiter struct {
 	sops sync.Pool // *[]StateOp likewise
 	// sync queues the sync decisions that wait for a store call
 	// (syncbatch.go).
-	sync combiner[Op]
+	sync combiner
 	// syncMu makes the sync decisions of one key take turns (shared.go).
 	syncMu [syncStripes]sync.Mutex
 	// stateRTT is the recent duration of a flush batch of state ops, ns.

@@ -29,20 +29,21 @@ import (
 // Only counter ops (Store.Do) are combined. Sync bucket and log decisions
 // already take turns per key on an edge (a compare-and-swap each, see
 // decideStateSync), which is what queues them under load: combined, a call
-// found 1.0-1.2 decisions to share and the CPU per request did not move
-// (scripts/profile-edge.sh -path /tb/x, two rounds alternated).
+// found 1.0-1.2 decisions to share, and the CPU per request did not
+// improve (it got worse with two calls in flight; scripts/profile-edge.sh
+// -path /tb/x, two rounds alternated).
 
 // maxSyncCalls bounds the store calls of sync decisions in flight at once
 // on one limiter. Measured on one core against memcached (64 connections,
 // three rounds alternated): 2 made the fewest CPU per request and the most
 // requests a second (12-14 decisions a call), against 1 (29 a call, a
 // decision waits for the call before its own), 4 (5 a call) and none
-// (one call each: 20-37 % more CPU per request).
+// (one call each: 26-59 % more CPU per request).
 const maxSyncCalls = 2
 
 // A syncCall is one sync decision's store ops on their way.
-type syncCall[T any] struct {
-	ops      [2]T
+type syncCall struct {
+	ops      [2]Op
 	n        int
 	deadline time.Time
 	// wake (capacity 1) tells the waiting decision that its ops have their
@@ -59,36 +60,34 @@ const (
 	callAbandoned              // its decision stopped waiting: the sender recycles it
 )
 
-// combiner is the queue of sync decisions waiting for a store call, T the
-// store's op.
-type combiner[T any] struct {
+// combiner is the queue of sync decisions waiting for a store call.
+type combiner struct {
 	mu    sync.Mutex
-	queue []*syncCall[T]
+	queue []*syncCall
 	busy  int // store calls in flight, and senders designated
 	max   int // store calls in flight at most
 
-	send    func(ctx context.Context, ops []T) // the store call
-	fail    func(op *T, err error)             // an op's outcome when its decision gives up
-	timeout time.Duration                      // a decision's wait at most (StoreTimeout)
-	maxOps  int                                // ops in one call at most (MaxFlushOps)
-	sizes   prometheus.Observer                // decisions per call
-	timers  *sync.Pool                         // *time.Timer, the limiter's
+	send    func(ctx context.Context, ops []Op) // the store call
+	timeout time.Duration                       // a decision's wait at most (StoreTimeout)
+	maxOps  int                                 // ops in one call at most (MaxFlushOps)
+	sizes   prometheus.Observer                 // decisions per call
+	timers  *sync.Pool                          // *time.Timer, the limiter's
 
-	calls   sync.Pool // *syncCall[T]
-	batches sync.Pool // *[]*syncCall[T], the decisions of one call
-	bufs    sync.Pool // *[]T, the ops of one call
+	calls   sync.Pool // *syncCall
+	batches sync.Pool // *[]*syncCall, the decisions of one call
+	bufs    sync.Pool // *[]Op, the ops of one call
 }
 
-func (c *combiner[T]) get() *syncCall[T] {
-	sc, _ := c.calls.Get().(*syncCall[T])
+func (c *combiner) get() *syncCall {
+	sc, _ := c.calls.Get().(*syncCall)
 	if sc == nil {
-		sc = &syncCall[T]{wake: make(chan bool, 1)}
+		sc = &syncCall{wake: make(chan bool, 1)}
 	}
 	sc.state.Store(callQueued)
 	return sc
 }
 
-func (c *combiner[T]) put(sc *syncCall[T]) {
+func (c *combiner) put(sc *syncCall) {
 	clear(sc.ops[:])
 	sc.n = 0
 	c.calls.Put(sc)
@@ -99,7 +98,7 @@ func (c *combiner[T]) put(sc *syncCall[T]) {
 // outcomes into ops. It returns when they have their outcome or the
 // decision's deadline has passed (then the ops not answered fail with
 // context.DeadlineExceeded).
-func (c *combiner[T]) do(ctx context.Context, ops []T) {
+func (c *combiner) do(ctx context.Context, ops []Op) {
 	sc := c.get()
 	sc.n = copy(sc.ops[:], ops)
 	sc.deadline = time.Now().Add(c.timeout)
@@ -177,15 +176,15 @@ func (c *combiner[T]) do(ctx context.Context, ops []T) {
 // lead sends lead's ops and those of the decisions queued, as one store
 // call bounded by lead's deadline, delivers every outcome, and then hands
 // the turn to the next queued decision, if any.
-func (c *combiner[T]) lead(ctx context.Context, lead *syncCall[T]) {
-	opsp, _ := c.bufs.Get().(*[]T)
+func (c *combiner) lead(ctx context.Context, lead *syncCall) {
+	opsp, _ := c.bufs.Get().(*[]Op)
 	if opsp == nil {
-		s := make([]T, 0, 64)
+		s := make([]Op, 0, 64)
 		opsp = &s
 	}
-	batch, _ := c.batches.Get().(*[]*syncCall[T])
+	batch, _ := c.batches.Get().(*[]*syncCall)
 	if batch == nil {
-		s := make([]*syncCall[T], 0, 64)
+		s := make([]*syncCall, 0, 64)
 		batch = &s
 	}
 	ops := append((*opsp)[:0], lead.ops[:lead.n]...)
@@ -231,7 +230,7 @@ func (c *combiner[T]) lead(ctx context.Context, lead *syncCall[T]) {
 
 // handOn gives a finished sender's turn to the oldest queued decision, or
 // frees it. c.mu must be held.
-func (c *combiner[T]) handOn() {
+func (c *combiner) handOn() {
 	if len(c.queue) == 0 {
 		c.busy--
 		return
@@ -243,24 +242,23 @@ func (c *combiner[T]) handOn() {
 }
 
 // remove takes the queue's i-th decision out. c.mu must be held.
-func (c *combiner[T]) remove(i int) {
+func (c *combiner) remove(i int) {
 	n := len(c.queue) - 1
 	copy(c.queue[i:], c.queue[i+1:])
 	c.queue[n] = nil
 	c.queue = c.queue[:n]
 }
 
-func (c *combiner[T]) failAll(ops []T) {
+func (c *combiner) failAll(ops []Op) {
 	for i := range ops {
-		c.fail(&ops[i], context.DeadlineExceeded)
+		ops[i].Value, ops[i].Err = 0, context.DeadlineExceeded
 	}
 }
 
 // initCombiners sets up the limiter's queue of sync decisions.
 func (l *Limiter) initCombiners() {
-	l.sync = combiner[Op]{
+	l.sync = combiner{
 		send:    l.store.Do,
-		fail:    func(op *Op, err error) { op.Value, op.Err = 0, err },
 		timeout: l.cfg.StoreTimeout, maxOps: l.cfg.MaxFlushOps, max: maxSyncCalls,
 		sizes: l.m.syncCalls, timers: &l.timers,
 	}
