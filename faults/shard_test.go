@@ -320,8 +320,9 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 			if g.Fallback > 0 || g.WronglyLimited > 0 {
 				t.Errorf("%s, keys of other shards, %s the outage: %v; want no fallback and nobody refused within the limit", name, phaseNames[ph], g)
 			}
-			if p, p0 := pct(g.OverAdmitted, g.Decisions), pct(base.OverAdmitted, base.Decisions); p > p0+5 {
-				t.Errorf("%s, keys of other shards, %s the outage: %.1f%% admitted beyond the limit, %.1f%% before", name, phaseNames[ph], p, p0)
+			if worse(g.OverAdmitted, g.Decisions, base.OverAdmitted, base.Decisions, 5) {
+				t.Errorf("%s, keys of other shards, %s the outage: %.1f%% admitted beyond the limit, %.1f%% before", name, phaseNames[ph],
+					pct(g.OverAdmitted, g.Decisions), pct(base.OverAdmitted, base.Decisions))
 			}
 		}
 	}
