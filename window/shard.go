@@ -240,8 +240,9 @@ const sweepPerFlush = 256
 
 // sweepEvery is how often a shard's idle sweep runs at most: a flush
 // every few milliseconds does not need to look for idle entries each time
-// (64 shards × 256 entries × 200 flushes a second was a third of the
-// flusher's CPU), and an entry idle for two of its windows (a second at
+// (64 shards × 256 entries × 200 flushes a second: BenchmarkFlush took
+// 99-103 µs a flush with it, 36-39 µs without), and an entry idle for two
+// of its windows (a second at
 // least) is freed within sweepEvery × entries/256 more, the bound on the
 // table (MaxKeys, least recently used out first) holding meanwhile.
 const sweepEvery = int64(100 * time.Millisecond)
