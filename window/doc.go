@@ -61,9 +61,7 @@
 // interval + store round trip), and at least one request per edge, since an
 // edge learns the global count from the reply to its own increment. Sync
 // mode, for rules where exactness comes first, does one store increment on
-// the request path and decides on the reply; the sync decisions that
-// arrive while two store calls of them are in flight go together in the
-// next (syncbatch.go), each still bounded by its own store timeout.
+// the request path and decides on the reply.
 //
 // The limiter's clock is a dependency (Clock) and Flush takes the time as a
 // parameter, so tests drive it, flusher included, in simulated time.

@@ -32,8 +32,7 @@ type Config struct {
 	// edge's admissions within FlushInterval plus one store round trip.
 	FlushInterval time.Duration // default 5ms
 	// StoreTimeout bounds every store call: a flush, a read, and the one
-	// increment of a sync decision (its wait for a call shared with other
-	// sync decisions included).
+	// increment of a sync decision.
 	StoreTimeout time.Duration // default 100ms
 	// MaxKeys bounds the keys whose local view is kept (all rules together).
 	// Past it, the least recently used views are evicted; a key idle for two
@@ -161,9 +160,6 @@ type Limiter struct {
 
 	ops  sync.Pool // *[]Op for flushes and sync decisions
 	sops sync.Pool // *[]StateOp likewise
-	// sync queues the sync decisions that wait for a store call
-	// (syncbatch.go).
-	sync combiner
 	// syncMu makes the sync decisions of one key take turns (shared.go).
 	syncMu [syncStripes]sync.Mutex
 	// stateRTT is the recent duration of a flush batch of state ops, ns.
@@ -226,7 +222,6 @@ func New(cfg Config, store Store) (*Limiter, error) {
 	if l.hm, err = newHistMetrics(cfg.Registerer, l); err != nil {
 		return nil, err
 	}
-	l.initCombiners()
 	return l, nil
 }
 
@@ -540,7 +535,9 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit
 	if needPrev {
 		ops = append(ops, Op{Key: key, Start: (start - w) / 1e6})
 	}
-	l.sync.do(ctx, ops) // at most StoreTimeout, in a call shared with others waiting
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	l.store.Do(ctx, ops)
+	cancel()
 	l.m.storeOps.Add(float64(len(ops)))
 	inc := ops[0]
 	prev := prevLocal
@@ -614,7 +611,9 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit
 	if !v.Allowed && r.Action == Throttle {
 		// A throttle counts admitted requests only: take ours back.
 		ops = append(ops[:0], Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
-		l.sync.do(context.WithoutCancel(ctx), ops)
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
+		l.store.Do(ctx, ops)
+		cancel()
 		l.m.storeOps.Inc()
 		if ops[0].Err != nil {
 			l.m.storeErrors.Inc()
