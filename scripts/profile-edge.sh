@@ -4,25 +4,29 @@
 # aggregator's embedded broker) alone on CPU 1 with GOMAXPROCS=1, wrk -t1
 # -c64 over 10,000 Zipf(1.1) API keys, memcached and the aggregator on
 # CPU 0. It prints wrk's req/s and latency, the edge's CPU per request, the
-# CPU of every other process in cores, and keeps the edge's CPU profile
-# (pprof) and its /metrics at the end of the run. Use it to compare two
-# builds of the edge (-bin, alternated by the caller) or to see what a
-# change moved; scripts/bench-edge.sh is the side-by-side benchmark.
+# CPU of every other process in cores, and keeps the server's CPU profile
+# (cpu.pprof; with -path bare, the bare server's), the aggregator's
+# (aggregator.pprof) and the edge's /metrics at the end of the run. Use it
+# to compare two builds of the edge (-bin, alternated by the caller) or to
+# see what a change moved; scripts/bench-edge.sh is the side-by-side
+# benchmark.
 #
 # usage: scripts/profile-edge.sh [-path /async/x|/sync/x|/tb/x|/blocked/x|bare] [-duration S]
-#          [-bin EDGE_BINARY] [-profile on|off] [-out DIR] [-idle]
+#          [-bin EDGE_BINARY] [-profile on|off] [-out DIR] [-idle] [-delay MS]
 #   -path      the rule the load hits (bare: loadtest/bare instead of the edge)
 #   -bin       an edge binary to run instead of building ./cmd/edge
 #   -out       where cpu.pprof, metrics.txt and wrk.txt go (default: a temporary directory, printed)
 #   -idle      no load: the edge's CPU over 10 s after one request (what an idle edge costs)
+#   -delay     each wrk connection waits MS milliseconds between requests (an offered
+#              rate below saturation, the same for every server; default 0: closed loop)
 # Needs wrk, memcached, taskset, bc; the profile covers the run less 2 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-P=/async/x D=8 BIN="" PROFILE=on OUT="" IDLE=0
+P=/async/x D=8 BIN="" PROFILE=on OUT="" IDLE=0 DELAY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -path) P=$2; shift 2 ;; -duration) D=$2; shift 2 ;; -bin) BIN=$2; shift 2 ;;
-    -profile) PROFILE=$2; shift 2 ;; -out) OUT=$2; shift 2 ;; -idle) IDLE=1; shift ;;
+    -profile) PROFILE=$2; shift 2 ;; -out) OUT=$2; shift 2 ;; -idle) IDLE=1; shift ;; -delay) DELAY=$2; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -48,7 +52,8 @@ for _ in 1 2 3; do
   p=$(port); taskset -c 0 memcached -l 127.0.0.1 -p "$p" -U 0 -m 256 -t 1 -u root & pids+=($!); wait_port "$p"; shards+=("127.0.0.1:$p")
 done
 bp=$(port)
-taskset -c 0 "$bin/aggregator" -embedded-broker "127.0.0.1:$bp" -listen "127.0.0.1:$(port)" 2>"$OUT/aggregator.log" & pids+=($!)
+al=$(port)
+taskset -c 0 "$bin/aggregator" -embedded-broker "127.0.0.1:$bp" -listen "127.0.0.1:$al" -pprof 2>"$OUT/aggregator.log" & pids+=($!)
 wait_port "$bp"
 cat > "$bin/rules.yaml" <<'RULES'
 rules:
@@ -59,8 +64,8 @@ rules:
 RULES
 ep=$(port) ea=$(port)
 if [ "$P" = bare ]; then
-  env GOMAXPROCS=1 taskset -c 1 "$bin/bare" -listen "127.0.0.1:$ep" & pids+=($!)
-  P=/ PROFILE=off
+  env GOMAXPROCS=1 taskset -c 1 "$bin/bare" -listen "127.0.0.1:$ep" -pprof "127.0.0.1:$ea" & pids+=($!)
+  P=/
 else
   env GOMAXPROCS=1 taskset -c 1 "$BIN" -listen "127.0.0.1:$ep" -admin "127.0.0.1:$ea" -edge-id 1 -log-level warn \
     -brokers "127.0.0.1:$bp" -rules "$bin/rules.yaml" -memcache "$(IFS=,; echo "${shards[*]}")" -pprof 2>"$OUT/edge.log" & pids+=($!)
@@ -75,9 +80,13 @@ if [ "$IDLE" = 1 ]; then
 fi
 WRK_PATH=$P WRK_LIMIT=100000000 taskset -c 0 wrk -t1 -c64 -d2s -s loadtest/wrk/zipf.lua "http://127.0.0.1:$ep" >/dev/null # warm-up
 snapshot > "$bin/cpu0"; t0=$(date +%s.%N)
-WRK_PATH=$P WRK_LIMIT=100000000 taskset -c 0 wrk -t1 -c64 -d"${D}s" --latency -s loadtest/wrk/zipf.lua "http://127.0.0.1:$ep" > "$OUT/wrk.txt" 2>&1 &
+WRK_PATH=$P WRK_LIMIT=100000000 WRK_DELAY_MS=$DELAY taskset -c 0 wrk -t1 -c64 -d"${D}s" --latency -s loadtest/wrk/zipf.lua "http://127.0.0.1:$ep" > "$OUT/wrk.txt" 2>&1 &
 wp=$!
-if [ "$PROFILE" = on ]; then curl -s -o "$OUT/cpu.pprof" "http://127.0.0.1:$ea/debug/pprof/profile?seconds=$((D - 2))"; fi
+if [ "$PROFILE" = on ]; then
+  curl -s -o "$OUT/aggregator.pprof" "http://127.0.0.1:$al/debug/pprof/profile?seconds=$((D - 2))" &
+  curl -s -o "$OUT/cpu.pprof" "http://127.0.0.1:$ea/debug/pprof/profile?seconds=$((D - 2))"
+  wait $!
+fi
 wait $wp
 secs=$(echo "$(date +%s.%N) - $t0" | bc -l)
 snapshot > "$bin/cpu1"

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,9 @@ type config struct {
 	IdleFlush time.Duration
 	// ShutdownTimeout bounds the HTTP server's shutdown. Default 10 s.
 	ShutdownTimeout time.Duration
+	// Pprof serves /debug/pprof/ on Listen (off by default: Listen has
+	// no authentication, keep it on loopback when this is on).
+	Pprof bool
 
 	// onApply, when set (tests), sees every batch after the judge took it.
 	onApply func([]pipeline.Event)
@@ -298,6 +302,10 @@ func (a *aggregator) handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	if a.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
 	return mux
 }
 

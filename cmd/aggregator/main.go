@@ -90,6 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.IntVar(&cfg.Judge.Dedup, "dedup", 1<<18, "latest events remembered to drop exact copies (a batch produced or consumed twice); 0: off")
 	fs.DurationVar(&cfg.IdleFlush, "idle-flush", time.Second, "judge everything buffered after this long without events (0: never)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time to stop serving on SIGTERM")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof/ on -listen (no authentication: keep -listen on loopback)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	var ka kafkaauth.Flags
 	kafkaFlags(fs, &ka)

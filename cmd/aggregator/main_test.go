@@ -8,12 +8,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/poplimit/poplimit/judge"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // syncBuffer is an io.Writer safe for the logger and the test at once.
@@ -161,5 +163,29 @@ func TestRun(t *testing.T) {
 	}
 	if _, err := net.DialTimeout("tcp", broker, 200*time.Millisecond); err == nil {
 		t.Error("the embedded broker still accepts connections after run returned")
+	}
+}
+
+// TestPprofFlag: /debug/pprof/ is served with -pprof and not without.
+func TestPprofFlag(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		args := []string{}
+		if on {
+			args = append(args, "-pprof")
+		}
+		cfg, _, _, err := parseFlags(args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := &aggregator{cfg: cfg, reg: prometheus.NewRegistry()}
+		rec := httptest.NewRecorder()
+		a.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/pprof/", nil))
+		want := http.StatusNotFound
+		if on {
+			want = http.StatusOK
+		}
+		if rec.Code != want {
+			t.Errorf("-pprof %v: GET /debug/pprof/ answered %d, want %d", on, rec.Code, want)
+		}
 	}
 }

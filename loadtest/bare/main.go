@@ -6,6 +6,8 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 
@@ -14,7 +16,19 @@ import (
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:7090", "address to serve on")
+	pprofAddr := flag.String("pprof", "", "address to serve /debug/pprof/ on, to profile the baseline like the edge (default: none)")
 	flag.Parse()
+	if *pprofAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		go func() {
+			if err := http.ListenAndServe(*pprofAddr, mux); err != nil {
+				fmt.Fprintln(os.Stderr, "bare: pprof:", err)
+				os.Exit(1)
+			}
+		}()
+	}
 	srv := &fasthttp.Server{
 		Handler:               func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(fasthttp.StatusOK) },
 		Name:                  "bare",
