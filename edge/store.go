@@ -35,5 +35,13 @@ func (m *MemcacheStore) Do(ctx context.Context, ops []window.Op) {
 	m.ops.Put(p)
 }
 
+// Parts is the number of memcached shards (window.Placer): each fails on
+// its own, so sync decisions share a store call only with others of the
+// same shard.
+func (m *MemcacheStore) Parts() int { return m.Client.Shards() }
+
+// Place is the shard of the counter (key, start) now (window.Placer).
+func (m *MemcacheStore) Place(key uint64, start int64) int { return m.Client.Shard(key, start) }
+
 // Healthy reports whether any shard is in the ring.
 func (m *MemcacheStore) Healthy() bool { return m.Client.Healthy() }

@@ -209,6 +209,22 @@ func (s *Store) client(kind opKind) (rueidis.Client, error) {
 	return nil, fmt.Errorf("redisstore: %s %s: %w: not connected", kind, s.addr, ErrUnavailable)
 }
 
+// Parts is 1 (window.Placer): the counters of a standalone server, or of
+// the master a Sentinel names, are on one server, and a call to it
+// succeeds or fails whole.
+func (s *Store) Parts() int { return 1 }
+
+// Place is 0 (window.Placer) while connected to one server; -1 in cluster
+// mode or before the first connection, so that the limiter gives each sync
+// decision a call of its own rather than share one across cluster nodes,
+// which fail apart.
+func (s *Store) Place(uint64, int64) int {
+	if c := s.cl.Load(); c != nil && (*c).Mode() != rueidis.ClientModeCluster {
+		return 0
+	}
+	return -1
+}
+
 // Healthy reports whether the Store is connected and fewer than
 // FailureLimit consecutive calls went unanswered (every op of the call
 // failing for want of an answer: a timeout, a broken or refused

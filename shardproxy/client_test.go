@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bradfitz/gomemcache/memcache"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -528,5 +529,50 @@ func TestMetrics(t *testing.T) {
 	}
 	if problems, _ := testutil.GatherAndLint(reg); len(problems) != 0 {
 		t.Errorf("after a failed New: got lint problems %v", problems)
+	}
+}
+
+// TestShardNamesTheServingShard: Shard names the memcached server an
+// increment of the counter lands on (asked of each server directly), the
+// windows of one key on one shard; it does not allocate.
+func TestShardNamesTheServingShard(t *testing.T) {
+	ps := startShards(t, 3)
+	c := newClient(t, Config{Servers: serversOf(ps), Timeout: slow})
+	if got := c.Shards(); got != 3 {
+		t.Fatalf("Shards() = %d, want 3", got)
+	}
+	direct := make([]*memcache.Client, len(ps))
+	for i, p := range ps {
+		direct[i] = memcache.New(p.Addr)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	seen := make([]int, len(ps))
+	for range 60 {
+		key, start := rng.Uint64(), int64(rng.IntN(1e6))*60_000
+		want := c.Shard(key, start)
+		if other := c.Shard(key, start-60_000); other != want {
+			t.Fatalf("key %x: window %d on shard %d, the previous on %d; want one shard", key, start, want, other)
+		}
+		ops := []Op{{Key: key, Start: start, Delta: 1, TTL: time.Minute}}
+		c.Do(context.Background(), ops)
+		if ops[0].Err != nil {
+			t.Fatal(ops[0].Err)
+		}
+		for i, d := range direct {
+			_, err := d.Get(counterKey(key, start))
+			if has := err == nil; has != (i == want) {
+				t.Fatalf("key %x: Shard says %d, server %d has the counter: %v", key, want, i, has)
+			}
+		}
+		seen[want]++
+	}
+	for i, n := range seen {
+		if n == 0 {
+			t.Errorf("no counter on shard %d of 60: %v", i, seen)
+		}
+	}
+	allocs := testing.AllocsPerRun(100, func() { c.Shard(1, 2) })
+	if allocs != 0 {
+		t.Errorf("Shard allocates %v times a call, want 0", allocs)
 	}
 }

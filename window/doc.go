@@ -61,7 +61,11 @@
 // interval + store round trip), and at least one request per edge, since an
 // edge learns the global count from the reply to its own increment. Sync
 // mode, for rules where exactness comes first, does one store increment on
-// the request path and decides on the reply.
+// the request path and decides on the reply; the sync decisions of keys on
+// one part of the store (a memcached shard, see Placer) that arrive while
+// two store calls of that part are in flight go together in the next
+// (syncbatch.go), each still bounded by its own store timeout, and a hung
+// shard holds up only its own keys' decisions.
 //
 // The limiter's clock is a dependency (Clock) and Flush takes the time as a
 // parameter, so tests drive it, flusher included, in simulated time.

@@ -32,7 +32,8 @@ type Config struct {
 	// edge's admissions within FlushInterval plus one store round trip.
 	FlushInterval time.Duration // default 5ms
 	// StoreTimeout bounds every store call: a flush, a read, and the one
-	// increment of a sync decision.
+	// increment of a sync decision (its wait for a call shared with other
+	// sync decisions included).
 	StoreTimeout time.Duration // default 100ms
 	// MaxKeys bounds the keys whose local view is kept (all rules together).
 	// Past it, the least recently used views are evicted; a key idle for two
@@ -160,6 +161,10 @@ type Limiter struct {
 
 	ops  sync.Pool // *[]Op for flushes and sync decisions
 	sops sync.Pool // *[]StateOp likewise
+	// sync queues the sync decisions that wait for a store call, one
+	// queue per part of a Placer store (syncbatch.go); none: a call each.
+	sync   []combiner
+	placer Placer
 	// syncMu makes the sync decisions of one key take turns (shared.go).
 	syncMu [syncStripes]sync.Mutex
 	// stateRTT is the recent duration of a flush batch of state ops, ns.
@@ -222,6 +227,7 @@ func New(cfg Config, store Store) (*Limiter, error) {
 	if l.hm, err = newHistMetrics(cfg.Registerer, l); err != nil {
 		return nil, err
 	}
+	l.initCombiners()
 	return l, nil
 }
 
@@ -535,9 +541,7 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit
 	if needPrev {
 		ops = append(ops, Op{Key: key, Start: (start - w) / 1e6})
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
-	l.store.Do(ctx, ops)
-	cancel()
+	l.syncDo(ctx, ops) // at most StoreTimeout, in a call shared with others of its part waiting
 	l.m.storeOps.Add(float64(len(ops)))
 	inc := ops[0]
 	prev := prevLocal
@@ -611,9 +615,7 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit
 	if !v.Allowed && r.Action == Throttle {
 		// A throttle counts admitted requests only: take ours back.
 		ops = append(ops[:0], Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
-		l.store.Do(ctx, ops)
-		cancel()
+		l.syncDo(context.WithoutCancel(ctx), ops)
 		l.m.storeOps.Inc()
 		if ops[0].Err != nil {
 			l.m.storeErrors.Inc()

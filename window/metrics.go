@@ -17,6 +17,7 @@ type metrics struct {
 	flushOps       prometheus.Histogram
 	flushSeconds   prometheus.Histogram
 	flushBackoffs  prometheus.Counter
+	syncCalls      prometheus.Histogram
 	flusherParks   prometheus.Counter
 	newKeyRead     prometheus.Counter // waits that ended with the read (or its failure)
 	newKeyTimeout  prometheus.Counter // waits that ended with NewKeyWait
@@ -49,6 +50,8 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 			Name: "flush_backoffs_total", Help: "Flushes whose every operation failed, after which the flusher waited longer."}),
 		flusherParks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "flusher_parks_total", Help: "Times the flusher found nothing to flush and slept until an entry was queued."}),
+		syncCalls: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "sync_call_requests", Help: "Sync requests to the store (a decision's increment, a refusal's take-back) per store call: those that wait while the limiter's calls are all in flight share the next one.", Buckets: prometheus.ExponentialBuckets(1, 2, 10)}),
 		flushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 			Name: "flush_duration_seconds", Help: "Time one flush batch waited for the store.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14)}),
 	}
@@ -57,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 	}
 	keys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "keys", Help: "Keys with a local view in the limiter."}, func() float64 { return float64(l.Keys()) })
-	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, m.flusherParks, waits, keys} {
+	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, m.syncCalls, m.flusherParks, waits, keys} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

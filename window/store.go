@@ -34,3 +34,20 @@ type Op struct {
 type Store interface {
 	Do(ctx context.Context, ops []Op)
 }
+
+// Placer is implemented by a Store that says where its counters live, so
+// that sync decisions can share store calls (see the package doc): those
+// of counters in one part go together, and a call never mixes parts. A
+// part is what fails on its own: a memcached shard, one Redis server, one
+// process. A Store that is not a Placer gets a store call per sync
+// decision, as a call shared across servers that fail apart would make a
+// hung one hold up the decisions of the others.
+type Placer interface {
+	// Parts is the number of parts, fixed for the store's life.
+	Parts() int
+	// Place returns the part, 0 to Parts()-1, that holds the counter
+	// (key, start) now, or -1 when none does (every server is out). It is
+	// a hint: an op placed before a server is ejected may be served by
+	// another, which costs only the sharing. It must not allocate.
+	Place(key uint64, start int64) int
+}
