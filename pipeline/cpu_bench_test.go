@@ -168,6 +168,7 @@ func BenchmarkProducerCPU(b *testing.B) {
 		{"paced-20k-frames", 20_000, func(*pipeline.ProducerConfig) {}},
 		{"paced-20k-message-per-event", 20_000, perEvent},
 		{"paced-20k-frames-100ms", 20_000, func(c *pipeline.ProducerConfig) { c.BatchTimeout = 100 * time.Millisecond }},
+		{"paced-20k-frames-50ms", 20_000, func(c *pipeline.ProducerConfig) { c.BatchTimeout, c.BatchSize = 50*time.Millisecond, 4096 }},
 		{"paced-20k-pacing-only", -20_000, nil},
 		{"paced-200k-frames", 200_000, func(*pipeline.ProducerConfig) {}},
 		{"paced-200k-message-per-event", 200_000, perEvent},
