@@ -48,11 +48,16 @@
 #
 # usage: scripts/bench-edge.sh [-rounds R] [-duration S] [-warmup S] [-conns C]
 #          [-events on|off] [-pin on|off] [-peers on|off] [-targets "t1 t2 ..."] [-out FILE]
+#          [-delay MS]
+# -delay MS: each wrk connection waits MS milliseconds after a response
+# (an offered rate of about C × 1000 / (MS + latency) a second, below
+# saturation and about the same for every HTTP target), to compare CPU per
+# request at one rate rather than in the closed loop; gRPC rows ignore it.
 # QUICK=1: 1 round of 2 s (to check the script works); BENCH_OUT=FILE as -out.
 # The markdown table goes to stdout and, with -out, to FILE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=3 DUR=8 WARM=1 CONNS=64 EVENTS=on PIN=on PEERS=on OUT=${BENCH_OUT:-}
+ROUNDS=3 DUR=8 WARM=1 CONNS=64 EVENTS=on PIN=on PEERS=on OUT=${BENCH_OUT:-} DELAY=0
 if [ "${QUICK:-0}" = 1 ]; then ROUNDS=1 DUR=2 WARM=1; fi
 ALL="bare async sync sync-tb blocked redis-async redis-sync redis-sync-tb nethttp-bare nethttp fasthttp-bare fasthttp gubernator ratelimit-json rls-bare rls-sync rls-async ratelimit-grpc"
 TARGETS=$ALL
@@ -61,6 +66,7 @@ while [ $# -gt 0 ]; do
     -rounds) ROUNDS=$2; shift 2 ;; -duration) DUR=$2; shift 2 ;; -warmup) WARM=$2; shift 2 ;;
     -conns) CONNS=$2; shift 2 ;; -events) EVENTS=$2; shift 2 ;; -pin) PIN=$2; shift 2 ;;
     -peers) PEERS=$2; shift 2 ;; -targets) TARGETS=$2; shift 2 ;; -out) OUT=$2; shift 2 ;;
+    -delay) DELAY=$2; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -256,7 +262,7 @@ load() { # target seconds conns → "rps p50_us p99_us errors requests" (the gen
   fi
   local script=loadtest/wrk/zipf.lua
   [ "${kind[$t]}" = post ] && script=loadtest/benchwrk/post.lua
-  WRK_PATH=${path[$t]} WRK_BODY=${body[$t]} WRK_LIMIT=100000000 /usr/bin/time -f "%U %S" -o "$tmp/gencpu" \
+  WRK_PATH=${path[$t]} WRK_BODY=${body[$t]} WRK_LIMIT=100000000 WRK_DELAY_MS=$DELAY /usr/bin/time -f "%U %S" -o "$tmp/gencpu" \
     $REST wrk -t1 -c"$c" -d"${d}s" --latency -s "$script" "http://${addr[$t]}" 2>&1 | awk '
     function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return v*1000; if (v ~ /s$/) return v*1000000; return v }
     /Requests\/sec/ { rps=$2 } / 50%/ { p50=us($2) } / 99%/ { p99=us($2) } /Non-2xx/ { n+=$5 } /requests in/ { reqs=$1 }
@@ -324,7 +330,7 @@ done
   echo "### The edge's cost per request (scripts/bench-edge.sh)"
   echo
   echo "$(date -u +%Y-%m-%d), $ROUNDS round(s) of ${DUR}s, targets alternated; $(nproc) CPUs; pinning: $([ -n "$SRV" ] && echo "server under test alone on CPU 1 for its turn (GOMAXPROCS=1); the load generator, stores, broker and idle servers on CPU 0" || echo off); decision events: $([ -n "$brokers" ] && echo "every poplimit edge to the aggregator's embedded broker" || echo off)."
-  echo "HTTP: wrk -t1 -c$CONNS, 10,000 keys by Zipf(1.1); gRPC: loadtest/rlsload, 4 connections × 16 callers, 10,000 values."
+  echo "HTTP: wrk -t1 -c$CONNS, 10,000 keys by Zipf(1.1)$([ "$DELAY" != 0 ] && echo ", each connection waiting ${DELAY} ms after a response (paced, not a closed loop)"); gRPC: loadtest/rlsload, 4 connections × 16 callers, 10,000 values."
   echo "Cells: median of the rounds (min–max); a ratio is taken per round, then its median. CPU/req: user+sys CPU of the server's process ÷ requests answered."
   echo
   awk -v order="$TARGETS" '

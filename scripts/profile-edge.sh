@@ -19,6 +19,7 @@
 #   -idle      no load: the edge's CPU over 10 s after one request (what an idle edge costs)
 #   -delay     each wrk connection waits MS milliseconds between requests (an offered
 #              rate below saturation, the same for every server; default 0: closed loop)
+# EDGE_FLAGS: more flags for the edge (e.g. "-memcache-protocol meta").
 # Needs wrk, memcached, taskset, bc; the profile covers the run less 2 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +69,7 @@ if [ "$P" = bare ]; then
   P=/
 else
   env GOMAXPROCS=1 taskset -c 1 "$BIN" -listen "127.0.0.1:$ep" -admin "127.0.0.1:$ea" -edge-id 1 -log-level warn \
-    -brokers "127.0.0.1:$bp" -rules "$bin/rules.yaml" -memcache "$(IFS=,; echo "${shards[*]}")" -pprof 2>"$OUT/edge.log" & pids+=($!)
+    -brokers "127.0.0.1:$bp" -rules "$bin/rules.yaml" -memcache "$(IFS=,; echo "${shards[*]}")" -pprof ${EDGE_FLAGS:-} 2>"$OUT/edge.log" & pids+=($!)
 fi
 srv=$!
 wait_port "$ep"

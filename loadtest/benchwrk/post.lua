@@ -5,13 +5,15 @@
 --   ratelimit   envoyproxy/ratelimit's /json: {"domain":"bench","descriptors":[{"entries":[{"key":"user","value":KEY}]}]}
 --   gubernator  gubernator's /v1/GetRateLimits: one token-bucket request,
 --               WRK_LIMIT hits per WRK_DURATION_MS (default 1,000,000 per minute)
--- on PATH (env WRK_PATH).
+-- on PATH (env WRK_PATH). WRK_DELAY_MS > 0: each connection waits that
+-- long after a response (as in loadtest/wrk/zipf.lua).
 local N = tonumber(os.getenv("WRK_KEYS") or "10000")
 local S = tonumber(os.getenv("WRK_ZIPF_S") or "1.1")
 local PATH = os.getenv("WRK_PATH") or "/"
 local KIND = os.getenv("WRK_BODY") or "ratelimit"
 local LIMIT = os.getenv("WRK_LIMIT") or "1000000"
 local DURMS = os.getenv("WRK_DURATION_MS") or "60000"
+local DELAY = tonumber(os.getenv("WRK_DELAY_MS") or "0")
 local cdf = {}
 local bodies = {}
 local headers = { ["Content-Type"] = "application/json" }
@@ -46,4 +48,10 @@ end
 
 function request()
   return wrk.format("POST", PATH, headers, bodies[pick()])
+end
+
+if DELAY > 0 then
+  function delay()
+    return DELAY
+  end
 end
