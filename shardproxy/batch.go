@@ -22,6 +22,7 @@ type opState struct {
 	phase  int32  // writes to the same counter before this op in the call
 	unit   int32  // index in batch.units; -1: settled by plan
 	ttl    int32  // incr, add, cas: expiry in seconds of what it creates
+	create bool   // incr: send an add of 0 (noreply) before it (Op.New)
 	keyAt  int32  // its memcached key is batch.keys[keyAt:keyEnd]
 	keyEnd int32  //
 	delta  uint64 // magnitude of Delta
@@ -200,7 +201,7 @@ func (b *batch) plan(c *Client, ring *Ring, ops []Op) {
 				st.unit = -1
 				continue
 			}
-			st.ttl, st.delta = ttl, uint64(op.Delta)
+			st.ttl, st.delta, st.create = ttl, uint64(op.Delta), op.New
 		case kindDecr:
 			st.delta = uint64(-op.Delta) // also right for math.MinInt64
 		}

@@ -22,6 +22,12 @@ type Op struct {
 	Start int64         // window start, Unix milliseconds
 	Delta int64         // > 0 increments, < 0 decrements (clamped at 0), 0 reads
 	TTL   time.Duration // lifetime of a counter that this op creates
+	// New hints that an increment's counter may not exist yet (the
+	// caller has not seen it counted): with the text protocol, its
+	// round trip then carries an add of 0 with the TTL and noreply before
+	// the incr, so that a new counter costs one round trip, not two (incr,
+	// then add). A wrong hint costs only the add memcached refuses.
+	New bool
 
 	Value uint64 // set by Do: the counter after the op (0 when missing on a read)
 	Err   error  // set by Do: nil, or why this op failed

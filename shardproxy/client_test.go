@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -576,3 +577,87 @@ func TestShardNamesTheServingShard(t *testing.T) {
 		t.Errorf("Shard allocates %v times a call, want 0", allocs)
 	}
 }
+
+// TestNewHintCreatesInOneRound: increments hinted New create their
+// counters in the round trip of the incr itself (no miss, no add round),
+// with the op's TTL, whether sent to memcached or through nutcracker; a
+// hint on a counter that exists changes neither its count nor its TTL;
+// concurrent hinted increments of one new counter all count.
+func TestNewHintCreatesInOneRound(t *testing.T) {
+	mc := startShards(t, 1)[0]
+	targets := map[string]string{"memcached": mc.Addr}
+	if _, err := exec.LookPath("nutcracker"); err == nil {
+		targets["nutcracker"] = startNutcracker(t, []Server{{Addr: mc.Addr, Weight: 1}}, HashFNV1a64)
+	}
+	for name, addr := range targets {
+		t.Run(name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			c, err := New(Config{Servers: []Server{{Addr: addr}}, Timeout: slow}, reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			rng := rand.New(rand.NewPCG(7, uint64(len(name))))
+			// An existing counter: 5, with 100 s to live.
+			old := Op{Key: rng.Uint64(), Start: 60_000, Delta: 5, TTL: 100 * time.Second}
+			c.Do(context.Background(), []Op{old})
+			ops := make([]Op, 16)
+			for i := range ops {
+				ops[i] = Op{Key: rng.Uint64(), Start: 60_000, Delta: int64(i + 1), TTL: time.Hour, New: true}
+			}
+			ops[0] = Op{Key: old.Key, Start: old.Start, Delta: 2, TTL: time.Hour, New: true}
+			misses0 := testutil.ToFloat64(c.m.ops[kindIncr][resultMiss])
+			c.Do(context.Background(), ops)
+			for i, op := range ops {
+				want := uint64(op.Delta)
+				if i == 0 {
+					want = 7
+				}
+				if op.Err != nil || op.Value != want {
+					t.Fatalf("op %d: value %d, err %v; want %d", i, op.Value, op.Err, want)
+				}
+			}
+			if m := testutil.ToFloat64(c.m.ops[kindIncr][resultMiss]) - misses0; m != 0 {
+				t.Errorf("%v hinted increments missed, want none (created in their own round trip)", m)
+			}
+			if ttl := ttlOf(t, mc.Addr, counterKey(ops[1].Key, ops[1].Start)); ttl < 3500 || ttl > 3600 {
+				t.Errorf("a created counter has %d s to live, want the op's hour", ttl)
+			}
+			if ttl := ttlOf(t, mc.Addr, counterKey(old.Key, old.Start)); ttl < 0 || ttl > 100 {
+				t.Errorf("the existing counter has %d s to live after a hinted increment, want its 100 s at most", ttl)
+			}
+			// Concurrent hinted increments of one new counter.
+			key := rng.Uint64()
+			var wg sync.WaitGroup
+			for g := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					batch := make([]Op, 4)
+					for j := range batch {
+						batch[j] = Op{Key: rng2(g, j), Start: 60_000, Delta: 1, TTL: time.Minute, New: true}
+					}
+					batch[0] = Op{Key: key, Start: 60_000, Delta: 1, TTL: time.Minute, New: true}
+					for range 25 {
+						c.Do(context.Background(), batch)
+						for _, op := range batch {
+							if op.Err != nil {
+								t.Error(op.Err)
+								return
+							}
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			got := []Op{{Key: key, Start: 60_000}}
+			c.Do(context.Background(), got)
+			if got[0].Value != 200 {
+				t.Errorf("8 × 25 concurrent hinted increments of a new counter: %d, want 200", got[0].Value)
+			}
+		})
+	}
+}
+
+// rng2 is a key of its own per goroutine and slot.
+func rng2(g, j int) uint64 { return uint64(g)<<32 | uint64(j) | 1<<60 }

@@ -41,7 +41,12 @@
 // Client.Do runs a batch of Ops (the same fields as window.Op; the edge
 // converts one to the other). An increment is `incr`; on a miss, `add` of
 // the delta with the op's TTL; if another client's add won the race, `incr`
-// again (Config.Protocol "text", the default). With Protocol "meta" it is
+// again (Config.Protocol "text", the default). An increment the caller
+// hints is new (Op.New: the edge's first of a key's window) is preceded in
+// its round by `add <key> 0 <ttl> 1 noreply` and the value 0, so the incr
+// finds the counter and a new counter costs one round trip, not two; the
+// add has no reply to read (nutcracker forwards noreply too), and where the
+// counter exists memcached refuses it silently. With Protocol "meta" it is
 // memcached's meta arithmetic command instead, `ma <key> N<ttl> J<delta>
 // D<delta> v`, which increments or creates in one command, under
 // memcached's item lock, so there is no add race and no second or third
@@ -92,8 +97,9 @@
 // A pipeline is up to three rounds, each one buffered write of text
 // commands and the in-order read of their replies through one buffered
 // reader: (1) the multi-gets of the reads, then an `incr` (or `ma`) or
-// `decr` per write, or the value ops; (2) an `add` (never noreply:
-// NOT_STORED must be seen) per text increment that missed; (3) an `incr`
+// `decr` per write, a hinted incr after its noreply `add` of 0, or the
+// value ops; (2) an `add` (never noreply: NOT_STORED must be seen) per text
+// increment that missed; (3) an `incr`
 // per add that lost the race. Every round ends with `version`, whose reply
 // is the one line no counter or value command gives, so a reply missing or
 // extra is caught in its round rather than shifting the next batch's

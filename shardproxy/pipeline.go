@@ -229,6 +229,16 @@ func (x *exchange) first(reads, writes []int32) error {
 			w = append(w, " v\r\n"...)
 			continue
 		case st.kind == kindIncr:
+			if st.create {
+				// Create the counter if it is missing, with its TTL, so the
+				// incr after it finds it: no reply, and none to read;
+				// refused (it exists) or failed, the incr goes as before.
+				w = append(w, "add "...)
+				w = append(w, b.key(i)...)
+				w = append(w, " 0 "...)
+				w = strconv.AppendInt(w, int64(st.ttl), 10)
+				w = append(w, " 1 noreply\r\n0\r\n"...)
+			}
 			w = append(w, "incr "...)
 		default:
 			w = append(w, "decr "...)

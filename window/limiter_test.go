@@ -3,6 +3,7 @@ package window
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -609,5 +610,49 @@ func BenchmarkFlush(b *testing.B) {
 		}
 		i += 37
 		l.Flush(ctx, now)
+	}
+}
+
+// hintStore records, per flush, whether increments came hinted New.
+type hintStore struct {
+	*MemStore
+	mu    sync.Mutex
+	hints []bool // one per increment, in order
+}
+
+func (s *hintStore) Do(ctx context.Context, ops []Op) {
+	s.mu.Lock()
+	for _, op := range ops {
+		if op.Delta > 0 {
+			s.hints = append(s.hints, op.New)
+		}
+	}
+	s.mu.Unlock()
+	s.MemStore.Do(ctx, ops)
+}
+
+// TestFlushHintsNewCounters: a key's first increment of a window is hinted
+// New (the store may create its counter in the same round trip); those
+// after the store's reply showed it counted are not; the first of the next
+// window is again.
+func TestFlushHintsNewCounters(t *testing.T) {
+	clock := newSimClock(t0.Add(50 * time.Second))
+	store := &hintStore{MemStore: NewMemStore(clock)}
+	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, NewKeyWait: -1})
+	r := mustRules(t, perMinute).Rules[0]
+	key := r.Hash([]byte("k"))
+	step := func() {
+		l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
+		clock.Add(5 * time.Millisecond)
+		l.Flush(context.Background(), clock.Now())
+	}
+	for range 3 {
+		step()
+	}
+	clock.t.Store(t0.Add(time.Minute).UnixNano())
+	step()
+	step()
+	if want := []bool{true, false, false, true, false}; !slices.Equal(store.hints, want) {
+		t.Errorf("hints of a key's increments, flush by flush (3 in one window, 2 in the next): %v, want %v", store.hints, want)
 	}
 }

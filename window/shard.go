@@ -297,7 +297,10 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 		}
 		incrCurr := e.pend > 0
 		if incrCurr {
-			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6, Delta: int64(e.pend), TTL: durationOf(ttl)})
+			// Nothing counted yet this window as far as this edge knows:
+			// the counter is probably not in the store.
+			fresh := e.curr == 0 && e.infl == 0
+			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6, Delta: int64(e.pend), TTL: durationOf(ttl), New: fresh})
 			e.infl = sat32(uint64(e.infl) + uint64(e.pend))
 			e.pend = 0
 			sent = true

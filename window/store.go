@@ -16,6 +16,10 @@ type Op struct {
 	Start int64         // window start, Unix milliseconds
 	Delta int64         // > 0 increments, < 0 decrements (clamped at 0), 0 reads
 	TTL   time.Duration // lifetime of a counter that this op creates
+	// New hints that an increment's counter may not exist yet: this edge
+	// has not seen it counted. A store may create it in the same round
+	// trip as the increment; the hint never changes an op's outcome.
+	New bool
 
 	Value uint64 // set by the store: the counter after the op (0 when missing on a read)
 	Err   error  // set by the store: nil, or why this op failed
