@@ -47,22 +47,25 @@ func benchTrace(n, keys, edges, batch int, rate float64) []pipeline.Event {
 // and allocations per event (one op is one event).
 func BenchmarkAdd(b *testing.B) {
 	for _, bc := range []struct {
-		name  string
-		keys  int
-		dedup int
-		alg   pipeline.Algorithm
+		name   string
+		keys   int
+		dedup  int
+		alg    pipeline.Algorithm
+		framed bool
 	}{
-		{"keys=1k", 1000, 0, pipeline.AlgorithmSlidingWindow},
-		{"keys=100k", 100_000, 0, pipeline.AlgorithmSlidingWindow},
-		{"keys=1k/dedup=256k", 1000, 1 << 18, pipeline.AlgorithmSlidingWindow},
-		{"keys=1k/algorithm=fixed_window", 1000, 0, pipeline.AlgorithmFixedWindow},
-		{"keys=1k/algorithm=token_bucket", 1000, 0, pipeline.AlgorithmTokenBucket},
+		{"keys=1k", 1000, 0, pipeline.AlgorithmSlidingWindow, false},
+		{"keys=100k", 100_000, 0, pipeline.AlgorithmSlidingWindow, false},
+		{"keys=1k/dedup=256k", 1000, 1 << 18, pipeline.AlgorithmSlidingWindow, false},
+		{"keys=1k/dedup=256k/framed", 1000, 1 << 18, pipeline.AlgorithmSlidingWindow, true},
+		{"keys=1k/algorithm=fixed_window", 1000, 0, pipeline.AlgorithmFixedWindow, false},
+		{"keys=1k/algorithm=token_bucket", 1000, 0, pipeline.AlgorithmTokenBucket, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			const batch = 1000
 			trace := benchTrace(1<<20, bc.keys, 2, batch, 200_000)
 			for i := range trace {
 				trace[i].Algorithm = bc.alg
+				trace[i].Framed = bc.framed // as the consumer marks events of checked frames
 			}
 			j := newJudge(b, func(c *Config) { c.Dedup = bc.dedup })
 			// Warm up: the keys, the logs and the buffer reach their

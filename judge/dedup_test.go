@@ -81,3 +81,22 @@ func (d *dedup) countIn(g []uint64) int {
 	}
 	return n
 }
+
+// TestDedupSkipsFramedEvents: events the consumer marked Framed (their
+// frames deduplicated already) are not fingerprinted, so even an exact
+// copy among them is judged; unframed copies still are dropped.
+func TestDedupSkipsFramedEvents(t *testing.T) {
+	batch := burst(0, 10, 100, 1, A)
+	j := newJudge(t, func(c *Config) { c.Dedup = 64 })
+	for _, e := range cat(batch, batch[5:]) {
+		e.Framed = true
+		j.Add(0, e)
+	}
+	for _, e := range cat(burst(2000, 4, 100, 2, A), burst(2000, 4, 100, 2, A)) {
+		j.Add(0, e)
+	}
+	j.Flush()
+	if r := j.Report(); r.Events != 15+4 || r.Duplicates != 4 {
+		t.Errorf("events %d, duplicates %d; want 19 (15 framed, 4 unframed) and 4 (the unframed copies)", r.Events, r.Duplicates)
+	}
+}

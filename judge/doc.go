@@ -196,9 +196,10 @@
 //
 // # What it does not do
 //
-// It deduplicates only within Config.Dedup events (off by default): an exact
-// copy of a recent event (a batch a producer wrote twice, or the consumer
-// read again after a commit was cut off) is dropped and counted, but an
+// It deduplicates only within Config.Dedup events (off by default), and
+// only events not marked Framed (whose frames the consumer deduplicates):
+// an exact copy of a recent event (a batch a producer wrote twice, or the
+// consumer read again after a commit was cut off) is dropped and counted, but an
 // event replayed to a new process after a crash is judged again (the
 // aggregator remembers between 131,072 and 262,144 of the latest events). It
 // does not know a key's history from before it started: after a restart,

@@ -220,7 +220,8 @@ func (j *Judge) Buffered() int {
 }
 
 func (j *Judge) add(now int64, e *pipeline.Event) {
-	if j.dups.seen(e) {
+	// A framed event's copies are its frame's, which the consumer drops.
+	if !e.Framed && j.dups.seen(e) {
 		return
 	}
 	j.events++

@@ -195,6 +195,11 @@ func (c *Consumer) decode(b *batch, evs []Event, m *kafka.Message) []Event {
 		return evs[:n]
 	}
 	b.frames++
+	if c.cfg.DedupFrames > 0 {
+		for i := n; i < len(evs); i++ {
+			evs[i].Framed = true
+		}
+	}
 	return evs
 }
 

@@ -50,7 +50,10 @@ type ConsumerConfig struct {
 	// again: a write the producer retried after its acknowledgement was
 	// lost, or messages fetched again after a commit was cut off. It
 	// remembers between DedupFrames/2 and DedupFrames frames, in 32 bytes
-	// each. 0 remembers none. Default 65536.
+	// each. 0 remembers none. Default 262144 (8 MiB): at least 131,072
+	// frames, so at least as many events as the aggregator's judge
+	// remembers (131,072 to 262,144), which fingerprints only events
+	// that did not come in a frame this dedup checked (Event.Framed).
 	DedupFrames int
 	// QueueCapacity is how many fetched messages kafka-go buffers ahead of
 	// Run (ReaderConfig.QueueCapacity). Default 1000.
@@ -102,7 +105,7 @@ func DefaultConsumerConfig() ConsumerConfig {
 		ClientID:          "poplimit-pipeline",
 		MaxBatch:          1000,
 		MaxBatchWait:      50 * time.Millisecond,
-		DedupFrames:       1 << 16,
+		DedupFrames:       1 << 18,
 		QueueCapacity:     1000,
 		MinBytes:          1,
 		MaxBytes:          10 << 20,

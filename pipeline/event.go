@@ -122,6 +122,11 @@ type Event struct {
 	// Delayed reports a request that a leaky-bucket queue delayed (by
 	// DelayMicros) instead of refusing it.
 	Delayed bool
+	// Framed is set by Consumer on an event that came in a frame its
+	// frame dedup (DedupFrames) checked: a copy of it can only be a copy
+	// of its frame, which that dedup drops, so a judge need not
+	// fingerprint it. It is not encoded; AppendEvent ignores it.
+	Framed bool
 }
 
 // check reports why AppendEvent would reject e, or nil.

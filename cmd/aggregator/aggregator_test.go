@@ -17,6 +17,7 @@ import (
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -287,10 +288,12 @@ func TestKnownAnswer(t *testing.T) {
 	}
 }
 
-// TestCopiesJudgedOnce sends the known trace twice, as a producer that
-// retried every batch after losing its acknowledgements would: with -dedup
-// the aggregator drops the copies and reports the known answer; every copy
-// is counted.
+// TestCopiesJudgedOnce writes every event of the known trace twice, as
+// copies arrive: half as a single-event message sent twice (a producer
+// from before frames), which the judge's fingerprint drops, and half as a
+// frame sent twice with its identity (a retried write), which the
+// consumer drops before the judge. Each event is judged once, and the
+// verdicts are the known ones.
 func TestCopiesJudgedOnce(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t)
@@ -298,21 +301,49 @@ func TestCopiesJudgedOnce(t *testing.T) {
 	cfg.Judge.Dedup = 1 << 12
 	a := startAggregator(t, cfg)
 	tr, want := knownTrace()
-	producers := map[uint16]*pipeline.Producer{1: newProducer(t, a.Brokers()), 2: newProducer(t, a.Brokers())}
-	tr.emit(t, producers)
-	tr.emit(t, producers)
-	for _, p := range producers {
-		closeProducer(t, p)
+	evs := slices.Clone(tr.events)
+	slices.SortStableFunc(evs, func(a, b pipeline.Event) int { return int(a.Time - b.Time) })
+	w := &kafka.Writer{Addr: kafka.TCP(a.Brokers()...), Topic: topic, Balancer: &kafka.Hash{},
+		BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireOne}
+	defer w.Close()
+	var msgs []kafka.Message
+	seq := map[uint16]uint64{}
+	singles, frames := 0, 0
+	for i := range evs {
+		e := &evs[i]
+		var v []byte
+		var err error
+		if i%2 == 0 {
+			v, err = pipeline.AppendEvent(nil, e)
+			singles++
+		} else {
+			seq[e.Edge]++
+			v, err = pipeline.AppendFrame(nil, e.Edge, seq[e.Edge], []pipeline.Event{*e})
+			frames++
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := []byte(fmt.Sprint(e.KeyHash)) // one partition per key: its events in order
+		msgs = append(msgs, kafka.Message{Key: key, Value: v}, kafka.Message{Key: key, Value: v})
 	}
-	n := int64(len(tr.events))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	n := int64(len(evs))
 	testenv.WaitFor(t, 30*time.Second, "every event and copy consumed", func() bool {
 		r := getReport(t, a, false)
-		return r.Events+r.Duplicates >= 2*n
+		dupFrames := testenv.MetricSum(t, a.reg, "poplimit_pipeline_duplicate_frames_total")
+		return r.Events+r.Duplicates+int64(dupFrames) >= 2*n
 	})
 	r := getReport(t, a, true)
+	dupFrames := testenv.MetricSum(t, a.reg, "poplimit_pipeline_duplicate_frames_total")
 	got := judge.Tally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
-	if r.Events != n || r.Duplicates != n || got != want {
-		t.Errorf("events %d, copies %d, enforced %+v; want %d, %d, %+v", r.Events, r.Duplicates, got, n, n, want)
+	if r.Events != n || r.Duplicates != int64(singles) || int(dupFrames) != frames || got != want {
+		t.Errorf("events %d, copies dropped by the judge %d and by the consumer %v, enforced %+v; want %d, %d, %d, %+v",
+			r.Events, r.Duplicates, dupFrames, got, n, singles, frames, want)
 	}
 }
 
