@@ -87,7 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.IntVar(&cfg.Judge.MaxLogEntries, "max-log-entries", cfg.Judge.MaxLogEntries, "sliding-log entries at most, all keys (16 bytes each)")
 	fs.IntVar(&cfg.Judge.MaxBuffered, "max-buffered", cfg.Judge.MaxBuffered, "events waiting for the watermark at most")
 	fs.IntVar(&cfg.Judge.TopKeys, "top-keys", cfg.Judge.TopKeys, "keys listed per kind in /report")
-	fs.IntVar(&cfg.Judge.Dedup, "dedup", 1<<18, "latest events remembered to drop exact copies (a batch produced or consumed twice); 0: off")
+	fs.IntVar(&cfg.Judge.Dedup, "dedup", 1<<18, "latest single-event messages remembered to drop exact copies (a batch produced or consumed twice; framed events are deduplicated by their frames); 0: off")
 	fs.DurationVar(&cfg.IdleFlush, "idle-flush", time.Second, "judge everything buffered after this long without events (0: never)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time to stop serving on SIGTERM")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof/ on -listen (no authentication: keep -listen on loopback)")
