@@ -40,8 +40,8 @@ func (m *MemcacheStore) Do(ctx context.Context, ops []window.Op) {
 // same shard.
 func (m *MemcacheStore) Parts() int { return m.Client.Shards() }
 
-// Place is the shard of the counter (key, start) now (window.Placer).
-func (m *MemcacheStore) Place(key uint64, start int64) int { return m.Client.Shard(key, start) }
+// Place is the shard of key's counters now (window.Placer).
+func (m *MemcacheStore) Place(key uint64) int { return m.Client.Shard(key) }
 
 // Healthy reports whether any shard is in the ring.
 func (m *MemcacheStore) Healthy() bool { return m.Client.Healthy() }

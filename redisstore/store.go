@@ -218,7 +218,7 @@ func (s *Store) Parts() int { return 1 }
 // mode or before the first connection, so that the limiter gives each sync
 // decision a call of its own rather than share one across cluster nodes,
 // which fail apart.
-func (s *Store) Place(uint64, int64) int {
+func (s *Store) Place(uint64) int {
 	if c := s.cl.Load(); c != nil && (*c).Mode() != rueidis.ClientModeCluster {
 		return 0
 	}

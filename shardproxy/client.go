@@ -197,13 +197,14 @@ func (c *Client) Ring() *Ring {
 // Shards returns the number of shards, live or not: Config.Servers.
 func (c *Client) Shards() int { return len(c.shards) }
 
-// Shard returns the index in Config.Servers of the shard that holds the
-// counter (key, start) now, or -1 when every shard is ejected. It is a
-// hint: an ejection or a restoration can move the counter before an op on
-// it is sent (Do places every op again). It does not allocate.
-func (c *Client) Shard(key uint64, start int64) int {
+// Shard returns the index in Config.Servers of the shard that holds key's
+// counters now (every window of a key is on one shard: the hash tag holds
+// the key alone), or -1 when every shard is ejected. It is a hint: an
+// ejection or a restoration can move them before an op is sent (Do places
+// every op again). It does not allocate.
+func (c *Client) Shard(key uint64) int {
 	var buf [48]byte
-	return c.ring.Load().Lookup(AppendCounterKey(buf[:0], key, start))
+	return c.ring.Load().Lookup(AppendCounterKey(buf[:0], key, 0))
 }
 
 // Healthy reports whether at least one shard is in the ring, so that ops can

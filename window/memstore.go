@@ -43,8 +43,8 @@ func NewMemStore(clock Clock) *MemStore {
 // Parts is 1: a MemStore is one part (Placer).
 func (s *MemStore) Parts() int { return 1 }
 
-// Place is 0 for every counter (Placer).
-func (s *MemStore) Place(uint64, int64) int { return 0 }
+// Place is 0 for every key (Placer).
+func (s *MemStore) Place(uint64) int { return 0 }
 
 // Do performs ops; it never fails.
 func (s *MemStore) Do(_ context.Context, ops []Op) {

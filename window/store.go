@@ -49,9 +49,10 @@ type Store interface {
 type Placer interface {
 	// Parts is the number of parts, fixed for the store's life.
 	Parts() int
-	// Place returns the part, 0 to Parts()-1, that holds the counter
-	// (key, start) now, or -1 when none does (every server is out). It is
-	// a hint: an op placed before a server is ejected may be served by
-	// another, which costs only the sharing. It must not allocate.
-	Place(key uint64, start int64) int
+	// Place returns the part, 0 to Parts()-1, that holds key's counters
+	// now (every window of a key is in one part, see Op), or -1 when none
+	// does (every server is out). It is a hint: an op placed before a
+	// server is ejected may be served by another, which costs only the
+	// sharing. It must not allocate.
+	Place(key uint64) int
 }

@@ -25,8 +25,7 @@ import (
 // holds up its own decisions and no other's: with one queue for every
 // shard, the calls in flight waited on the hung one and the decisions of
 // keys on healthy shards queued behind them until their timeout
-// (faults.TestShardHung). A decision whose ops are on two parts (a ring
-// change between them) is a call of its own.
+// (faults.TestShardHung).
 //
 // Each decision still waits at most its own deadline (StoreTimeout, or its
 // context's if earlier): the call it is in is bounded by the deadline of
@@ -284,8 +283,8 @@ func (l *Limiter) initCombiners() {
 
 // syncDo performs the ops of one sync decision (one key's, so one part's)
 // within StoreTimeout: in a call shared with the decisions of the same
-// part that wait meanwhile, or, when the store says no part or the ops'
-// parts differ, in a call of their own.
+// part that wait meanwhile, or, when the store says no part, in a call of
+// their own.
 func (l *Limiter) syncDo(ctx context.Context, ops []Op) {
 	if c := l.combinerFor(ops); c != nil {
 		c.do(ctx, ops)
@@ -297,19 +296,15 @@ func (l *Limiter) syncDo(ctx context.Context, ops []Op) {
 	l.m.syncCalls.Observe(1)
 }
 
-// combinerFor returns the queue of the part all of ops are on, or nil.
+// combinerFor returns the queue of the part ops are on (one key's, so
+// one part's), or nil.
 func (l *Limiter) combinerFor(ops []Op) *combiner {
 	if l.placer == nil || len(ops) == 0 {
 		return nil
 	}
-	part := l.placer.Place(ops[0].Key, ops[0].Start)
+	part := l.placer.Place(ops[0].Key)
 	if part < 0 || part >= len(l.sync) {
 		return nil
-	}
-	for i := 1; i < len(ops); i++ {
-		if l.placer.Place(ops[i].Key, ops[i].Start) != part {
-			return nil
-		}
 	}
 	return &l.sync[part]
 }

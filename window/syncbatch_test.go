@@ -23,8 +23,8 @@ type gatedStore struct {
 }
 
 // One part: every call may carry any key.
-func (s *gatedStore) Parts() int              { return 1 }
-func (s *gatedStore) Place(uint64, int64) int { return 0 }
+func (s *gatedStore) Parts() int       { return 1 }
+func (s *gatedStore) Place(uint64) int { return 0 }
 
 func (s *gatedStore) Do(ctx context.Context, ops []Op) {
 	s.calls.Add(1)
@@ -157,8 +157,8 @@ type partedStore struct {
 	mixed atomic.Int64 // calls that carried ops of both parts
 }
 
-func (s *partedStore) Parts() int                    { return 2 }
-func (s *partedStore) Place(key uint64, _ int64) int { return int(key % 2) }
+func (s *partedStore) Parts() int           { return 2 }
+func (s *partedStore) Place(key uint64) int { return int(key % 2) }
 
 func (s *partedStore) Do(ctx context.Context, ops []Op) {
 	var parts [2]bool
