@@ -26,6 +26,15 @@ const maxMaxEntries = 1 << 30
 // documented value for "rare use cases do otherwise".
 const bufferItems = 64
 
+// filterBits sizes the release filter: 2^14 slots of 8 bytes (128 KiB). A
+// slot holds the latest release time of any key Block has mapped to it, so
+// a lookup whose slot has passed can answer "not blocked" without touching
+// ristretto. With b keys blocked at once, a key that is not blocked finds
+// its slot busy with probability about b / 2^14 (6 % at 1,000); once the
+// slots are all busy (far more blocked keys than slots) every lookup goes
+// to ristretto as it would without the filter.
+const filterBits = 14
+
 // Config configures a Cache. The zero value is ready to use: every field
 // states its default.
 type Config struct {
@@ -73,6 +82,14 @@ type Stats struct {
 type Cache struct {
 	rc         *ristretto.Cache[uint64, int64]
 	maxEntries int64
+
+	// filter[slot(key)] ≥ the release time of every entry of a key mapped
+	// there: Block raises it before its Set, so an entry ristretto holds is
+	// never behind its slot, and a slot at or before now means every key
+	// mapped to it is released. Slots only rise (Clear zeroes them), and a
+	// key Unblock removed only costs its slot's keys a ristretto lookup
+	// until the slot passes.
+	filter [1 << filterBits]atomic.Int64
 
 	hits, misses stripedCounter // the hot path's counters
 	blocks       atomic.Uint64
@@ -138,6 +155,22 @@ func New(cfg Config, reg prometheus.Registerer) (*Cache, error) {
 // conflict hash is needed.
 func keyToHash(key uint64) (uint64, uint64) { return mix.Mix64(key), 0 }
 
+// slot is key's release filter slot: the top bits of its mix (the low bits
+// pick ristretto's shard), so that keys that are not well-spread hashes still
+// spread over the slots.
+func slot(key uint64) uint64 { return mix.Mix64(key) >> (64 - filterBits) }
+
+// raise lifts key's filter slot to releaseAt if it is below.
+func (c *Cache) raise(key uint64, releaseAt int64) {
+	f := &c.filter[slot(key)]
+	for {
+		cur := f.Load()
+		if cur >= releaseAt || f.CompareAndSwap(cur, releaseAt) {
+			return
+		}
+	}
+}
+
 // Block records that key is blocked until releaseAt (Unix nanoseconds), as
 // of now (Unix nanoseconds). It never
 // shortens a block: if key is already blocked until releaseAt or later, it
@@ -156,6 +189,8 @@ func (c *Cache) Block(key uint64, releaseAt, now int64) bool {
 	if cur, ok := c.rc.Get(key); ok && cur >= releaseAt {
 		return true
 	}
+	// Raise the slot before the Set: no entry is ever ahead of its slot.
+	c.raise(key, releaseAt)
 	if !c.rc.Set(key, releaseAt, 1) { // no TTL: see the package doc
 		c.dropped.Add(1)
 		return false
@@ -170,9 +205,14 @@ func (c *Cache) Block(key uint64, releaseAt, now int64) bool {
 // a miss even if it has not been evicted yet.
 //
 // Blocked is the request path's lookup: it takes no lock of this package
-// (ristretto's Get takes a read lock on one of 256 shards), and allocates
-// nothing of its own.
+// and allocates nothing of its own. A key whose filter slot has passed is a
+// miss at the cost of one atomic load; otherwise ristretto's Get takes a
+// read lock on one of its 256 shards.
 func (c *Cache) Blocked(key uint64, now int64) (releaseAt int64, ok bool) {
+	if c.filter[slot(key)].Load() <= now {
+		c.misses.inc(key)
+		return 0, false
+	}
 	if v, found := c.rc.Get(key); found && v > now {
 		c.hits.inc(key)
 		return v, true
@@ -204,6 +244,9 @@ func (c *Cache) Clear() {
 	}
 	c.clearing.Store(true)
 	c.rc.Clear()
+	for i := range c.filter {
+		c.filter[i].Store(0)
+	}
 	c.clearing.Store(false)
 }
 

@@ -355,6 +355,65 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// TestFilterKeepsEveryBlock blocks more keys than the release filter has
+// slots, so that slots are shared by keys released at different times, and
+// checks that the filter never hides a block: each key is blocked until its
+// own release and not after, an unblocked or never-blocked key sharing a busy
+// slot is not, and blocks after a Clear are seen.
+func TestFilterKeepsEveryBlock(t *testing.T) {
+	c := newCache(t, blockcache.Config{MaxEntries: 100_000}, nil)
+	now := time.Now().UnixNano()
+	const n = 40_000 // > 2^14 slots
+	rng := rand.New(rand.NewPCG(1, 2))
+	release := make(map[uint64]int64, n)
+	for len(release) < n {
+		k := rng.Uint64()
+		r := now + 1 + rng.Int64N(int64(time.Minute))
+		release[k] = r
+		for !c.Block(k, r, now) { // a full set buffer drops a Set: retry
+			c.Wait()
+		}
+	}
+	c.Wait()
+	unblocked := 0
+	for k := range release {
+		if unblocked == 1000 {
+			break
+		}
+		c.Unblock(k)
+		delete(release, k)
+		unblocked++
+	}
+	c.Wait()
+	for k, r := range release {
+		if at, ok := c.Blocked(k, r-1); !ok || at != r {
+			t.Fatalf("key %x blocked until %d: Blocked(release-1) = %d, %v", k, r, at, ok)
+		}
+		if _, ok := c.Blocked(k, r); ok {
+			t.Fatalf("key %x still blocked at its release", k)
+		}
+	}
+	for i := range 10_000 {
+		k := uint64(i) // not among the random keys (odds 10^4 × 4·10^4 / 2^64)
+		if _, ok := c.Blocked(k, now); ok {
+			t.Fatalf("never-blocked key %d found blocked", k)
+		}
+	}
+	c.Clear()
+	for k := range release {
+		if _, ok := c.Blocked(k, now); ok {
+			t.Fatalf("key %x blocked after Clear", k)
+		}
+		r := now + int64(time.Hour)
+		c.Block(k, r, now)
+		c.Wait()
+		if at, ok := c.Blocked(k, now); !ok || at != r {
+			t.Fatalf("key %x blocked again after Clear: Blocked = %d, %v", k, at, ok)
+		}
+		break
+	}
+}
+
 func TestBlockedAllocs(t *testing.T) {
 	c := newCache(t, blockcache.Config{MaxEntries: 1000}, prometheus.NewRegistry())
 	now := time.Now().UnixNano()
