@@ -340,18 +340,24 @@ func (b *batch) sortPhases(order []int32) {
 
 // newSeen readies the table of counters seen for a call of n ops: a power
 // of two at least twice n, its entries of earlier calls told apart by gen.
+// The table is the prefix of the array it needs, not all of an array a
+// larger call once grew: a small call then probes a few KB that stay in
+// cache, not megabytes.
 func (b *batch) newSeen(n int) {
 	size := 16
 	for size < 2*n {
 		size *= 2
 	}
-	if len(b.seen) < size {
+	if cap(b.seen) < size {
 		b.seen = make([]seenEntry, size)
 		b.gen = 0
 	}
+	// An entry past an earlier, shorter prefix carries an older gen, so it
+	// reads as empty as any other.
+	b.seen = b.seen[:size]
 	b.gen++
 	if b.gen == 0 { // wrapped: entries of 2³² calls ago would look current
-		clear(b.seen)
+		clear(b.seen[:cap(b.seen)])
 		b.gen = 1
 	}
 }

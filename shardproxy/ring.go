@@ -157,6 +157,14 @@ type Ring struct {
 	// array of uint32.
 	values []uint32
 	index  []uint16
+
+	// bucket[b] is the first point whose value is at least b << shift
+	// (len(values) past the last): a hash's point lies between bucket[b]
+	// and bucket[b+1], with about one point a bucket, so a lookup reads
+	// two entries and searches a run of a point or two rather than the
+	// whole continuum (the flusher places every op it sends).
+	bucket []uint32
+	shift  uint
 }
 
 // NewRing returns a ring over servers with every server live. hash is the
@@ -263,6 +271,19 @@ func (r *Ring) build(live []bool) {
 	for i, p := range points {
 		r.values[i], r.index[i] = p.value, p.index
 	}
+	bits := uint(8)
+	for bits < 16 && 1<<bits < len(points) {
+		bits++
+	}
+	r.shift = 32 - bits
+	r.bucket = make([]uint32, 1<<bits+1)
+	i := 0
+	for b := range r.bucket {
+		for i < len(points) && uint64(r.values[i]) < uint64(b)<<r.shift {
+			i++
+		}
+		r.bucket[b] = uint32(i)
+	}
 }
 
 // pointsPerServer is ketama_update's
@@ -310,7 +331,8 @@ func (r *Ring) Lookup(key []byte) int {
 // dispatch is ketama_dispatch: the first point whose value is at least h,
 // wrapping to the first point past the end.
 func (r *Ring) dispatch(h uint32) int {
-	lo, hi := 0, len(r.values)
+	b := h >> r.shift
+	lo, hi := int(r.bucket[b]), int(r.bucket[b+1])
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
 		if r.values[mid] < h {

@@ -217,6 +217,28 @@ func TestLookupMatchesReference(t *testing.T) {
 					t.Fatalf("%s/%d servers: Lookup(%q): got %d, want %d", h, n, key, got, want)
 				}
 			}
+			// At, just below and just past every point, and at every
+			// bucket's edges: the bucket table must not move a hash.
+			var hs []uint32
+			for _, v := range r.values {
+				hs = append(hs, v-1, v, v+1)
+			}
+			for b := range len(r.bucket) - 1 {
+				e := uint32(b) << r.shift
+				hs = append(hs, e-1, e, e+1)
+			}
+			for _, hv := range hs {
+				want := 0
+				for i, v := range r.values {
+					if v >= hv {
+						want = i
+						break
+					}
+				}
+				if got := r.dispatch(hv); r.values[got] != r.values[want] {
+					t.Fatalf("%s/%d servers: dispatch(%d): got point %d (%d), want %d (%d)", h, n, hv, got, r.values[got], want, r.values[want])
+				}
+			}
 			// Hashes past the last point wrap to the first.
 			if got := int(r.index[r.dispatch(^uint32(0))]); r.values[len(r.values)-1] != ^uint32(0) && got != int(r.index[0]) {
 				t.Errorf("%s/%d: dispatch(max): got server %d, want the first point's %d", h, n, got, r.index[0])
