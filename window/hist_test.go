@@ -203,7 +203,7 @@ func TestHistogramsAreBounded(t *testing.T) {
 	for i := range s.slab {
 		if e := &s.slab[i]; e.hist != 0 {
 			used++
-			if j, ok := s.idx[e.key]; !ok || j != uint32(i) || s.hists.recs[e.hist-1].owner != uint32(i) {
+			if j, ok := s.idx.get(e.key); !ok || j != uint32(i) || s.hists.recs[e.hist-1].owner != uint32(i) {
 				t.Errorf("entry %d holds histogram %d but is not live or not its owner", i, e.hist)
 			}
 		}

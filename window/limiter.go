@@ -570,7 +570,7 @@ func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit
 	sw := SlidingWindow{Limit: limit, Window: r.Window}
 	var v Verdict
 	s.mu.Lock()
-	i, ok := s.idx[key]
+	i, ok := s.idx.get(key)
 	e = nil
 	if ok && s.slab[i].start == start {
 		e = &s.slab[i]

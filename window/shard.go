@@ -43,11 +43,11 @@ func (e *entry) view() (prev, curr uint64) {
 
 // shard is one independently locked part of the key table. Its entries sit
 // in a slab (no pointer per key for the garbage collector to chase), found
-// through a map from key hash to slab index.
+// through an open-addressed index from key hash to slab index (index.go).
 type shard struct {
 	// mu protects the fields below.
 	mu     sync.Mutex
-	idx    map[uint64]uint32
+	idx    keyIndex
 	slab   []entry
 	free   []uint32
 	queue  []uint32               // entries with increments to send or reads to make
@@ -69,7 +69,6 @@ type shard struct {
 }
 
 func (s *shard) init(max, k int, f *flusherPark) {
-	s.idx = make(map[uint64]uint32)
 	s.flusher = f
 	s.max = max
 	s.hists.init(max, k)
@@ -77,7 +76,7 @@ func (s *shard) init(max, k int, f *flusherPark) {
 
 // lookup returns key's entry, or nil. s.mu must be held.
 func (s *shard) lookup(key uint64) *entry {
-	if i, ok := s.idx[key]; ok {
+	if i, ok := s.idx.get(key); ok {
 		return &s.slab[i]
 	}
 	return nil
@@ -88,7 +87,7 @@ func (s *shard) lookup(key uint64) *entry {
 // over here: created, or reset after a window or more without requests.
 // s.mu must be held.
 func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh bool) {
-	if i, ok := s.idx[key]; ok {
+	if i, ok := s.idx.get(key); ok {
 		e := &s.slab[i]
 		if t >= e.start+e.win {
 			fresh = s.roll(l, i, t)
@@ -108,7 +107,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 	// cannot push out the keys that come back (CLOCK's scan resistance).
 	*e = entry{key: key, start: windowStart(t, w), win: w, last: t,
 		flags: flagNeedCurr | e.flags&flagQueued}
-	s.idx[key] = i
+	s.idx.put(key, i)
 	s.n.Add(1)
 	s.enqueue(i)
 	return i, true
@@ -226,7 +225,7 @@ func (s *shard) alloc(l *Limiter) uint32 {
 	if lost := uint64(e.prevPend) + uint64(e.pend); lost > 0 {
 		l.m.pendingDropped.Add(float64(lost))
 	}
-	delete(s.idx, e.key)
+	s.idx.del(e.key)
 	s.histFree(e)
 	s.n.Add(-1)
 	l.m.evictions.Inc()
@@ -284,7 +283,7 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 			continue
 		}
 		e.flags &^= flagQueued
-		if j, ok := s.idx[e.key]; !ok || j != i {
+		if j, ok := s.idx.get(e.key); !ok || j != i {
 			continue // a freed slot
 		}
 		sent := false
@@ -342,10 +341,10 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 		if t-e.last <= 2*e.win || e.flags&flagQueued != 0 || e.infl != 0 || e.prevInfl != 0 {
 			continue
 		}
-		if i, ok := s.idx[e.key]; !ok || i != uint32(s.sweep) {
+		if i, ok := s.idx.get(e.key); !ok || i != uint32(s.sweep) {
 			continue
 		}
-		delete(s.idx, e.key)
+		s.idx.del(e.key)
 		s.histFree(e)
 		s.n.Add(-1)
 		e.key, e.last = 0, 0
@@ -364,7 +363,7 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 		if op.Err != nil {
 			failed++
 		}
-		i, ok := s.idx[op.Key]
+		i, ok := s.idx.get(op.Key)
 		if !ok {
 			if op.Err != nil && op.Delta > 0 {
 				l.m.pendingDropped.Add(float64(op.Delta))
