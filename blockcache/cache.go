@@ -3,6 +3,7 @@ package blockcache
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,13 +27,15 @@ const maxMaxEntries = 1 << 30
 // documented value for "rare use cases do otherwise".
 const bufferItems = 64
 
-// filterBits sizes the release filter: 2^14 slots of 8 bytes (128 KiB). A
+// filterBits sizes the front table: 2^14 slots of 32 bytes (512 KiB). A
 // slot holds the latest release time of any key Block has mapped to it, so
 // a lookup whose slot has passed can answer "not blocked" without touching
-// ristretto. With b keys blocked at once, a key that is not blocked finds
-// its slot busy with probability about b / 2^14 (6 % at 1,000); once the
-// slots are all busy (far more blocked keys than slots) every lookup goes
-// to ristretto as it would without the filter.
+// ristretto, and the last key blocked there with its release, so a lookup
+// of that key answers "blocked" without it too. With b keys blocked at
+// once, a key that is not blocked finds its slot busy with probability
+// about b / 2^14 (6 % at 1,000); once the slots are all busy (far more
+// blocked keys than slots) every lookup that is not the slot's own key goes
+// to ristretto as it would without the table.
 const filterBits = 14
 
 // Config configures a Cache. The zero value is ready to use: every field
@@ -83,13 +86,8 @@ type Cache struct {
 	rc         *ristretto.Cache[uint64, int64]
 	maxEntries int64
 
-	// filter[slot(key)] ≥ the release time of every entry of a key mapped
-	// there: Block raises it before its Set, so an entry ristretto holds is
-	// never behind its slot, and a slot at or before now means every key
-	// mapped to it is released. Slots only rise (Clear zeroes them), and a
-	// key Unblock removed only costs its slot's keys a ristretto lookup
-	// until the slot passes.
-	filter [1 << filterBits]atomic.Int64
+	// front[slot(key)] is the front table (frontSlot).
+	front [1 << filterBits]frontSlot
 
 	hits, misses stripedCounter // the hot path's counters
 	blocks       atomic.Uint64
@@ -160,15 +158,97 @@ func keyToHash(key uint64) (uint64, uint64) { return mix.Mix64(key), 0 }
 // spread over the slots.
 func slot(key uint64) uint64 { return mix.Mix64(key) >> (64 - filterBits) }
 
-// raise lifts key's filter slot to releaseAt if it is below.
-func (c *Cache) raise(key uint64, releaseAt int64) {
-	f := &c.filter[slot(key)]
+// frontSlot is one slot of the front table.
+//
+// max ≥ the release time of every entry of a key mapped here: Block raises
+// it before its Set, so an entry ristretto holds is never ahead of its
+// slot, and max at or before now means every key mapped here is released.
+// It only rises (Clear zeroes it); a key Unblock removed costs its slot's
+// keys a ristretto lookup until max passes.
+//
+// key and rel are the last key Block recorded here and its release (rel 0:
+// none), written and read under the sequence lock seq (odd while a writer
+// holds it), so a reader never pairs one key with another's release. Every
+// block it answers is one the limiter made and that has not yet been
+// released; Unblock and Clear empty the slot.
+type frontSlot struct {
+	max atomic.Int64
+	seq atomic.Uint32
+	key atomic.Uint64
+	rel atomic.Int64
+}
+
+// lock takes f's sequence lock and returns the even sequence it held. Its
+// critical sections are two stores, so waiting spins.
+func (f *frontSlot) lock() uint32 {
 	for {
-		cur := f.Load()
-		if cur >= releaseAt || f.CompareAndSwap(cur, releaseAt) {
+		if s := f.seq.Load(); s&1 == 0 && f.seq.CompareAndSwap(s, s+1) {
+			return s
+		}
+		runtime.Gosched()
+	}
+}
+
+// raise lifts f.max to releaseAt if it is below.
+func (f *frontSlot) raise(releaseAt int64) {
+	for {
+		cur := f.max.Load()
+		if cur >= releaseAt || f.max.CompareAndSwap(cur, releaseAt) {
 			return
 		}
 	}
+}
+
+// record makes key, blocked until releaseAt, the slot's own key, unless it
+// already is with a later release.
+func (f *frontSlot) record(key uint64, releaseAt int64) {
+	s := f.lock()
+	if f.key.Load() != key || f.rel.Load() < releaseAt {
+		f.key.Store(key)
+		f.rel.Store(releaseAt)
+	}
+	f.seq.Store(s + 2)
+}
+
+// forget empties the slot if key is its own key (any key when all).
+func (f *frontSlot) forget(key uint64, all bool) {
+	s := f.lock()
+	if all || f.key.Load() == key {
+		f.key.Store(0)
+		f.rel.Store(0)
+	}
+	f.seq.Store(s + 2)
+}
+
+// leave empties the slot of the key ristretto knows as h (its keyToHash)
+// when ristretto lets the key go (evicted, or refused by admission), so
+// that the front table holds no key ristretto does not: the cache's bound
+// is ristretto's.
+func (c *Cache) leave(h uint64) {
+	f := &c.front[h>>(64-filterBits)] // slot(key), from mix.Mix64(key)
+	if f.rel.Load() == 0 {
+		return
+	}
+	s := f.lock()
+	if f.rel.Load() != 0 && mix.Mix64(f.key.Load()) == h {
+		f.key.Store(0)
+		f.rel.Store(0)
+	}
+	f.seq.Store(s + 2)
+}
+
+// own returns the release of key if it is the slot's own key, blocked
+// after now; ok is false otherwise, or when a writer holds the slot.
+func (f *frontSlot) own(key uint64, now int64) (releaseAt int64, ok bool) {
+	s := f.seq.Load()
+	if s&1 != 0 {
+		return 0, false
+	}
+	k, r := f.key.Load(), f.rel.Load()
+	if f.seq.Load() != s || k != key || r <= now {
+		return 0, false
+	}
+	return r, true
 }
 
 // Block records that key is blocked until releaseAt (Unix nanoseconds), as
@@ -190,8 +270,13 @@ func (c *Cache) Block(key uint64, releaseAt, now int64) bool {
 		return true
 	}
 	// Raise the slot before the Set: no entry is ever ahead of its slot.
-	c.raise(key, releaseAt)
+	// Record the key before it too, so that ristretto's refusal of the Set,
+	// which comes later on its goroutine, always finds it to remove.
+	f := &c.front[slot(key)]
+	f.raise(releaseAt)
+	f.record(key, releaseAt)
 	if !c.rc.Set(key, releaseAt, 1) { // no TTL: see the package doc
+		f.forget(key, false)
 		c.dropped.Add(1)
 		return false
 	}
@@ -204,14 +289,20 @@ func (c *Cache) Block(key uint64, releaseAt, now int64) bool {
 // release time after now. An entry whose release time is at or before now is
 // a miss even if it has not been evicted yet.
 //
-// Blocked is the request path's lookup: it takes no lock of this package
-// and allocates nothing of its own. A key whose filter slot has passed is a
-// miss at the cost of one atomic load; otherwise ristretto's Get takes a
-// read lock on one of its 256 shards.
+// Blocked is the request path's lookup: it takes no lock and allocates
+// nothing of its own. A key whose front slot has passed is a miss at the
+// cost of one atomic load, and the slot's own key (the last one blocked
+// there) a hit at the cost of four; any other key takes ristretto's Get,
+// which takes a read lock on one of its 256 shards.
 func (c *Cache) Blocked(key uint64, now int64) (releaseAt int64, ok bool) {
-	if c.filter[slot(key)].Load() <= now {
+	f := &c.front[slot(key)]
+	if f.max.Load() <= now {
 		c.misses.inc(key)
 		return 0, false
+	}
+	if v, ok := f.own(key, now); ok {
+		c.hits.inc(key)
+		return v, true
 	}
 	if v, found := c.rc.Get(key); found && v > now {
 		c.hits.inc(key)
@@ -228,6 +319,7 @@ func (c *Cache) Unblock(key uint64) {
 	if c.closed.Load() {
 		return
 	}
+	c.front[slot(key)].forget(key, false)
 	c.rc.Del(key)
 }
 
@@ -244,8 +336,9 @@ func (c *Cache) Clear() {
 	}
 	c.clearing.Store(true)
 	c.rc.Clear()
-	for i := range c.filter {
-		c.filter[i].Store(0)
+	for i := range c.front {
+		c.front[i].max.Store(0)
+		c.front[i].forget(0, true)
 	}
 	c.clearing.Store(false)
 }
@@ -296,6 +389,10 @@ func (c *Cache) Close() {
 	}
 	c.clearing.Store(true)
 	c.rc.Close()
+	for i := range c.front {
+		c.front[i].max.Store(0)
+		c.front[i].forget(0, true)
+	}
 	c.closed.Store(true)
 	if c.reg != nil {
 		for _, col := range c.collectors {
@@ -309,6 +406,7 @@ func (c *Cache) Close() {
 // ristretto's goroutine. Whether the entry had reached its release is judged
 // by the wall clock.
 func (c *Cache) onEvict(item *ristretto.Item[int64]) {
+	c.leave(item.Key)
 	if c.clearing.Load() {
 		return
 	}
@@ -322,6 +420,7 @@ func (c *Cache) onEvict(item *ristretto.Item[int64]) {
 // onReject is ristretto's callback for a Set the admission policy refused.
 // (ristretto also calls it for a second Set of a key whose first Set was
 // still in its buffer; the first one is kept.)
-func (c *Cache) onReject(*ristretto.Item[int64]) {
+func (c *Cache) onReject(item *ristretto.Item[int64]) {
+	c.leave(item.Key)
 	c.rejected.Add(1)
 }

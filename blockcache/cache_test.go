@@ -453,6 +453,28 @@ func BenchmarkBlockedHit(b *testing.B) {
 	}
 }
 
+// BenchmarkBlockedHitCrowded looks up keys blocked four to a front slot
+// on average, so that most are not their slot's own key and go to ristretto.
+func BenchmarkBlockedHitCrowded(b *testing.B) {
+	c := newCache(b, blockcache.Config{MaxEntries: 100_000}, prometheus.NewRegistry())
+	now := time.Now().UnixNano()
+	const keys = 1 << 16
+	for k := range uint64(keys) {
+		for !c.Block(k, now+int64(time.Hour), now) {
+			c.Wait()
+		}
+	}
+	c.Wait()
+	b.ReportAllocs()
+	var k uint64
+	for b.Loop() {
+		k = (k + 1) & (keys - 1)
+		if _, hit := c.Blocked(k, now); !hit {
+			b.Fatalf("key %d: miss", k)
+		}
+	}
+}
+
 func BenchmarkBlockedMiss(b *testing.B) {
 	c := newCache(b, blockcache.Config{MaxEntries: 100_000}, prometheus.NewRegistry())
 	now := time.Now().UnixNano()

@@ -38,21 +38,26 @@
 // # Concurrency and cost
 //
 // All methods are safe for concurrent use, except Close, which must be called
-// once every other call has returned. Blocked, the hot path, takes no lock of
-// this package and allocates nothing of its own. Most lookups are of keys
-// that are not blocked, and those cost one atomic load: a release filter of
-// 2^14 slots holds, for each slot, the latest release time Block gave any key
-// mapped to it, so a slot that has passed answers "not blocked" without
-// ristretto (13 ns against 60 ns, and none of ristretto's background work
-// for the lookup). A key whose slot is busy (about b / 2^14 of them with b
-// keys blocked) takes one ristretto Get and one atomic add on a counter
-// striped by key. The Get takes a read lock on one of ristretto's 256 map
-// shards (uncontended unless a Set lands on the same shard) and pushes the
-// key into a striped, lossy access buffer (which costs a 512-byte
-// allocation at most once per 64 lookups, when the policy takes a full
-// buffer), so ristretto's admission counts only the lookups of keys that may
-// be blocked. ristretto applies Sets asynchronously: a Block is visible to
-// Blocked a few microseconds later (Wait flushes them, for tests).
+// once every other call has returned. Blocked, the hot path, takes no lock
+// and allocates nothing of its own. It first reads a front table of 2^14
+// slots, each holding the latest release time Block gave any key mapped to
+// it and the last key blocked there with its own release (under a sequence
+// lock, so a key is never paired with another's release). Most lookups are
+// of keys that are not blocked: a slot that has passed answers "not
+// blocked" with one atomic load (13 ns against ristretto's 60). A blocked
+// client that keeps knocking is usually its slot's own key and is answered
+// from the slot too. Any other key (a slot shared with a later block, about
+// b / 2^14 of the keys that are not blocked when b are) takes one
+// ristretto Get and one atomic add on a counter striped by key. The Get
+// takes a read lock on one of ristretto's 256 map shards (uncontended unless
+// a Set lands on the same shard) and pushes the key into a striped, lossy
+// access buffer (which costs a 512-byte allocation at most once per 64
+// lookups, when the policy takes a full buffer), so ristretto's admission
+// counts the lookups that reach it: when far more keys are blocked than
+// there are slots, slots change owners often and the knocking clients'
+// lookups reach ristretto again. ristretto applies Sets asynchronously: a
+// Block is visible to Blocked a few microseconds later (Wait flushes them,
+// for tests), or at once when the key becomes its slot's own.
 //
 // # Metrics
 //
