@@ -27,7 +27,7 @@ const maxMaxEntries = 1 << 30
 // documented value for "rare use cases do otherwise".
 const bufferItems = 64
 
-// filterBits sizes the front table: 2^14 slots of 32 bytes (512 KiB). A
+// frontBits sizes the front table: 2^14 slots of 32 bytes (512 KiB). A
 // slot holds the latest release time of any key Block has mapped to it, so
 // a lookup whose slot has passed can answer "not blocked" without touching
 // ristretto, and the last key blocked there with its release, so a lookup
@@ -36,7 +36,7 @@ const bufferItems = 64
 // about b / 2^14 (6 % at 1,000); once the slots are all busy (far more
 // blocked keys than slots) every lookup that is not the slot's own key goes
 // to ristretto as it would without the table.
-const filterBits = 14
+const frontBits = 14
 
 // Config configures a Cache. The zero value is ready to use: every field
 // states its default.
@@ -87,7 +87,7 @@ type Cache struct {
 	maxEntries int64
 
 	// front[slot(key)] is the front table (frontSlot).
-	front [1 << filterBits]frontSlot
+	front [1 << frontBits]frontSlot
 
 	hits, misses stripedCounter // the hot path's counters
 	blocks       atomic.Uint64
@@ -153,10 +153,10 @@ func New(cfg Config, reg prometheus.Registerer) (*Cache, error) {
 // conflict hash is needed.
 func keyToHash(key uint64) (uint64, uint64) { return mix.Mix64(key), 0 }
 
-// slot is key's release filter slot: the top bits of its mix (the low bits
-// pick ristretto's shard), so that keys that are not well-spread hashes still
+// slot is key's front slot: the top bits of its mix (the low bits pick
+// ristretto's shard), so that keys that are not well-spread hashes still
 // spread over the slots.
-func slot(key uint64) uint64 { return mix.Mix64(key) >> (64 - filterBits) }
+func slot(key uint64) uint64 { return mix.Mix64(key) >> (64 - frontBits) }
 
 // frontSlot is one slot of the front table.
 //
@@ -225,7 +225,7 @@ func (f *frontSlot) forget(key uint64, all bool) {
 // that the front table holds no key ristretto does not: the cache's bound
 // is ristretto's.
 func (c *Cache) leave(h uint64) {
-	f := &c.front[h>>(64-filterBits)] // slot(key), from mix.Mix64(key)
+	f := &c.front[h>>(64-frontBits)] // slot(key), from mix.Mix64(key)
 	if f.rel.Load() == 0 {
 		return
 	}
