@@ -355,7 +355,7 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// TestFilterKeepsEveryBlock blocks more keys than the release filter has
+// TestFilterKeepsEveryBlock blocks more keys than the front table has
 // slots, so that slots are shared by keys released at different times, and
 // checks that the filter never hides a block: each key is blocked until its
 // own release and not after, an unblocked or never-blocked key sharing a busy
