@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The edge's cost per request, side by side in one run (BENCHMARKS.md):
 # every target below gets the same closed-loop load in turn, targets
-# alternated within each of R rounds, and each row reports req/s, p50/p99,
-# the server's CPU per request, that CPU as a ratio to the row's own bare
-# server, and its req/s as a ratio to the peers' (gubernator and
-# envoyproxy/ratelimit).
+# alternated within each of R rounds, each turn of a target between turns
+# of its reference (the row's own bare server), and each row reports req/s,
+# p50/p99, the server's CPU per request, its CPU, p99 and req/s as ratios
+# to the reference turns beside it, and its req/s as a ratio to the peers'
+# (gubernator and envoyproxy/ratelimit) in the same round.
 #
 # HTTP targets: wrk -t1 -cC, 10,000 API keys drawn by Zipf(1.1)
 # (loadtest/wrk/zipf.lua; the peers' JSON APIs get the same keys as
@@ -296,11 +297,35 @@ echo "bench-edge: $ROUNDS rounds of ${DUR}s (warm-up ${WARM}s a target), wrk -t1
 echo "bench-edge: events: $([ -n "$brokers" ] && echo "every poplimit edge to the embedded broker" || echo off); pinning: $([ -n "$SRV" ] && echo "server under test alone on CPU 1 for its turn (GOMAXPROCS=1), idle servers and the rest on CPU 0" || echo off)" >&2
 echo "bench-edge: targets: $TARGETS" >&2
 if [ "$WARM" != 0 ]; then for t in $TARGETS; do to_cpu "${pid[$t]}" 1; load "$t" "$WARM" "$CONNS" >/dev/null; to_cpu "${pid[$t]}" 0; done; fi
-# Per round, per target: the generator's, the server's and everything
-# else's CPU in cores over the run (what limited it).
-printf "%-5s %-15s %9s %8s %8s %7s %5s %5s %5s %9s\n" round target req/s p50_us p99_us errors gen srv rest cpu/req_us >&2
-for r in $(seq "$ROUNDS"); do
+# Each round runs every target once, and a turn of a target's reference
+# (its bare server: the rows file) right before and right after it, so
+# that a ratio to the reference compares turns seconds apart rather than
+# minutes: this machine's cost per system call moves between spells of
+# minutes, which moved ratios of turns far apart by half. A reference turn
+# serves both neighbours (bare async bare sync bare ...), and counts in the
+# reference's own row too.
+ref_of() { awk -F'\t' -v t="$1" '$1 == t { print $2; exit }' "$tmp/rows"; }
+declare -A refof
+for t in $TARGETS; do r=$(ref_of "$t"); if [ -n "$r" ] && [ "$r" != - ] && want "$r"; then refof[$t]=$r; else refof[$t]=""; fi; done
+seq_round() { # the turns of one round, in order
+  local t r last="" out=""
   for t in $TARGETS; do
+    r=${refof[$t]}
+    if [ -n "$r" ] && [ "$last" != "$r" ]; then out+="$r "; fi
+    if [ "$last" != "$t" ] || [ -n "$r" ]; then out+="$t "; fi
+    last=$t
+    if [ -n "$r" ]; then out+="$r "; last=$r; fi
+  done
+  echo "$out"
+}
+echo "bench-edge: turns a round: $(seq_round)" >&2
+# Per turn: the generator's, the server's and everything else's CPU in
+# cores over the run (what limited it).
+printf "%-5s %-15s %9s %8s %8s %7s %5s %5s %5s %9s\n" round target req/s p50_us p99_us errors gen srv rest cpu/req_us >&2
+turn=0
+for r in $(seq "$ROUNDS"); do
+  for t in $(seq_round); do
+    turn=$((turn + 1))
     to_cpu "${pid[$t]}" 1; sleep 0.2
     s0=$(cpu_ticks "${pid[$t]}"); a0=$(total_ticks); start=$(date +%s.%N)
     read -r rps p50 p99 errs reqs < <(load "$t" "$DUR" "$CONNS") || true
@@ -313,7 +338,7 @@ for r in $(seq "$ROUNDS"); do
     rest=$(echo "($a1 - $a0) / $HZ / $secs - $scpu - $gcpu" | bc -l)
     cpr=0; [ "${reqs:-0}" != 0 ] && cpr=$(echo "($s1 - $s0) / $HZ / $reqs * 1000000" | bc -l)
     printf "%-5s %-15s %9s %8s %8s %7s %5.2f %5.2f %5.2f %9.2f\n" "$r" "$t" "$rps" "$p50" "$p99" "$errs" "$gcpu" "$scpu" "$rest" "$cpr" >&2
-    echo "$r $t $rps $p50 $p99 $errs $cpr" >> "$tmp/results"
+    echo "$turn $r $t $rps $p50 $p99 $errs $cpr" >> "$tmp/results"
   done
 done
 # Unloaded latency: one connection, one request at a time.
@@ -329,13 +354,14 @@ done
 {
   echo "### The edge's cost per request (scripts/bench-edge.sh)"
   echo
-  echo "$(date -u +%Y-%m-%d), $ROUNDS round(s) of ${DUR}s, targets alternated; $(nproc) CPUs; pinning: $([ -n "$SRV" ] && echo "server under test alone on CPU 1 for its turn (GOMAXPROCS=1); the load generator, stores, broker and idle servers on CPU 0" || echo off); decision events: $([ -n "$brokers" ] && echo "every poplimit edge to the aggregator's embedded broker" || echo off)."
+  echo "$(date -u +%Y-%m-%d), $ROUNDS round(s) of ${DUR}s a turn, targets alternated, each between turns of its ref; $(nproc) CPUs; pinning: $([ -n "$SRV" ] && echo "server under test alone on CPU 1 for its turn (GOMAXPROCS=1); the load generator, stores, broker and idle servers on CPU 0" || echo off); decision events: $([ -n "$brokers" ] && echo "every poplimit edge to the aggregator's embedded broker" || echo off)."
   echo "HTTP: wrk -t1 -c$CONNS, 10,000 keys by Zipf(1.1)$([ "$DELAY" != 0 ] && echo ", each connection waiting ${DELAY} ms after a response (paced, not a closed loop)"); gRPC: loadtest/rlsload, 4 connections × 16 callers, 10,000 values."
-  echo "Cells: median of the rounds (min–max); a ratio is taken per round, then its median. CPU/req: user+sys CPU of the server's process ÷ requests answered."
+  echo "Cells: median of the turns (min–max). A ratio to the ref is taken per turn, against the mean of the ref's turns right before and after it, then its median; a ratio to a peer per round, of the two targets' mean req/s in it. CPU/req: user+sys CPU of the server's process ÷ requests answered."
   echo
   awk -v order="$TARGETS" '
     FILENAME ~ /rows$/ { split($0, f, "\t"); ref[f[1]]=f[2]; rlp[f[1]]=f[3]; gp[f[1]]=f[4]; desc[f[1]]=f[5]; next }
-    { rps[$1,$2]=$3; p50[$1,$2]=$4; p99[$1,$2]=$5; err[$1,$2]=$6; cpr[$1,$2]=$7; rounds[$1]=1; ran[$2]=1 }
+    { i=$1; nturns=i; rnd[i]=$2; tgt[i]=$3; rps[i]=$4; p50[i]=$5; p99[i]=$6; err[i]=$7; cpr[i]=$8; ran[$3]=1
+      rsum[$2,$3]+=$4; rcnt[$2,$3]++; rounds[$2]=1 }
     function sort(a, n,   i, j, x) { for (i=1;i<=n;i++) for (j=i+1;j<=n;j++) if (a[j]<a[i]) { x=a[i]; a[i]=a[j]; a[j]=x } }
     function cell(a, n, fmt,   m) {
       if (n == 0) return "–"
@@ -344,26 +370,39 @@ done
       return sprintf(fmt " (" fmt "–" fmt ")", m, a[1], a[n])
     }
     function comma(x,   s, o) { s = sprintf("%.0f", x); o = ""; while (length(s) > 3) { o = "," substr(s, length(s)-2) o; s = substr(s, 1, length(s)-3) } return s o }
-    function ratio(t, other, kind,   r, n, v) {
+    function val(kind, i) { return kind == "cpu" ? cpr[i] : kind == "p99" ? p99[i] : rps[i] }
+    # per turn of t: its value over the mean of the ref turns beside it
+    function beside(t, other, kind,   i, n, m, s, v) {
       if (other == "-" || other == "" || !(other in ran) || other == t) return "–"
       n = 0
-      for (r in rounds) if ((r SUBSEP t) in rps && (r SUBSEP other) in rps) {
-        if (kind == "cpu" && cpr[r,other] > 0) v[++n] = cpr[r,t] / cpr[r,other]
-        if (kind == "rps" && rps[r,other] > 0) v[++n] = rps[r,t] / rps[r,other]
+      for (i = 1; i <= nturns; i++) {
+        if (tgt[i] != t) continue
+        m = 0; s = 0
+        if ((i-1) in tgt && tgt[i-1] == other && val(kind, i-1) > 0) { m++; s += val(kind, i-1) }
+        if ((i+1) in tgt && tgt[i+1] == other && val(kind, i+1) > 0) { m++; s += val(kind, i+1) }
+        if (m > 0) v[++n] = val(kind, i) / (s / m)
       }
       return cell(v, n, "%.2f")
     }
+    # per round: the mean req/s of t over the mean req/s of other
+    function peer(t, other,   r, n, v) {
+      if (other == "-" || other == "" || !(other in ran) || other == t) return "–"
+      n = 0
+      for (r in rounds) if (rcnt[r,t] > 0 && rcnt[r,other] > 0 && rsum[r,other] > 0)
+        v[++n] = (rsum[r,t] / rcnt[r,t]) / (rsum[r,other] / rcnt[r,other])
+      return cell(v, n, "%.2f")
+    }
     END {
-      print "| target | what | req/s | p50 µs | p99 µs | CPU/req µs | CPU/req ÷ ref (ref) | req/s ÷ ref | req/s ÷ gubernator | req/s ÷ ratelimit | errors |"
-      print "|---|---|---|---|---|---|---|---|---|---|---|"
+      print "| target | what | turns | req/s | p50 µs | p99 µs | CPU/req µs | CPU/req ÷ ref (ref) | p99 ÷ ref | req/s ÷ ref | req/s ÷ gubernator | req/s ÷ ratelimit | errors |"
+      print "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
       nt = split(order, ts, " ")
       for (k=1; k<=nt; k++) {
         t = ts[k]; if (!(t in ran)) continue
-        n = 0; e = 0; delete a; delete b; delete c; delete d; delete lo
-        for (r in rounds) if ((r SUBSEP t) in rps) { n++; a[n]=rps[r,t]; b[n]=p50[r,t]; c[n]=p99[r,t]; d[n]=cpr[r,t]; e += err[r,t] }
+        n = 0; e = 0; delete a; delete b; delete c; delete d
+        for (i = 1; i <= nturns; i++) if (tgt[i] == t) { n++; a[n]=rps[i]; b[n]=p50[i]; c[n]=p99[i]; d[n]=cpr[i]; e += err[i] }
         sort(a, n); rs = comma(n % 2 ? a[(n+1)/2] : (a[n/2]+a[n/2+1])/2); if (n > 1) rs = rs " (" comma(a[1]) "–" comma(a[n]) ")"
-        cr = ratio(t, ref[t], "cpu"); if (cr != "–") cr = cr " (" ref[t] ")"
-        printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", t, desc[t], rs, cell(b, n, "%.0f"), cell(c, n, "%.0f"), cell(d, n, "%.2f"), cr, ratio(t, ref[t], "rps"), ratio(t, gp[t], "rps"), ratio(t, rlp[t], "rps"), e
+        cr = beside(t, ref[t], "cpu"); if (cr != "–") cr = cr " (" ref[t] ")"
+        printf "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", t, desc[t], n, rs, cell(b, n, "%.0f"), cell(c, n, "%.0f"), cell(d, n, "%.2f"), cr, beside(t, ref[t], "p99"), beside(t, ref[t], "rps"), peer(t, gp[t]), peer(t, rlp[t]), e
       }
     }' "$tmp/rows" "$tmp/results"
   echo
