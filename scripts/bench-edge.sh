@@ -360,7 +360,7 @@ done
   echo
   awk -v order="$TARGETS" '
     FILENAME ~ /rows$/ { split($0, f, "\t"); ref[f[1]]=f[2]; rlp[f[1]]=f[3]; gp[f[1]]=f[4]; desc[f[1]]=f[5]; next }
-    { i=$1; nturns=i; rnd[i]=$2; tgt[i]=$3; rps[i]=$4; p50[i]=$5; p99[i]=$6; err[i]=$7; cpr[i]=$8; ran[$3]=1
+    { i=$1; nturns=i; tgt[i]=$3; rps[i]=$4; p50[i]=$5; p99[i]=$6; err[i]=$7; cpr[i]=$8; ran[$3]=1
       rsum[$2,$3]+=$4; rcnt[$2,$3]++; rounds[$2]=1 }
     function sort(a, n,   i, j, x) { for (i=1;i<=n;i++) for (j=i+1;j<=n;j++) if (a[j]<a[i]) { x=a[i]; a[i]=a[j]; a[j]=x } }
     function cell(a, n, fmt,   m) {
