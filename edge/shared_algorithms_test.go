@@ -126,8 +126,12 @@ rules:
 					}
 					fb := fallbacks(t, edges)
 					t.Logf("%s %s %s: admitted %d of 60 in %v (bound 20 + r·t = %.2f), %v by failure policy", store, alg, mode, admitted, elapsed.Round(time.Millisecond), bound, fb)
-					if float64(admitted) > bound+slack {
-						t.Errorf("admitted %d of 60, want ≤ %.2f (+%v)", admitted, bound, slack)
+					// A decision the store could not confirm within its
+					// timeout (a starved scheduler, under -race) follows
+					// the rule's failure policy, open here, and is counted:
+					// each may be one admission past the bucket.
+					if float64(admitted) > bound+slack+fb {
+						t.Errorf("admitted %d of 60, want ≤ %.2f (+%v, +%v by failure policy)", admitted, bound, slack, fb)
 					}
 					// Sync admits the whole burst. Async may refuse a few
 					// of it when the replies that would show the room

@@ -25,7 +25,9 @@ import (
 // becomes the new view. Between two replies an edge spends at most its share
 // of the room the last reply showed: room / max(peers, 2), where peers
 // estimates the edges spending the key (from how much more than its own
-// units the shared bucket took between two replies); a request past the
+// units the shared bucket took between two replies, against the share each
+// took); only an edge that no reply has ever shown another edge's units,
+// for a while, takes the whole room. A request past the
 // share waits once for the next reply (at most NewKeyWait, as a new key's
 // request does) and is decided again on it. Other edges' admissions reach
 // the view within one flush interval plus a round trip, so the PoP admits
@@ -51,10 +53,9 @@ type bucketView struct {
 	unseen   int64            // units the other edges may have taken that the last reply did not show
 	share    int64            // this edge's share of the room the last reply showed
 	unseenAt int64            // when the reserve for unseen units was last renewed
-	othersAt int64            // when a reply last showed other edges' units
 	knownAt  int64            // when the first reply came
 	replyAt  int64            // when the last reply came
-	alone    bool             // replies have shown no other edge spending the key for a while
+	alone    bool             // no reply has shown another edge's units, for a while
 	seq      uint32           // replies applied
 	peers    int32            // estimated edges spending this key, ≥ 1
 	kind     StateKind
@@ -65,6 +66,7 @@ const (
 	bvQueued uint8 = 1 << iota // in its shard's state queue
 	bvKnown                    // a reply has been applied
 	bvFailed                   // the last store operation for the key failed
+	bvShared                   // a reply has shown another edge's units
 )
 
 // bucketOf returns the bucket rule r runs with for limit (a tier's limit
@@ -275,10 +277,9 @@ func (v *bucketView) withinShare(t, mine, n int64) bool {
 }
 
 // peersFor is the number of edges this one shares the key's room with:
-// the estimate, and at least two until a reply has shown that no other
-// edge took any for a while (unsure after the key became known here, or
-// after others last took some), since their latest units may not have
-// landed yet.
+// the estimate, and at least two unless this edge is alone on the key (no
+// reply has shown another edge's units, unsure after the key became known
+// here), since their latest units may not have landed yet.
 func (v *bucketView) peersFor() int32 {
 	if !v.alone {
 		return max(v.peers, 2)
@@ -524,24 +525,35 @@ func (s *shard) applyView(l *Limiter, t int64, op *StateOp) {
 		return
 	}
 	reply := LeakyBucketState{TAT: op.TAT, Frac: op.Frac}
+	// What the shared bucket took beyond this edge's units: the other
+	// edges' pours since the last reply (for the first, all the bucket
+	// held beyond this edge's units). With no other pour the store did the
+	// same arithmetic as expect, so any difference is another edge's.
+	expect := v.shared // zero for a view with no reply yet
+	if sent > 0 {
+		v.lb.pour(&expect, op.Now, sent)
+	}
+	others := int64(0)
+	if diff := v.lb.level(reply, t) - v.lb.level(expect, t); diff > 0 {
+		per := int64(v.lb.Per)
+		others = (diff + per - 1) / per
+		p := int32(2)
+		if v.flags&bvKnown != 0 && sent > 0 {
+			// Each other edge took at most about its share since its
+			// own last reply, as this edge did.
+			each := max(sent, v.share)
+			p = int32(min(1+(others+each-1)/each, 64))
+		}
+		v.peers = max(p, v.peers)
+		v.flags |= bvShared
+	}
 	if v.flags&bvKnown != 0 {
-		// What the shared bucket took beyond this edge's units: the
-		// other edges' pours since the last reply.
-		expect := v.shared
-		if sent > 0 {
-			v.lb.pour(&expect, op.Now, sent)
-		}
-		others := max(0, (v.lb.level(reply, t)-v.lb.level(expect, t))/int64(v.lb.Per))
-		if others > 0 {
-			p := int32(2)
-			if sent > 0 {
-				p = int32(min(1+(others+sent-1)/sent, 64))
-			}
-			v.peers, v.othersAt = max(p, v.peers), t
-		}
-		// Alone, as far as replies can tell: none showed another
-		// edge's units for a while.
-		v.alone = others == 0 && t-max(v.knownAt, v.othersAt) >= l.unsure()
+		// Alone, as far as replies can tell: none has shown another
+		// edge's units since this edge has had the key's view. Once one
+		// has, the key stays shared until the view is forgotten: an
+		// edge whose flusher runs late may still spend its share of an
+		// old reply after its units have stopped showing.
+		v.alone = v.flags&bvShared == 0 && t-v.knownAt >= l.unsure()
 		if v.alone {
 			v.peers = 1
 		}
