@@ -257,13 +257,13 @@ total_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 load() { # target seconds conns → "rps p50_us p99_us errors requests" (the generator's CPU in $tmp/gencpu)
   local t=$1 d=$2 c=$3
   if [ "${kind[$t]}" = grpc ]; then
-    /usr/bin/time -f "%U %S" -o "$tmp/gencpu" $REST "$tmp/rlsload" -target "${addr[$t]}" -duration "${d}s" 2>>"$tmp/rlsload.log" |
+    /usr/bin/time -f "%U %S %w" -o "$tmp/gencpu" $REST "$tmp/rlsload" -target "${addr[$t]}" -duration "${d}s" 2>>"$tmp/rlsload.log" |
       awk -v d="$d" '{ printf "%.0f %.0f %.0f %d %.0f\n", $1, $2, $3, $4, $1 * d }'
     return
   fi
   local script=loadtest/wrk/zipf.lua
   [ "${kind[$t]}" = post ] && script=loadtest/benchwrk/post.lua
-  WRK_PATH=${path[$t]} WRK_BODY=${body[$t]} WRK_LIMIT=100000000 WRK_DELAY_MS=$DELAY /usr/bin/time -f "%U %S" -o "$tmp/gencpu" \
+  WRK_PATH=${path[$t]} WRK_BODY=${body[$t]} WRK_LIMIT=100000000 WRK_DELAY_MS=$DELAY /usr/bin/time -f "%U %S %w" -o "$tmp/gencpu" \
     $REST wrk -t1 -c"$c" -d"${d}s" --latency -s "$script" "http://${addr[$t]}" 2>&1 | awk '
     function us(v) { if (v ~ /us$/) return v+0; if (v ~ /ms$/) return v*1000; if (v ~ /s$/) return v*1000000; return v }
     /Requests\/sec/ { rps=$2 } / 50%/ { p50=us($2) } / 99%/ { p99=us($2) } /Non-2xx/ { n+=$5 } /requests in/ { reqs=$1 }
@@ -321,7 +321,7 @@ seq_round() { # the turns of one round, in order
 echo "bench-edge: turns a round: $(seq_round)" >&2
 # Per turn: the generator's, the server's and everything else's CPU in
 # cores over the run (what limited it).
-printf "%-5s %-15s %9s %8s %8s %7s %5s %5s %5s %9s\n" round target req/s p50_us p99_us errors gen srv rest cpu/req_us >&2
+printf "%-5s %-15s %9s %8s %8s %7s %5s %5s %5s %9s %6s\n" round target req/s p50_us p99_us errors gen srv rest cpu/req_us waits >&2
 turn=0
 for r in $(seq "$ROUNDS"); do
   for t in $(seq_round); do
@@ -334,11 +334,17 @@ for r in $(seq "$ROUNDS"); do
     s1=$(cpu_ticks "${pid[$t]}"); a1=$(total_ticks)
     to_cpu "${pid[$t]}" 0
     gcpu=$(awk -v d="$secs" '{ printf "%.2f", ($1 + $2) / d }' "$tmp/gencpu")
+    # The generator's voluntary context switches a request: how often it
+    # slept waiting for answers. Each sleep is a wake-up that the server's
+    # next write pays for (on another CPU: an inter-processor interrupt),
+    # so a closed loop that falls into waiting makes a server dearer per
+    # request than its own work does.
+    waits=$(awk -v n="$reqs" '{ printf "%.3f", (n > 0 ? $3 / n : 0) }' "$tmp/gencpu")
     scpu=$(echo "($s1 - $s0) / $HZ / $secs" | bc -l)
     rest=$(echo "($a1 - $a0) / $HZ / $secs - $scpu - $gcpu" | bc -l)
     cpr=0; [ "${reqs:-0}" != 0 ] && cpr=$(echo "($s1 - $s0) / $HZ / $reqs * 1000000" | bc -l)
-    printf "%-5s %-15s %9s %8s %8s %7s %5.2f %5.2f %5.2f %9.2f\n" "$r" "$t" "$rps" "$p50" "$p99" "$errs" "$gcpu" "$scpu" "$rest" "$cpr" >&2
-    echo "$turn $r $t $rps $p50 $p99 $errs $cpr" >> "$tmp/results"
+    printf "%-5s %-15s %9s %8s %8s %7s %5.2f %5.2f %5.2f %9.2f %6s\n" "$r" "$t" "$rps" "$p50" "$p99" "$errs" "$gcpu" "$scpu" "$rest" "$cpr" "$waits" >&2
+    echo "$turn $r $t $rps $p50 $p99 $errs $cpr $waits" >> "$tmp/results"
   done
 done
 # Unloaded latency: one connection, one request at a time.
@@ -356,11 +362,11 @@ done
   echo
   echo "$(date -u +%Y-%m-%d), $ROUNDS round(s) of ${DUR}s a turn, targets alternated, each between turns of its ref; $(nproc) CPUs; pinning: $([ -n "$SRV" ] && echo "server under test alone on CPU 1 for its turn (GOMAXPROCS=1); the load generator, stores, broker and idle servers on CPU 0" || echo off); decision events: $([ -n "$brokers" ] && echo "every poplimit edge to the aggregator's embedded broker" || echo off)."
   echo "HTTP: wrk -t1 -c$CONNS, 10,000 keys by Zipf(1.1)$([ "$DELAY" != 0 ] && echo ", each connection waiting ${DELAY} ms after a response (paced, not a closed loop)"); gRPC: loadtest/rlsload, 4 connections × 16 callers, 10,000 values."
-  echo "Cells: median of the turns (min–max). A ratio to the ref is taken per turn, against the mean of the ref's turns right before and after it, then its median; a ratio to a peer per round, of the two targets' mean req/s in it. CPU/req: user+sys CPU of the server's process ÷ requests answered."
+  echo "Cells: median of the turns (min–max). A ratio to the ref is taken per turn, against the mean of the ref's turns right before and after it, then its median; a ratio to a peer per round, of the two targets' mean req/s in it. CPU/req: user+sys CPU of the server's process ÷ requests answered. Client waits/req: the load generator's voluntary context switches ÷ requests, how often it slept for want of answers; each wake-up is paid in the server's next write, so turns that wait often cost the server more than its own work."
   echo
   awk -v order="$TARGETS" '
     FILENAME ~ /rows$/ { split($0, f, "\t"); ref[f[1]]=f[2]; rlp[f[1]]=f[3]; gp[f[1]]=f[4]; desc[f[1]]=f[5]; next }
-    { i=$1; nturns=i; tgt[i]=$3; rps[i]=$4; p50[i]=$5; p99[i]=$6; err[i]=$7; cpr[i]=$8; ran[$3]=1
+    { i=$1; nturns=i; tgt[i]=$3; rps[i]=$4; p50[i]=$5; p99[i]=$6; err[i]=$7; cpr[i]=$8; wpr[i]=$9; ran[$3]=1
       rsum[$2,$3]+=$4; rcnt[$2,$3]++; rounds[$2]=1 }
     function sort(a, n,   i, j, x) { for (i=1;i<=n;i++) for (j=i+1;j<=n;j++) if (a[j]<a[i]) { x=a[i]; a[i]=a[j]; a[j]=x } }
     function cell(a, n, fmt,   m) {
@@ -393,16 +399,16 @@ done
       return cell(v, n, "%.2f")
     }
     END {
-      print "| target | what | turns | req/s | p50 µs | p99 µs | CPU/req µs | CPU/req ÷ ref (ref) | p99 ÷ ref | req/s ÷ ref | req/s ÷ gubernator | req/s ÷ ratelimit | errors |"
-      print "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+      print "| target | what | turns | req/s | p50 µs | p99 µs | CPU/req µs | CPU/req ÷ ref (ref) | p99 ÷ ref | req/s ÷ ref | req/s ÷ gubernator | req/s ÷ ratelimit | client waits/req | errors |"
+      print "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
       nt = split(order, ts, " ")
       for (k=1; k<=nt; k++) {
         t = ts[k]; if (!(t in ran)) continue
-        n = 0; e = 0; delete a; delete b; delete c; delete d
-        for (i = 1; i <= nturns; i++) if (tgt[i] == t) { n++; a[n]=rps[i]; b[n]=p50[i]; c[n]=p99[i]; d[n]=cpr[i]; e += err[i] }
+        n = 0; e = 0; delete a; delete b; delete c; delete d; delete w
+        for (i = 1; i <= nturns; i++) if (tgt[i] == t) { n++; a[n]=rps[i]; b[n]=p50[i]; c[n]=p99[i]; d[n]=cpr[i]; w[n]=wpr[i]; e += err[i] }
         sort(a, n); rs = comma(n % 2 ? a[(n+1)/2] : (a[n/2]+a[n/2+1])/2); if (n > 1) rs = rs " (" comma(a[1]) "–" comma(a[n]) ")"
         cr = beside(t, ref[t], "cpu"); if (cr != "–") cr = cr " (" ref[t] ")"
-        printf "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", t, desc[t], n, rs, cell(b, n, "%.0f"), cell(c, n, "%.0f"), cell(d, n, "%.2f"), cr, beside(t, ref[t], "p99"), beside(t, ref[t], "rps"), peer(t, gp[t]), peer(t, rlp[t]), e
+        printf "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", t, desc[t], n, rs, cell(b, n, "%.0f"), cell(c, n, "%.0f"), cell(d, n, "%.2f"), cr, beside(t, ref[t], "p99"), beside(t, ref[t], "rps"), peer(t, gp[t]), peer(t, rlp[t]), cell(w, n, "%.3f"), e
       }
     }' "$tmp/rows" "$tmp/results"
   echo
