@@ -334,11 +334,12 @@ for r in $(seq "$ROUNDS"); do
     s1=$(cpu_ticks "${pid[$t]}"); a1=$(total_ticks)
     to_cpu "${pid[$t]}" 0
     gcpu=$(awk -v d="$secs" '{ printf "%.2f", ($1 + $2) / d }' "$tmp/gencpu")
-    # The generator's voluntary context switches a request: how often it
-    # slept waiting for answers. Each sleep is a wake-up that the server's
-    # next write pays for (on another CPU: an inter-processor interrupt),
-    # so a closed loop that falls into waiting makes a server dearer per
-    # request than its own work does.
+    # The generator's voluntary context switches a request: for wrk, how
+    # often it slept waiting for answers. Each sleep is a wake-up done in
+    # the server's next write (of a thread on the other CPU), so a closed
+    # loop that falls into waiting makes a server dearer per request than
+    # its own work does. For rlsload (Go) they also count its threads
+    # parking between bursts of work, so read them only against each other.
     waits=$(awk -v n="$reqs" '{ printf "%.3f", (n > 0 ? $3 / n : 0) }' "$tmp/gencpu")
     scpu=$(echo "($s1 - $s0) / $HZ / $secs" | bc -l)
     rest=$(echo "($a1 - $a0) / $HZ / $secs - $scpu - $gcpu" | bc -l)
@@ -362,7 +363,7 @@ done
   echo
   echo "$(date -u +%Y-%m-%d), $ROUNDS round(s) of ${DUR}s a turn, targets alternated, each between turns of its ref; $(nproc) CPUs; pinning: $([ -n "$SRV" ] && echo "server under test alone on CPU 1 for its turn (GOMAXPROCS=1); the load generator, stores, broker and idle servers on CPU 0" || echo off); decision events: $([ -n "$brokers" ] && echo "every poplimit edge to the aggregator's embedded broker" || echo off)."
   echo "HTTP: wrk -t1 -c$CONNS, 10,000 keys by Zipf(1.1)$([ "$DELAY" != 0 ] && echo ", each connection waiting ${DELAY} ms after a response (paced, not a closed loop)"); gRPC: loadtest/rlsload, 4 connections × 16 callers, 10,000 values."
-  echo "Cells: median of the turns (min–max). A ratio to the ref is taken per turn, against the mean of the ref's turns right before and after it, then its median; a ratio to a peer per round, of the two targets' mean req/s in it. CPU/req: user+sys CPU of the server's process ÷ requests answered. Client waits/req: the load generator's voluntary context switches ÷ requests, how often it slept for want of answers; each wake-up is paid in the server's next write, so turns that wait often cost the server more than its own work."
+  echo "Cells: median of the turns (min–max). A ratio to the ref is taken per turn, against the mean of the ref's turns right before and after it, then its median; a ratio to a peer per round, of the two targets' mean req/s in it. CPU/req: user+sys CPU of the server's process ÷ requests answered. Client waits/req: the load generator's voluntary context switches ÷ requests; for wrk, how often it slept for want of answers, each wake-up done in the server's next write, so turns that wait often cost the server more than its own work (for the gRPC rows rlsload's Go threads parking too: compare them only with each other)."
   echo
   awk -v order="$TARGETS" '
     FILENAME ~ /rows$/ { split($0, f, "\t"); ref[f[1]]=f[2]; rlp[f[1]]=f[3]; gp[f[1]]=f[4]; desc[f[1]]=f[5]; next }
