@@ -72,58 +72,126 @@ func (h *Hops) AddLine(f Forwarding, line []byte) {
 	}
 }
 
-// addForwarded adds the for= node of each element of an RFC 7239 line. An
-// element without for=, or whose node is quoted with escapes, is a
-// malformed hop. Commas and semicolons inside quoted strings do not split.
+// addForwarded adds the for= node of each element of an RFC 7239 line,
+// parsed with RFC 9110's list, token and quoted-string rules:
+//
+//	element = [ pair ] *( ";" [ pair ] ),  pair = token "=" ( token / quoted-string )
+//
+// Elements are separated by commas outside quoted strings. A trusted
+// proxy may join its element to the client's line (RFC 9110 §5.3), so the
+// client writes everything left of the proxy's ", for=…". A well-formed
+// element never reaches past that comma: a quoted string the client opens
+// either stays open to the end of the line or closes on a quote of the
+// proxy's element, whose next byte (an address, never ";" or ",") breaks
+// the element. So an element that does not parse ends at the first comma
+// after its start and is one malformed hop: a client's garbage spoils its
+// own part of the line only, and the proxy's element is always read as
+// the proxy wrote it.
 func (h *Hops) addForwarded(line []byte) {
-	for len(line) > 0 {
-		// One element: up to the first comma outside quotes.
-		end, quoted := len(line), false
-		for i := 0; i < len(line); i++ {
-			switch c := line[i]; {
-			case c == '\\' && quoted:
-				i++
-			case c == '"':
-				quoted = !quoted
-			case c == ',' && !quoted:
-				end = i
-			}
-			if end == i {
-				break
+	for {
+		node, end, ok := forwardedElement(line)
+		if !ok {
+			node, end = nil, bytes.IndexByte(line, ',')
+			if end < 0 {
+				end = len(line)
 			}
 		}
-		h.add(forNode(line[:end]))
-		if end == len(line) {
+		h.add(node)
+		if end >= len(line) {
 			return
 		}
 		line = line[end+1:]
 	}
 }
 
-// forNode returns the node of the for= pair of one Forwarded element, its
-// quotes removed, or nil.
-func forNode(el []byte) []byte {
-	for len(el) > 0 {
-		pair := el
-		if i := bytes.IndexByte(el, ';'); i >= 0 {
-			pair, el = el[:i], el[i+1:]
-		} else {
-			el = nil
+// forwardedElement parses the element at the start of line up to the comma
+// that ends it (or the line's end), returning its for= node without
+// quotes (nil when it has none), the index of that comma (len(line) at the
+// end), and whether the element is well-formed. A node written with an
+// escape, or a pair named twice, is malformed: no address needs one.
+func forwardedElement(line []byte) (node []byte, end int, ok bool) {
+	i, seenFor := skipOWS(line, 0), false
+	for {
+		if i == len(line) || line[i] == ',' {
+			return node, i, true
 		}
-		name, value, ok := bytes.Cut(bytes.TrimSpace(pair), []byte("="))
-		if !ok || !bytes.EqualFold(name, []byte("for")) {
+		if line[i] == ';' { // an empty pair
+			i = skipOWS(line, i+1)
 			continue
 		}
-		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
-			value = value[1 : len(value)-1]
-			if bytes.IndexByte(value, '\\') >= 0 || bytes.IndexByte(value, '"') >= 0 {
-				return nil // no address needs an escape
-			}
+		j := i
+		for j < len(line) && isTchar(line[j]) {
+			j++
 		}
-		return value
+		if j == i || j == len(line) || line[j] != '=' {
+			return nil, 0, false
+		}
+		name := line[i:j]
+		j++
+		var value []byte
+		if j < len(line) && line[j] == '"' {
+			k, escaped := j+1, false
+			for ; k < len(line) && line[k] != '"'; k++ {
+				switch c := line[k]; {
+				case c == '\\':
+					k++
+					escaped = true
+				case c < 0x20 && c != '\t' || c == 0x7f:
+					return nil, 0, false
+				}
+			}
+			if k >= len(line) {
+				return nil, 0, false // the quoted string never closes
+			}
+			value, j = line[j+1:k], k+1
+			if escaped {
+				value = nil
+			}
+		} else {
+			k := j
+			for k < len(line) && isNodeChar(line[k]) {
+				k++
+			}
+			value, j = line[j:k], k
+		}
+		if bytes.EqualFold(name, []byte("for")) {
+			if seenFor {
+				return nil, 0, false
+			}
+			seenFor, node = true, value
+		}
+		i = skipOWS(line, j)
+		switch {
+		case i == len(line) || line[i] == ',':
+		case line[i] == ';':
+			i = skipOWS(line, i+1)
+		default:
+			return nil, 0, false
+		}
 	}
-	return nil
 }
+
+func skipOWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t') {
+		i++
+	}
+	return i
+}
+
+// isTchar reports whether c is an RFC 9110 token character.
+func isTchar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// isNodeChar reports whether c may stand in an unquoted value: a token
+// character, or ":", "[" and "]", which RFC 7239 wants quoted but common
+// proxy configurations write bare (for=2001:db8::1). None of them can end a
+// pair, an element or a quoted string.
+func isNodeChar(c byte) bool { return isTchar(c) || c == ':' || c == '[' || c == ']' }
 
 // clientAddr resolves a request's client address from its TCP peer and
 // what trusted proxies say: when the peer is trusted, ClientIPHeader's

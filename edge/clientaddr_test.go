@@ -85,6 +85,19 @@ func TestClientIP(t *testing.T) {
 		{"Forwarded element without for", Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, proto=https\n", "10.1.2.3"},
 		{"Forwarded escaped node", Forwarded, "10.1.2.3", "Forwarded: for=\"203.0.113.\\5\"\n", "10.1.2.3"},
 		{"Forwarded from untrusted peer", Forwarded, "198.51.100.9", "Forwarded: for=203.0.113.5\n", "198.51.100.9"},
+		// A trusted proxy joins its element to the client's line
+		// ("$http_forwarded, for=$remote_addr"): a quote the client leaves
+		// open must not swallow the proxy's element.
+		{"Forwarded open quote before joined element", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded open quoted node before joined element", Forwarded, "10.1.2.3", "Forwarded: for=\"6.6.6.6, for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded quote closed by the proxy's quote", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=\"[2001:db8::9]:80\"\n", "2001:db8::9"},
+		{"Forwarded escape at the client's end", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a\\, for=\"203.0.113.5\"\n", "203.0.113.5"},
+		{"Forwarded garbage after the pair", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6 junk, for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded malformed element stops the walk", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=10.8.8.8\n", "10.8.8.8"},
+		{"Forwarded pair named twice", Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, for=6.6.6.6;for=10.0.0.1, for=10.8.8.8\n", "10.8.8.8"},
+		{"Forwarded bare ipv6 node", Forwarded, "10.1.2.3", "Forwarded: for=2001:db8::5\n", "2001:db8::5"},
+		{"Forwarded empty pairs", Forwarded, "10.1.2.3", "Forwarded: ;for=203.0.113.5;;proto=https\n", "203.0.113.5"},
+		{"Forwarded empty client part joined", Forwarded, "10.1.2.3", "Forwarded: , for=203.0.113.5\n", "203.0.113.5"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -202,15 +215,20 @@ rules:
 //   - from an untrusted peer, the address is the peer, whatever the headers;
 //   - from a trusted peer, the address is never left of the rightmost
 //     untrusted hop of the proxies' own part of the chain: the fuzzer's
-//     bytes stand left of a hop a trusted proxy appended, so the answer is
-//     that hop, or a trusted address right of it.
+//     bytes stand left of a hop a trusted proxy appended, on a line of
+//     their own or joined to the client's line with a comma (RFC 9110
+//     §5.3), so the answer is that hop.
 func FuzzClientIP(f *testing.F) {
-	f.Add("6.6.6.6", "1.2.3.4", false)
-	f.Add("for=6.6.6.6, for=\"[::1]:80\"", "", true)
-	f.Add("6.6.6.6\r\nX-Forwarded-For: 7.7.7.7", "x", false)
-	f.Add(strings.Repeat("1.1.1.1,", 100), "", false)
-	f.Add("for=\"a,b\";for=1.1.1.1, for=unknown", "::ffff:1.2.3.4", true)
-	f.Fuzz(func(t *testing.T, forged, cf string, fwd bool) {
+	f.Add("6.6.6.6", "1.2.3.4", false, false)
+	f.Add("for=6.6.6.6, for=\"[::1]:80\"", "", true, false)
+	f.Add("6.6.6.6\r\nX-Forwarded-For: 7.7.7.7", "x", false, false)
+	f.Add(strings.Repeat("1.1.1.1,", 100), "", false, true)
+	f.Add("for=\"a,b\";for=1.1.1.1, for=unknown", "::ffff:1.2.3.4", true, false)
+	f.Add(`for=6.6.6.6;x="a`, "", true, true)
+	f.Add(`for="6.6.6.6`, "", true, true)
+	f.Add(`for=6.6.6.6;x="a\`, "", true, true)
+	f.Add(`x="`, "", true, true)
+	f.Fuzz(func(t *testing.T, forged, cf string, fwd, joined bool) {
 		if strings.ContainsAny(forged+cf, "\r\n\x00") {
 			return // not one header line
 		}
@@ -219,7 +237,11 @@ func FuzzClientIP(f *testing.F) {
 		if fwd {
 			forwarding, name, real = Forwarded, "Forwarded", "for=203.0.113.77"
 		}
-		head := "GET / HTTP/1.1\nHost: x\n" + name + ": " + forged + "\nCF-Connecting-IP: " + cf + "\n" + name + ": " + real + "\n\n"
+		fwdLines := name + ": " + forged + "\n" + name + ": " + real + "\n"
+		if joined {
+			fwdLines = name + ": " + forged + ", " + real + "\n"
+		}
+		head := "GET / HTTP/1.1\nHost: x\nCF-Connecting-IP: " + cf + "\n" + fwdLines + "\n"
 		var req fasthttp.Request
 		if err := req.Read(bufio.NewReader(strings.NewReader(strings.ReplaceAll(head, "\n", "\r\n")))); err != nil {
 			return // fasthttp refuses the request before any key is chosen
@@ -234,7 +256,7 @@ func FuzzClientIP(f *testing.F) {
 				want = peer
 			}
 			if got.String() != want {
-				t.Fatalf("peer %s, forged %q: clientIP = %s, want %s", peer, forged, got, want)
+				t.Fatalf("peer %s, forged %q, joined %v: clientIP = %s, want %s", peer, forged, joined, got, want)
 			}
 		}
 	})

@@ -317,13 +317,21 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 // ctx (see forward, in proxy.go).
 func (s *Server) proxy(ctx *fasthttp.RequestCtx) { s.forward(ctx) }
 
-// HostOnly returns host without its port, as rules match it.
+// HostOnly returns host as rules match it: without its port and brackets,
+// and without one trailing dot. A fully qualified name ends in a dot
+// (api.example.com.) and names the same host as the name without it; DNS
+// resolves both and proxies route both to one server, so both must meet
+// the same rules. Rules compare hosts under ASCII case folding. It slices
+// h and does not allocate.
 func HostOnly(h []byte) []byte {
 	if i := bytes.LastIndexByte(h, ':'); i >= 0 && bytes.IndexByte(h[i:], ']') < 0 {
 		h = h[:i]
 	}
 	if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
-		h = h[1 : len(h)-1]
+		return h[1 : len(h)-1]
+	}
+	if len(h) > 1 && h[len(h)-1] == '.' {
+		h = h[:len(h)-1]
 	}
 	return h
 }

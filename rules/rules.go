@@ -489,7 +489,9 @@ func parseName(f *fields, name string) {
 }
 
 func parseMatch(f *fields, y ruleYAML, r *Rule) {
-	r.Host, r.PathPrefix = strings.ToLower(y.Host), y.PathPrefix
+	// One trailing dot is dropped: a fully qualified name is the same host,
+	// and the front ends drop it from requests too.
+	r.Host, r.PathPrefix = strings.TrimSuffix(strings.ToLower(y.Host), "."), y.PathPrefix
 	if y.PathPrefix != "" && y.PathPrefix[0] != '/' {
 		f.fail("path_prefix", strconv.Quote(y.PathPrefix), `must start with "/"`)
 	}
