@@ -127,7 +127,9 @@ func BenchmarkReport(b *testing.B) {
 
 func TestMetricsLint(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	j, err := New(DefaultConfig(), reg)
+	cfg := DefaultConfig()
+	cfg.MaxClockSkew, cfg.MaxEventAge = 0, 0 // arrival instant 0: no clock here
+	j, err := New(cfg, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +152,7 @@ func TestMetricsLint(t *testing.T) {
 	}{
 		{"poplimit_aggregator_events_total", nil, float64(r.Events)},
 		{"poplimit_aggregator_invalid_events_total", nil, 1},
+		{"poplimit_aggregator_invalid_events_total", []string{"reason", "parameters"}, 1},
 		{"poplimit_aggregator_late_events_total", nil, float64(r.Late)},
 		{"poplimit_aggregator_decisions_total", nil, float64(r.Judged)},
 		{"poplimit_aggregator_decisions_total", []string{"class", "enforced", "verdict", "wrongly_allowed"}, float64(r.Enforced.WronglyAllowed)},

@@ -15,6 +15,26 @@ type Config struct {
 	// that much delay to every verdict. Zero judges on arrival order beyond
 	// ties. Default 2 s.
 	AllowedLateness time.Duration
+	// MaxClockSkew bounds how far ahead of the caller's clock (the now
+	// given to Add) an event may be: an event whose time is more than
+	// AllowedLateness + MaxClockSkew after now, i.e. one that would move the
+	// watermark more than MaxClockSkew past the clock, is invalid
+	// ("future"): counted, kept out of the watermark and not judged. One
+	// such event (an edge whose clock jumped) would otherwise release
+	// every buffered event at once and, once judged, expire every key as
+	// idle. It is the skew tolerated between the edges' clocks and the
+	// caller's. Zero turns the check off, for callers whose now is not a
+	// clock of the events' epoch (traces judged offline). Default 5 s.
+	MaxClockSkew time.Duration
+	// MaxEventAge bounds how far behind the caller's clock an event may
+	// be: an event older than now − MaxEventAge is invalid ("past"):
+	// counted, not judged, its units logged nowhere. A stream that is
+	// merely behind (a backlog after a restart, a lagging partition) may
+	// be far behind the watermark but is within this of the clock, and is
+	// judged as usual: the default is Kafka's default retention, the
+	// oldest backlog a default topic holds. Zero turns the check off.
+	// Default 168 h.
+	MaxEventAge time.Duration
 	// Hold is the least time, measured in arrival (processing) time, that
 	// an event waits in the buffer even once the watermark has passed it.
 	// The watermark follows the partition furthest ahead; while the
@@ -69,6 +89,8 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		AllowedLateness: 2 * time.Second,
+		MaxClockSkew:    5 * time.Second,
+		MaxEventAge:     168 * time.Hour,
 		Hold:            250 * time.Millisecond,
 		Resolution:      time.Millisecond,
 		MaxBuffered:     1 << 20,
@@ -98,6 +120,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AllowedLateness < 0 {
 		bad("AllowedLateness", c.AllowedLateness, "must not be negative")
+	}
+	if c.MaxClockSkew < 0 {
+		bad("MaxClockSkew", c.MaxClockSkew, "must not be negative (0: off)")
+	}
+	if c.MaxEventAge < 0 {
+		bad("MaxEventAge", c.MaxEventAge, "must not be negative (0: off)")
 	}
 	if c.Hold < 0 {
 		bad("Hold", c.Hold, "must not be negative")

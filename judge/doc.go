@@ -6,7 +6,7 @@
 // decisions that the truth contradicts.
 //
 // It is pure: time is the events' own (Unix nanoseconds) and the arrival
-// time its caller passes, nothing reads a clock, starts a goroutine or does
+// time its caller passes (its clock), nothing reads a clock, starts a goroutine or does
 // I/O, so a scripted trace gives the same answer every time. The aggregator
 // (package main beside it) feeds it from Kafka, calls Advance as its clock
 // ticks and Flush when the stream has gone quiet.
@@ -42,6 +42,30 @@
 // arrival time — the caller's clock, passed to Add and Advance — which
 // gives its neighbours in the partition time to arrive. In steady state
 // the lateness keeps events longer and the hold never binds.
+//
+// # Times no clock could have stamped
+//
+// The watermark trusts the latest event time, so one event stamped far
+// ahead (an edge whose clock jumped) would release every buffered event
+// at once, and, once judged, make every other key idle and expired: the
+// next events would be judged from empty state. An event whose time is
+// more than AllowedLateness + Config.MaxClockSkew (default 5 s) after the
+// caller's clock — one that would move the watermark more than
+// MaxClockSkew past that clock — is therefore invalid (reason "future").
+// One stamped more than Config.MaxEventAge (default 168 h) before the
+// clock is invalid too (reason "past"): as a late event its units would
+// be logged at its key's latest instant, and counted by the decisions
+// after it. Invalid events are counted and otherwise ignored: they move
+// no watermark, touch no key's state and make no figure.
+//
+// The past bound is relative to the clock, not to the watermark, because
+// events legitimately far behind the watermark are judged per key (a
+// lagging partition, see above), and a consumer catching up after an
+// outage reads events as old as the outage is long; the default is
+// Kafka's default retention, so nothing a default topic still holds is
+// refused. Callers whose arrival times are not a clock of the events'
+// epoch (traces judged offline) set both bounds to 0, which turns them
+// off.
 //
 // When more than Config.MaxBuffered events wait, the oldest is released
 // before the watermark reaches it (counted as a buffer overflow); events of
@@ -124,7 +148,7 @@
 // lists: no count decided them, so they measure the policy, not the counter.
 // An event with Limit 0 or WindowMillis 0, or a bucket event whose B × W
 // does not fit the bucket's exact arithmetic, cannot be judged: it is
-// counted as invalid and otherwise ignored.
+// counted as invalid (reason "parameters") and otherwise ignored.
 //
 // # The figures
 //
@@ -192,7 +216,8 @@
 // by MaxBuffered, the lists of wrong keys by MaxWrongKeys each (past it, the
 // less severe half is dropped and the distinct counts become upper bounds),
 // and rule and edge label values by MaxRules and MaxEdges (past them, events
-// are tallied under "_other"; their keys stay distinct).
+// are tallied under "_other"; their keys stay distinct). A rule name that
+// is not UTF-8 is reported with U+FFFD for its invalid bytes.
 //
 // # What it does not do
 //

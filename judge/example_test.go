@@ -19,7 +19,7 @@ func Example() {
 		panic(err)
 	}
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-	arrived := time.Now().UnixNano() // when the consumer got the events
+	arrived := start + int64(11*time.Second) // when the consumer got the events: the caller's clock
 	for i, at := range []time.Duration{9100, 9200, 9300, 10_100, 10_200, 10_300} {
 		j.Add(arrived, pipeline.Event{
 			Time:         start + int64(at*time.Millisecond),

@@ -3,6 +3,7 @@ package judge
 import (
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,6 +62,16 @@ const (
 
 var lateReasonNames = [numLateReasons]string{"out_of_order", "forgotten"}
 
+// Reasons an event is invalid.
+const (
+	invalidParameters = iota // Limit or WindowMillis 0, or a bucket's B × W out of range
+	invalidFuture            // more than AllowedLateness + MaxClockSkew after now
+	invalidPast              // more than MaxEventAge before now
+	numInvalidReasons
+)
+
+var invalidReasonNames = [numInvalidReasons]string{"parameters", "future", "past"}
+
 // Reasons a key's state is removed.
 const (
 	evictIdle       = iota // two windows without an event: nothing lost
@@ -118,6 +129,8 @@ type Judge struct {
 	lateness int64 // ns
 	hold     int64 // ns
 	res      int64 // ns
+	ahead    int64 // ns an event may be after now: lateness + MaxClockSkew; 0: unbounded
+	maxAge   int64 // ns an event may be before now: MaxEventAge; 0: unbounded
 
 	// mu protects the fields below.
 	mu        sync.Mutex
@@ -138,7 +151,7 @@ type Judge struct {
 	late      map[lateCell]int64
 	evicted   [numEvictReasons]int64
 	events    int64
-	invalid   int64
+	invalid   [numInvalidReasons]int64
 	dups      dedup
 	lateTotal int64
 	overflows int64
@@ -157,6 +170,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 		lateness: int64(cfg.AllowedLateness),
 		hold:     int64(cfg.Hold),
 		res:      int64(cfg.Resolution),
+		maxAge:   int64(cfg.MaxEventAge),
 		rules:    make(map[string]uint32),
 		edges:    make(map[uint16]struct{}),
 		keys:     newKeyTable(),
@@ -167,6 +181,9 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 		dups:     newDedup(cfg.Dedup),
 	}
 	j.forgotten = math.MinInt64
+	if cfg.MaxClockSkew > 0 {
+		j.ahead = addSat(int64(cfg.AllowedLateness), int64(cfg.MaxClockSkew))
+	}
 	if reg != nil {
 		if err := reg.Register(&collector{j: j}); err != nil {
 			return nil, fmt.Errorf("judge: register metrics: %w", err)
@@ -176,9 +193,11 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 }
 
 // Add takes events in arrival order, arrived at now (Unix ns, the
-// caller's clock, used only for Config.Hold), buffers them and judges those
-// the watermark has passed and that have been held long enough. It copies
-// what it keeps (an event's Rule may alias the caller's buffer). Without
+// caller's clock: events wait Config.Hold after it, and events too far
+// after or before it are invalid, see Config.MaxClockSkew and
+// Config.MaxEventAge), buffers them and judges those the watermark has
+// passed and that have been held long enough. It copies what it keeps
+// (an event's Rule may alias the caller's buffer). Without
 // new rules, edges, keys or wrong keys, and once the buffer and the logs
 // have grown to the traffic, it allocates nothing.
 func (j *Judge) Add(now int64, events ...pipeline.Event) {
@@ -226,7 +245,7 @@ func (j *Judge) add(now int64, e *pipeline.Event) {
 	}
 	j.events++
 	if e.Limit == 0 || e.WindowMillis == 0 {
-		j.invalid++
+		j.invalid[invalidParameters]++
 		return
 	}
 	if refOf(uint8(e.Algorithm)) == refBucket {
@@ -235,9 +254,19 @@ func (j *Judge) add(now int64, e *pipeline.Event) {
 			burst = e.Limit
 		}
 		if _, ok := bucketDrain(e.Limit, burst, int64(e.WindowMillis)*int64(time.Millisecond)); !ok {
-			j.invalid++
+			j.invalid[invalidParameters]++
 			return
 		}
+	}
+	// Times no clock in sync with now could have stamped: kept out of the
+	// watermark, the keys' state and the figures.
+	if j.ahead > 0 && e.Time > addSat(now, j.ahead) {
+		j.invalid[invalidFuture]++
+		return
+	}
+	if j.maxAge > 0 && e.Time < addSat(now, -j.maxAge) {
+		j.invalid[invalidPast]++
+		return
 	}
 	decided := e.Time - mod(e.Time, j.res)
 	t := decided
@@ -283,6 +312,18 @@ func (j *Judge) release(now int64) {
 	}
 }
 
+// addSat is a + b, saturated to the int64 range.
+func addSat(a, b int64) int64 {
+	s := a + b
+	if (s > a) != (b > 0) {
+		if b > 0 {
+			return math.MaxInt64
+		}
+		return math.MinInt64
+	}
+	return s
+}
+
 // mod is x mod m in [0, m).
 func mod(x, m int64) int64 {
 	r := x % m
@@ -294,6 +335,10 @@ func mod(x, m int64) int64 {
 
 // ruleIndex interns a rule name. The lookup by string(b) does not allocate;
 // a new name is copied. Past MaxRules, new names share the "_other" index.
+// A name that is not UTF-8 keeps an index of its own but is reported with
+// its invalid bytes replaced by U+FFFD (metric label values must be
+// UTF-8), so two rules may share a reported name: the report and the
+// metrics add their rows up by name.
 func (j *Judge) ruleIndex(b []byte) uint32 {
 	if i, ok := j.rules[string(b)]; ok {
 		return i
@@ -307,7 +352,7 @@ func (j *Judge) ruleIndex(b []byte) uint32 {
 	}
 	i := uint32(len(j.ruleNames))
 	j.rules[name] = i
-	j.ruleNames = append(j.ruleNames, name)
+	j.ruleNames = append(j.ruleNames, strings.ToValidUTF8(name, "\uFFFD"))
 	j.perRule = append(j.perRule, ruleStats{})
 	return i
 }

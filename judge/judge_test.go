@@ -80,7 +80,9 @@ func outcomeOf(r Report) outcome {
 func newJudge(t testing.TB, mod func(*Config)) *Judge {
 	t.Helper()
 	cfg := DefaultConfig()
-	cfg.Hold = 0 // events arrive at instant 0 here; TestHold tests the hold
+	// Events arrive at instant 0 here, which is no clock of their epoch:
+	// no hold (TestHold tests it) and no clock bounds (TestClockBounds).
+	cfg.Hold, cfg.MaxClockSkew, cfg.MaxEventAge = 0, 0, 0
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -548,6 +550,8 @@ func TestConfigValidate(t *testing.T) {
 		{"defaults", func(*Config) {}, 0},
 		{"zero", func(c *Config) { *c = Config{} }, 7},
 		{"negative lateness and hold", func(c *Config) { c.AllowedLateness, c.Hold = -1, -1 }, 2},
+		{"negative clock bounds", func(c *Config) { c.MaxClockSkew, c.MaxEventAge = -1, -1 }, 2},
+		{"clock bounds off", func(c *Config) { c.MaxClockSkew, c.MaxEventAge = 0, 0 }, 0},
 		{"top keys past the list", func(c *Config) { c.TopKeys = c.MaxWrongKeys + 1 }, 1},
 	}
 	for _, tt := range tests {
@@ -570,7 +574,11 @@ func TestConfigValidate(t *testing.T) {
 // TestAddAllocs checks that judging a key's steady traffic allocates nothing
 // once its structures have grown.
 func TestAddAllocs(t *testing.T) {
-	j := newJudge(t, func(c *Config) { c.AllowedLateness = 50 * time.Millisecond; c.Dedup = 1 << 12 })
+	j := newJudge(t, func(c *Config) {
+		c.AllowedLateness = 50 * time.Millisecond
+		c.Dedup = 1 << 12
+		c.MaxClockSkew, c.MaxEventAge = DefaultConfig().MaxClockSkew, DefaultConfig().MaxEventAge // now is a clock here
+	})
 	rule := []byte("api")
 	e := pipeline.Event{Rule: rule, Cost: 1, Limit: 1000, WindowMillis: 1000, Edge: 1}
 	now := t0
@@ -587,6 +595,9 @@ func TestAddAllocs(t *testing.T) {
 	}
 	if got := testing.AllocsPerRun(1000, step); got != 0 {
 		t.Errorf("allocations per 64 events: got %v, want 0", got)
+	}
+	if r := j.Report(); r.Invalid != 0 || r.Judged == 0 {
+		t.Errorf("invalid, judged: got %d, %d; want 0 and every event judged", r.Invalid, r.Judged)
 	}
 }
 

@@ -28,7 +28,9 @@ var (
 	descDuplicates = desc("duplicate_events_total",
 		"Exact copies of a recent event (a batch produced or consumed twice), dropped before judging; not in events_total.")
 	descInvalid = desc("invalid_events_total",
-		"Events that cannot be judged (limit or window 0, or a bucket whose burst × window overflows its exact arithmetic).")
+		"Events not judged and kept out of the watermark: parameters (limit or window 0, or a bucket whose burst × window "+
+			"overflows its exact arithmetic), future (time more than the allowed lateness + max clock skew after the "+
+			"aggregator's clock), past (time more than the max event age before it).", "reason")
 	descDecisions = desc("decisions_total",
 		"Judged decisions, by rule, edge, mode (async, sync), source (limiter, block_cache), "+
 			"class (enforced, shadow, fallback) and verdict (correct, wrongly_allowed, wrongly_limited).",
@@ -85,7 +87,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	counter(descEvents, j.events)
-	counter(descInvalid, j.invalid)
+	for i, n := range j.invalid {
+		counter(descInvalid, n, invalidReasonNames[i])
+	}
 	counter(descDuplicates, j.dups.count)
 	counter(descOverflow, j.overflows)
 	gauge(descBuffered, float64(j.buf.len()))
@@ -101,6 +105,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descWrongKeys, j.fp.distinct, "false_positive")
 	// Late events of every edge that decided anything, zeros included, so
 	// that dashboards and alerts see a series before anything is late.
+	// Edge labels are one per label index (edgeName), so each series is
+	// one cell.
 	seenEdge := make(map[int32]bool)
 	for k := range j.cells {
 		seenEdge[k.edge] = true
@@ -113,41 +119,66 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(descLate, j.late[lateCell{edge: e, reason: r}], edgeName(e), lateReasonNames[r])
 		}
 	}
+	// The cells are finer than the labels: a rule's cells of two
+	// algorithms (a reload changed it) share every label of
+	// decisions_total, and two rules whose names are not UTF-8 may read
+	// alike once made valid (see ruleIndex). A scrape must see each label
+	// set once, so the cells are added up per label set.
+	decisions := make(map[[5]string]*[3]int64, len(j.cells))
+	byAlg := make(map[[2]string]*[3]int64)
 	for k, cs := range j.cells {
-		rule, edge, mode, source, class := j.ruleNames[k.rule], edgeName(k.edge), k.mode.String(), k.source.String(), k.class.String()
-		correct := cs.allowed + cs.limited - cs.wronglyAllowed - cs.wronglyLimited
-		for v, n := range [3]int64{correct, cs.wronglyAllowed, cs.wronglyLimited} {
-			counter(descDecisions, n, rule, edge, mode, source, class, verdictNames[v])
-		}
+		v := [3]int64{cs.allowed + cs.limited - cs.wronglyAllowed - cs.wronglyLimited, cs.wronglyAllowed, cs.wronglyLimited}
+		class := k.class.String()
+		addVerdicts(decisions, [5]string{j.ruleNames[k.rule], edgeName(k.edge), k.mode.String(), k.source.String(), class}, v)
+		addVerdicts(byAlg, [2]string{pipeline.Algorithm(k.alg).String(), class}, v)
 	}
-	// The cells share (rule, edge, mode, source) among algorithms: add
-	// them up per algorithm and class.
-	type algClass struct {
-		alg   uint8
-		class Class
-	}
-	byAlg := make(map[algClass]*[3]int64)
-	for k, cs := range j.cells {
-		ac := algClass{k.alg, k.class}
-		v := byAlg[ac]
-		if v == nil {
-			v = new([3]int64)
-			byAlg[ac] = v
-		}
-		v[0] += cs.allowed + cs.limited - cs.wronglyAllowed - cs.wronglyLimited
-		v[1] += cs.wronglyAllowed
-		v[2] += cs.wronglyLimited
-	}
-	for ac, v := range byAlg {
+	for l, v := range decisions {
 		for i, n := range v {
-			counter(descAlgDecisions, n, pipeline.Algorithm(ac.alg).String(), ac.class.String(), verdictNames[i])
+			counter(descDecisions, n, l[0], l[1], l[2], l[3], l[4], verdictNames[i])
 		}
 	}
-	for i := range j.perRule {
-		rs := &j.perRule[i]
-		ch <- constHistogram(descOvershoot, overshootBounds[:], rs.overshoot[:], rs.overshootSum, j.ruleNames[i])
-		ch <- constHistogram(descRelErr, relErrBounds[:], rs.relErr[:], rs.relErrSum, j.ruleNames[i])
+	for l, v := range byAlg {
+		for i, n := range v {
+			counter(descAlgDecisions, n, l[0], l[1], verdictNames[i])
+		}
 	}
+	byRule := make(map[string]*ruleStats, len(j.perRule))
+	for i := range j.perRule {
+		name := j.ruleNames[i]
+		if byRule[name] == nil {
+			byRule[name] = new(ruleStats)
+		}
+		byRule[name].add(&j.perRule[i])
+	}
+	for name, rs := range byRule {
+		ch <- constHistogram(descOvershoot, overshootBounds[:], rs.overshoot[:], rs.overshootSum, name)
+		ch <- constHistogram(descRelErr, relErrBounds[:], rs.relErr[:], rs.relErrSum, name)
+	}
+}
+
+// addVerdicts adds v (correct, wrongly allowed, wrongly limited) to the
+// label set l of m.
+func addVerdicts[L comparable](m map[L]*[3]int64, l L, v [3]int64) {
+	s := m[l]
+	if s == nil {
+		s = new([3]int64)
+		m[l] = s
+	}
+	for i := range v {
+		s[i] += v[i]
+	}
+}
+
+// add adds o's distributions to s.
+func (s *ruleStats) add(o *ruleStats) {
+	for i, n := range o.overshoot {
+		s.overshoot[i] += n
+	}
+	s.overshootSum += o.overshootSum
+	for i, n := range o.relErr {
+		s.relErr[i] += n
+	}
+	s.relErrSum += o.relErrSum
 }
 
 // constHistogram builds a histogram from per-bucket counts (the last past

@@ -87,7 +87,7 @@ type Report struct {
 	Duplicates      int64 `json:"duplicates"`       // exact copies dropped (Config.Dedup)
 	Judged          int64 `json:"judged"`           // decisions judged, all classes
 	Late            int64 `json:"late"`             // not judged: see the package doc
-	Invalid         int64 `json:"invalid"`          // Limit or WindowMillis 0, or a bucket's arithmetic out of range
+	Invalid         int64 `json:"invalid"`          // not judged: see InvalidBreakdown
 	Buffered        int   `json:"buffered"`         // waiting for the watermark
 	BufferOverflows int64 `json:"buffer_overflows"` // judged before the watermark passed them
 	// Watermark is the latest event time seen minus the allowed lateness,
@@ -98,6 +98,12 @@ type Report struct {
 	KeysEvicted     map[string]int64 `json:"keys_evicted"`
 	LateBreakdown   []Late           `json:"late_breakdown"`
 	AllowedLateness float64          `json:"allowed_lateness_seconds"`
+
+	// InvalidBreakdown counts the invalid events by reason: "parameters"
+	// (Limit or WindowMillis 0, or a bucket's arithmetic out of range),
+	// "future" and "past" (a time out of Config.MaxClockSkew and
+	// Config.MaxEventAge of the caller's clock; see the package doc).
+	InvalidBreakdown map[string]int64 `json:"invalid_breakdown"`
 
 	// Enforced is the headline: enforced decisions. Shadow and Fallback
 	// are apart, not in its ratios.
@@ -143,7 +149,6 @@ func (j *Judge) Report() Report {
 		Events:          j.events,
 		Duplicates:      j.dups.count,
 		Late:            j.lateTotal,
-		Invalid:         j.invalid,
 		Buffered:        j.buf.len(),
 		BufferOverflows: j.overflows,
 		Keys:            j.keys.len(),
@@ -152,11 +157,16 @@ func (j *Judge) Report() Report {
 		AllowedLateness: j.cfg.AllowedLateness.Seconds(),
 		LateBreakdown:   []Late{},
 	}
+	r.InvalidBreakdown = make(map[string]int64, numInvalidReasons)
 	if j.seen {
 		r.Watermark = j.maxSeen - j.lateness
 	}
 	for i, n := range j.evicted {
 		r.KeysEvicted[evictReasonNames[i]] = n
+	}
+	for i, n := range j.invalid {
+		r.InvalidBreakdown[invalidReasonNames[i]] = n
+		r.Invalid += n
 	}
 	for lc, n := range j.late {
 		r.LateBreakdown = append(r.LateBreakdown, Late{Edge: edgeName(lc.edge), Reason: lateReasonNames[lc.reason], Events: n})

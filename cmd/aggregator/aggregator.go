@@ -190,6 +190,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	}
 	log.Info("aggregator: started", "listen", a.ln.Addr().String(), "brokers", a.brokers,
 		"topic", cc.Topic, "group", cc.GroupID, "allowed_lateness", cfg.Judge.AllowedLateness,
+		"max_clock_skew", cfg.Judge.MaxClockSkew, "max_event_age", cfg.Judge.MaxEventAge,
 		"idle_flush", cfg.IdleFlush)
 	return a, nil
 }
@@ -219,8 +220,11 @@ func (a *aggregator) consume() {
 	}
 }
 
-// apply hands a batch to the judge. It never fails: the judge copies what
-// it keeps, so the batch may be committed as soon as this returns.
+// apply hands a batch to the judge, arrived now by the wall clock: the
+// clock the judge holds events against (judge.Config.Hold) and bounds
+// their times by (MaxClockSkew, MaxEventAge). It never fails: the judge
+// copies what it keeps, so the batch may be committed as soon as this
+// returns.
 func (a *aggregator) apply(batch []pipeline.Event) error {
 	now := time.Now().UnixNano()
 	a.judge.Add(now, batch...)
@@ -276,7 +280,8 @@ func (a *aggregator) Stop(ctx context.Context) error {
 		a.judge.Flush()
 		r := a.judge.Report()
 		a.log.Info("aggregator: judged everything consumed", "events", r.Events, "duplicates", r.Duplicates, "judged", r.Judged,
-			"late", r.Late, "invalid", r.Invalid, "wrongly_allowed", r.Enforced.WronglyAllowed,
+			"late", r.Late, "invalid", r.Invalid, "invalid_future", r.InvalidBreakdown["future"],
+			"invalid_past", r.InvalidBreakdown["past"], "wrongly_allowed", r.Enforced.WronglyAllowed,
 			"wrongly_limited", r.Enforced.WronglyLimited, "wrong_ratio", r.Enforced.WrongRatio,
 			"mean_relative_error", r.MeanRelativeError)
 		if err := a.http.Shutdown(ctx); err != nil {

@@ -34,6 +34,13 @@
 // it started, so each key's first window after a restart is judged against
 // partial history.
 //
+// Its wall clock bounds the event times it trusts: an event stamped more
+// than -lateness plus -max-clock-skew after it, or more than
+// -max-event-age before it, is counted in
+// poplimit_aggregator_invalid_events_total{reason="future"|"past"} and
+// not judged, so that one edge whose clock jumped cannot move the
+// watermark (see package judge).
+//
 // When no event has arrived for -idle-flush, it judges everything buffered,
 // so that a quiet stream (the end of a replay) is fully judged without new
 // events to move the watermark; events that arrive later and older than
@@ -82,6 +89,8 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.StringVar(&cfg.Consumer.Topic, "topic", "poplimit.decisions", "Kafka topic of decision events")
 	fs.StringVar(&cfg.Consumer.GroupID, "group", "poplimit-aggregator", "Kafka consumer group")
 	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")
+	fs.DurationVar(&cfg.Judge.MaxClockSkew, "max-clock-skew", cfg.Judge.MaxClockSkew, "events more than -lateness plus this after the aggregator's clock are invalid (reason future), kept out of the watermark (0: off)")
+	fs.DurationVar(&cfg.Judge.MaxEventAge, "max-event-age", cfg.Judge.MaxEventAge, "events older than this behind the aggregator's clock are invalid (reason past), not judged (0: off)")
 	fs.DurationVar(&cfg.Judge.Resolution, "resolution", cfg.Judge.Resolution, "event times are floored to this step")
 	fs.IntVar(&cfg.Judge.MaxKeys, "max-keys", cfg.Judge.MaxKeys, "keys with exact state at most")
 	fs.IntVar(&cfg.Judge.MaxLogEntries, "max-log-entries", cfg.Judge.MaxLogEntries, "sliding-log entries at most, all keys (16 bytes each)")
