@@ -32,13 +32,30 @@ type Emitter interface {
 }
 
 // Fields reads a request's header fields, query parameters and cookies for
-// key recipes and cost headers: each returns the first value, or nil. A
-// front end implements it over its own request type; the returned bytes
-// need only live until Decide returns.
+// key recipes and cost headers. Each method returns the first and the last
+// value of the field called name and n, how many times it appears: n = 0
+// when absent (first and last nil), first and last the same value when
+// n = 1. The core decides what a field that appears more than once means
+// (the rule's duplicate_key), so a front end counts every occurrence:
+//
+//   - a header once per line (names compared under ASCII case folding),
+//     its value the line's bytes without surrounding blanks;
+//   - a query parameter once per name=value pair of the query (a bare name
+//     counts, with an empty value), names and values percent-decoded, a
+//     plus being a space;
+//   - a cookie once per name=value pair of all the Cookie lines together
+//     (a client or an HTTP/2 hop may split the one list into several
+//     lines), names compared exactly, values as written but for
+//     surrounding blanks and one pair of surrounding double quotes; a
+//     pair whose value then holds '"', ';' or '\' is not a cookie.
+//
+// A front end implements it over its own request type without allocating
+// (but to percent-decode); the returned bytes need only live until Decide
+// returns.
 type Fields interface {
-	Header(name string) []byte
-	Query(name string) []byte
-	Cookie(name string) []byte
+	Header(name string) (first, last []byte, n int)
+	Query(name string) (first, last []byte, n int)
+	Cookie(name string) (first, last []byte, n int)
 }
 
 // Request is what the core needs to know of one request. A front end fills
@@ -65,7 +82,8 @@ const (
 	// Limited: answer 429 with Retry-After from Quota.ReleaseAt.
 	Limited
 	// Denied: answer 400 with Reason: the request lacks the key its rule
-	// needs (missing_key: deny) or carries a bad cost.
+	// needs (missing_key: deny), carries a field of the key more than once
+	// (duplicate_key: refuse) or carries a bad cost.
 	Denied
 	// Shed: the upstream is overloaded and this class of request is shed;
 	// answer 503 with Retry-After from Quota.ReleaseAt.
@@ -308,9 +326,14 @@ func (c *Core) decideInto(req *Request, d *Verdict) {
 		if r.Kind == rules.Concurrency && !req.Tracked {
 			continue
 		}
-		var ok bool
-		d.key, ok = AppendKey(d.key[:0], req.Fields, r, req.Addr)
-		if !ok {
+		var st KeyStatus
+		d.key, st = AppendKeyStatus(d.key[:0], req.Fields, r, req.Addr)
+		switch {
+		case st == KeyDuplicate:
+			c.m.duplicateKey.Inc()
+			d.Outcome, d.Quota.Rule, d.Reason = Denied, r, duplicateKeyReason
+			return
+		case st == KeyMissing:
 			switch r.MissingKey {
 			case rules.MissingKeySkip:
 				continue
@@ -323,7 +346,13 @@ func (c *Core) decideInto(req *Request, d *Verdict) {
 		}
 		cost := r.Cost
 		if r.CostHeader != "" && req.Fields != nil {
-			if v := req.Fields.Header(r.CostHeader); len(v) > 0 {
+			// A second line may be the client's, beside the one a proxy
+			// wrote: which one counts is not for the edge to guess.
+			if v, _, lines := req.Fields.Header(r.CostHeader); lines > 1 {
+				c.m.badCost.Inc()
+				d.Outcome, d.Quota.Rule, d.Reason = Denied, r, "the request carries its cost header more than once"
+				return
+			} else if len(v) > 0 {
 				n, ok := parseCost(v)
 				if !ok || n > r.MaxCost {
 					c.m.badCost.Inc()
@@ -356,6 +385,10 @@ func (c *Core) decideInto(req *Request, d *Verdict) {
 		d.Quota.ReleaseAt = t + int64(d.Delay)
 	}
 }
+
+// duplicateKeyReason is the problem detail of a request refused under
+// duplicate_key: refuse.
+const duplicateKeyReason = "a header, query parameter or cookie of the request's rate-limit key appears more than once; send it once"
 
 // hold waits out an admitted request's place in its leaky-bucket queue,
 // unless MaxDelayed requests already wait: then it reports false.

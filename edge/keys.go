@@ -62,8 +62,40 @@ func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
 // keyAddr is the part of ip that a rule keys on: the address itself for
 // IPv4, its network of the rule's IPv6Prefix bits for IPv6 (a subscriber
 // holds a whole /64 and can rotate addresses inside it).
+//
+// An IPv6 address that stands for an IPv4 client is no subscriber's: a
+// translator (NAT64, SIIT) writes every IPv4 client it serves inside one
+// prefix, so a /64 of them would pool them all under one counter. Such an
+// address keys as its client:
+//
+//   - 64:ff9b::/96, the well-known prefix of RFC 6052 (NAT64, SIIT-DC),
+//     ::ffff:0:a.b.c.d (IPv4-translated, RFC 2765) and ::a.b.c.d
+//     (IPv4-compatible, RFC 4291) key as the IPv4 address a.b.c.d, as
+//     the same client does over IPv4; ::a.b.c.d only outside 0.0.0.0/8,
+//     so that :: and ::1 stay IPv6;
+//   - 64:ff9b:1::/48, the local-use prefix of RFC 8215, keys as the whole
+//     address: the operator chooses the prefix length inside it (RFC 6052
+//     allows /48 to /96), and so where the IPv4 address sits, but every
+//     client has an address of its own.
+//
+// IPv4-mapped addresses (::ffff:a.b.c.d) are unmapped before any rule
+// sees them, and key as IPv4 here too. It does not allocate.
 func keyAddr(r *rules.Rule, ip netip.Addr) netip.Addr {
-	if ip.Is6() && r.IPv6Prefix > 0 && r.IPv6Prefix < 128 {
+	if !ip.Is6() {
+		return ip
+	}
+	b := ip.As16()
+	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	switch {
+	case hi == 0x0064_ff9b_0000_0000 && lo>>32 == 0, // 64:ff9b::/96
+		hi == 0 && lo>>32 == 0xffff_0000,     // ::ffff:0:0:0/96, translated
+		hi == 0 && lo>>32 == 0xffff,          // ::ffff:0:0/96, mapped, should a front end not unmap
+		hi == 0 && lo>>32 == 0 && b[12] != 0: // ::/96 but 0.0.0.0/8
+		return netip.AddrFrom4([4]byte(b[12:]))
+	case hi>>16 == 0x0064_ff9b_0001: // 64:ff9b:1::/48
+		return ip.WithZone("")
+	}
+	if r.IPv6Prefix > 0 && r.IPv6Prefix < 128 {
 		if p, err := ip.Prefix(r.IPv6Prefix); err == nil {
 			return p.Addr()
 		}
@@ -83,9 +115,33 @@ func AppendFallbackKey(dst []byte, r *rules.Rule, ip netip.Addr) []byte {
 	return keyAddr(r, ip).AppendTo(append(dst, FallbackKeyTag...))
 }
 
+// KeyStatus says whether AppendKeyStatus built a key.
+type KeyStatus uint8
+
+const (
+	KeyBuilt     KeyStatus = iota
+	KeyMissing             // a part of the recipe is absent or empty
+	KeyDuplicate           // a part appears more than once and the rule's duplicate_key is refuse
+)
+
 // AppendKey appends the key of a request with fields f (nil: none) from
-// client ip under rule r to dst. ok is false when a part of the recipe is missing. It does
-// not allocate once dst has room.
+// client ip under rule r to dst (see AppendKeyStatus). ok is false when no
+// key was built: a part of the recipe is missing, or appears more than
+// once under duplicate_key: refuse. It does not allocate once dst has
+// room.
+func AppendKey(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []byte, ok bool) {
+	dst, st := AppendKeyStatus(dst, f, r, ip)
+	return dst, st == KeyBuilt
+}
+
+// AppendKeyStatus appends the key of a request with fields f (nil: none)
+// from client ip under rule r to dst, and says whether it built one. A
+// part that appears more than once (see Fields) is its first or its last
+// value as the rule's DuplicateKey says, or, under DuplicateKeyRefuse,
+// makes the status KeyDuplicate: a duplicated part outranks a missing one,
+// so a request cannot trade a refusal for the missing-key fallback. dst
+// holds no complete key unless the status is KeyBuilt. It does not
+// allocate once dst has room.
 //
 // The encoding is injective, because a query value is percent-decoded and
 // may hold any byte: a key of one part is the value itself (so overrides
@@ -93,53 +149,101 @@ func AppendFallbackKey(dst []byte, r *rules.Rule, ip netip.Addr) []byte {
 // with 0x00 or 0x01, so that no key starts with the NUL of FallbackKeyTag;
 // a key of several parts is each part preceded by its length (uvarint), so
 // no two splits of the same bytes meet.
-func AppendKey(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []byte, ok bool) {
+func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []byte, _ KeyStatus) {
 	single := len(r.Key) == 1
+	missing := false
 	for _, p := range r.Key {
-		var v []byte
+		var v, last []byte
+		n := 0
 		switch p.Source {
 		case rules.KeyIP:
 			if single {
-				return keyAddr(r, ip).AppendTo(dst), true
+				return keyAddr(r, ip).AppendTo(dst), KeyBuilt
 			}
 			var a [64]byte
-			v = keyAddr(r, ip).AppendTo(a[:0])
+			v, n = keyAddr(r, ip).AppendTo(a[:0]), 1
 		case rules.KeyHeader:
 			if f != nil {
-				v = f.Header(p.Name)
+				v, last, n = f.Header(p.Name)
 			}
 		case rules.KeyQuery:
 			if f != nil {
-				v = f.Query(p.Name)
+				v, last, n = f.Query(p.Name)
 			}
 		case rules.KeyCookie:
 			if f != nil {
-				v = f.Cookie(p.Name)
+				v, last, n = f.Cookie(p.Name)
 			}
 		}
-		if len(v) == 0 {
-			return dst, false
+		if n > 1 {
+			switch r.DuplicateKey {
+			case rules.DuplicateKeyFirst:
+			case rules.DuplicateKeyLast:
+				v = last
+			default:
+				return dst, KeyDuplicate
+			}
+		}
+		if len(v) == 0 || missing {
+			missing = true // look on for a duplicated part
+			continue
 		}
 		if single {
 			if v[0] <= 0x01 {
 				dst = append(dst, 0x01)
 			}
-			return append(dst, v...), true
+			return append(dst, v...), KeyBuilt
 		}
 		dst = binary.AppendUvarint(dst, uint64(len(v)))
 		dst = append(dst, v...)
 	}
-	return dst, true
+	if missing {
+		return dst, KeyMissing
+	}
+	return dst, KeyBuilt
 }
 
 // FastFields returns the Fields of a fasthttp request, as the edge reads
-// them: the first header line, the first query parameter, the cookie.
+// them.
 func FastFields(req *fasthttp.Request) Fields { return fastFields{req} }
 
 // fastFields reads a fasthttp request's fields for the core. One pointer
 // wide, it converts to Fields without allocating.
 type fastFields struct{ r *fasthttp.Request }
 
-func (f fastFields) Header(name string) []byte { return f.r.Header.Peek(name) }
-func (f fastFields) Query(name string) []byte  { return f.r.URI().QueryArgs().Peek(name) }
-func (f fastFields) Cookie(name string) []byte { return f.r.Header.Cookie(name) }
+// Header counts the lines called name that fasthttp holds, header and
+// trailer sections alike (Peek would answer from a trailer too).
+func (f fastFields) Header(name string) (first, last []byte, n int) {
+	vs := f.r.Header.PeekAll(name)
+	if len(vs) == 0 {
+		return nil, nil, 0
+	}
+	return vs[0], vs[len(vs)-1], len(vs)
+}
+
+// Query counts the pairs of the query that fasthttp parsed (percent- and
+// plus-decoded, names and values).
+func (f fastFields) Query(name string) (first, last []byte, n int) {
+	for k, v := range f.r.URI().QueryArgs().All() {
+		if string(k) == name {
+			if n == 0 {
+				first = v
+			}
+			last, n = v, n+1
+		}
+	}
+	return first, last, n
+}
+
+// Cookie counts the cookies fasthttp parsed from every Cookie line.
+func (f fastFields) Cookie(name string) (first, last []byte, n int) {
+	for k, v := range f.r.Header.Cookies() {
+		if string(k) == name {
+			if n == 0 {
+				first = v
+			}
+			last, n = v, n+1
+		}
+	}
+	return first, last, n
+}

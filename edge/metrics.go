@@ -13,6 +13,7 @@ import (
 type coreMetrics struct {
 	requests     *prometheus.CounterVec // rule, decision, source
 	missingKey   prometheus.Counter
+	duplicateKey prometheus.Counter
 	badCost      prometheus.Counter
 	blockDropped prometheus.Counter
 	delayed      prometheus.Histogram // leaky-bucket queue waits
@@ -38,8 +39,9 @@ func newCoreMetrics(reg prometheus.Registerer, c *Core) (*coreMetrics, error) {
 			Name: "requests_total",
 			Help: "Rule decisions, by rule, decision (allowed, limited, shadow_limited) and source (limiter, blockcache, fallback)."},
 			[]string{"rule", "decision", "source"}),
-		missingKey: bad.WithLabelValues("missing_key"),
-		badCost:    bad.WithLabelValues("bad_cost"),
+		missingKey:   bad.WithLabelValues("missing_key"),
+		duplicateKey: bad.WithLabelValues("duplicate_key"),
+		badCost:      bad.WithLabelValues("bad_cost"),
 		blockDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "block_cache_dropped_total", Help: "Refused keys the block cache did not take; their next request goes to the limiter."}),
 		delayed: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Subsystem: subsystem,

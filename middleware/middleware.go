@@ -122,54 +122,121 @@ func problem(w http.ResponseWriter, status int, detail string) {
 }
 
 // fields reads a net/http request's header fields, query parameters and
-// cookies for the core, without allocating for names already seen.
+// cookies for the core as edge.Fields says, counting every occurrence, as
+// the edge server does, without allocating for names already seen and
+// values without escapes.
 type fields struct {
 	m *netHTTP
 	r *http.Request
 }
 
-func (f *fields) Header(name string) []byte {
+// Header counts the lines of the header section called name.
+func (f *fields) Header(name string) (first, last []byte, n int) {
 	vs := f.r.Header[f.m.canonical(name)]
 	if len(vs) == 0 {
-		return nil
+		return nil, nil, 0
 	}
-	return bytesOf(vs[0])
+	return bytesOf(vs[0]), bytesOf(vs[len(vs)-1]), len(vs)
 }
 
-// Query returns the first value of query parameter name; a value with
-// escapes is unescaped (which allocates), others are returned as they are.
-func (f *fields) Query(name string) []byte {
-	q := f.r.URL.RawQuery
-	for q != "" {
+// Query counts the pairs of the raw query whose percent-decoded name is
+// name; a value with escapes is unescaped (which allocates), others are
+// returned as they are.
+func (f *fields) Query(name string) (first, last []byte, n int) {
+	var fv, lv string
+	for q := f.r.URL.RawQuery; q != ""; {
 		var kv string
 		kv, q, _ = strings.Cut(q, "&")
 		k, v, _ := strings.Cut(kv, "=")
-		if k != name {
+		if kv == "" || !queryNameIs(k, name) {
 			continue
 		}
-		if strings.ContainsAny(v, "%+") {
-			if u, err := unescape(v); err == nil {
-				return []byte(u)
-			}
+		if n == 0 {
+			fv = v
 		}
-		return bytesOf(v)
+		lv, n = v, n+1
 	}
-	return nil
+	if n == 0 {
+		return nil, nil, 0
+	}
+	first = queryValue(fv)
+	if n == 1 {
+		return first, first, 1
+	}
+	return first, queryValue(lv), n
 }
 
-// Cookie returns the value of the first cookie called name.
-func (f *fields) Cookie(name string) []byte {
+func queryValue(v string) []byte {
+	if strings.ContainsAny(v, "%+") {
+		if u, err := unescape(v); err == nil {
+			return []byte(u)
+		}
+	}
+	return bytesOf(v)
+}
+
+// queryNameIs reports whether the raw query name k, percent- and
+// plus-decoded, is name; an escape that is not one stands for itself. It
+// does not allocate.
+func queryNameIs(k, name string) bool {
+	j := 0
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		switch {
+		case c == '+':
+			c = ' '
+		case c == '%' && i+2 < len(k) && ishex(k[i+1]) && ishex(k[i+2]):
+			c = unhex(k[i+1])<<4 | unhex(k[i+2])
+			i += 2
+		}
+		if j >= len(name) || name[j] != c {
+			return false
+		}
+		j++
+	}
+	return j == len(name)
+}
+
+func ishex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
+}
+
+// Cookie counts the cookies called name in every Cookie line: values
+// without surrounding blanks and one pair of surrounding double quotes,
+// pairs whose value then holds '"', ';' or '\' skipped, as fasthttp does.
+func (f *fields) Cookie(name string) (first, last []byte, n int) {
 	for _, line := range f.r.Header["Cookie"] {
 		for line != "" {
 			var c string
 			c, line, _ = strings.Cut(line, ";")
-			k, v, ok := strings.Cut(strings.TrimSpace(c), "=")
-			if ok && k == name {
-				return bytesOf(strings.Trim(v, `"`))
+			k, v, ok := strings.Cut(c, "=")
+			if !ok || strings.Trim(k, " \t") != name {
+				continue
 			}
+			v = strings.Trim(v, " \t")
+			if len(v) > 1 && v[0] == '"' && v[len(v)-1] == '"' {
+				v = v[1 : len(v)-1]
+			}
+			if strings.ContainsAny(v, `"\`) {
+				continue
+			}
+			if n == 0 {
+				first = bytesOf(v)
+			}
+			last, n = bytesOf(v), n+1
 		}
 	}
-	return nil
+	return first, last, n
 }
 
 func (m *netHTTP) canonical(name string) string {

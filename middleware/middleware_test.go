@@ -10,6 +10,7 @@ import (
 
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/middleware"
 	"github.com/valyala/fasthttp"
 )
@@ -151,5 +152,53 @@ func BenchmarkNetHTTP(b *testing.B) {
 				c.h.ServeHTTP(w, r)
 			}
 		})
+	}
+}
+
+// Behind the middleware as behind the edge server, a key field sent twice
+// is refused and counted, unless the rule keys by its first or last value;
+// HEAD meets a GET rule; path_case: insensitive meets any casing.
+func TestNetHTTPDuplicateKeysHeadAndPathCase(t *testing.T) {
+	e := edgetest.New(t, `
+rules:
+  - {name: hdr, path_prefix: /h, key: ["header:X-API-Key"], limit: 5, window: 1m}
+  - {name: qry, path_prefix: /q, key: ["query:key"], limit: 5, window: 1m}
+  - {name: ckie, path_prefix: /c, key: ["cookie:sid"], limit: 5, window: 1m}
+  - {name: last, path_prefix: /last, key: ["query:key"], duplicate_key: last, limit: 1, window: 1m}
+  - {name: get, path_prefix: /g, methods: [GET], limit: 1, window: 1m}
+  - {name: login, path_prefix: /login, path_case: insensitive, limit: 1, window: 1m}
+`, edge.Options{})
+	h := middleware.NetHTTP(e)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "origin") }))
+	for _, tc := range []struct {
+		name, target string
+		hdr          []string
+	}{
+		{"two header lines", "http://x/h", []string{"X-API-Key", "r1", "x-api-key", "real"}},
+		{"two query parameters", "http://x/q?key=r1&k%65y=real", nil},
+		{"two cookies", "http://x/c", []string{"Cookie", "sid=r1", "Cookie", "a=1; sid=real"}},
+	} {
+		w := do(h, "GET", tc.target, "192.0.2.1:1", tc.hdr...)
+		if w.Code != 400 || w.Header().Get("Content-Type") != "application/problem+json" || !strings.Contains(w.Body.String(), "more than once") {
+			t.Errorf("%s: %d %q, want 400 saying the field appears more than once", tc.name, w.Code, w.Body)
+		}
+	}
+	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_bad_requests_total", "reason", "duplicate_key"); n != 3 {
+		t.Errorf("bad_requests_total{reason=duplicate_key} = %v, want 3", n)
+	}
+	steps := []struct {
+		method, target string
+		want           int
+	}{
+		{"GET", "http://x/last?key=r1&key=real", 200},
+		{"GET", "http://x/last?key=r2&key=real", 429},
+		{"HEAD", "http://x/g", 200},
+		{"GET", "http://x/g", 429},
+		{"GET", "http://x/LOGIN", 200},
+		{"GET", "http://x/login", 429},
+	}
+	for _, s := range steps {
+		if w := do(h, s.method, s.target, "192.0.2.1:1"); w.Code != s.want {
+			t.Errorf("%s %s: %d, want %d", s.method, s.target, w.Code, s.want)
+		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -94,6 +96,24 @@ var missingKeyNames = []string{"ip", "skip", "deny"}
 
 func (m MissingKey) String() string { return enumName(missingKeyNames, int(m)) }
 
+// DuplicateKey is what a rule does with a request in which a header, query
+// parameter or cookie of its key appears more than once. The edge and the
+// origin may read different ones of its values (PHP and many frameworks
+// take the last query parameter or header line, the edge's recipe one
+// value): a client that sends a fresh value beside the one the origin
+// reads would meet a fresh counter on every request.
+type DuplicateKey uint8
+
+const (
+	DuplicateKeyRefuse DuplicateKey = iota // refuse the request with 400 (the default)
+	DuplicateKeyFirst                      // key by the first value
+	DuplicateKeyLast                       // key by the last value
+)
+
+var duplicateKeyNames = []string{"refuse", "first", "last"}
+
+func (d DuplicateKey) String() string { return enumName(duplicateKeyNames, int(d)) }
+
 func enumName(names []string, i int) string {
 	if i >= 0 && i < len(names) {
 		return names[i]
@@ -114,12 +134,16 @@ type Rule struct {
 	window.Policy
 
 	// Match: every non-empty condition must hold.
-	Host       string   // exact host, without port; empty matches any
-	PathPrefix string   // empty matches any
-	Methods    []string // upper case; empty matches any
+	Host       string // exact host, without port; empty matches any
+	PathPrefix string // empty matches any
+	// PathFold compares PathPrefix under ASCII case folding (path_case:
+	// insensitive), for origins that route /LOGIN as /login.
+	PathFold bool
+	Methods  []string // upper case; empty matches any; GET covers HEAD
 
-	Key        []KeyPart // the key recipe; parts are joined
-	MissingKey MissingKey
+	Key          []KeyPart // the key recipe; parts are joined
+	MissingKey   MissingKey
+	DuplicateKey DuplicateKey
 	// IPv6Prefix is how many leading bits of an IPv6 client address key
 	// the rule (default 64: one subscriber holds a whole /64 and can
 	// rotate addresses inside it; 128 keys each address).
@@ -151,7 +175,9 @@ type Rule struct {
 func (r *Rule) NameBytes() []byte { return r.nameBytes }
 
 // Matches reports whether a request with this host (without port), method
-// and path is under the rule. It does not allocate.
+// and path is under the rule. A rule for GET also meets HEAD, which asks
+// for the same resource and which origins (Go's ServeMux, most
+// frameworks) route to GET's handler. It does not allocate.
 func (r *Rule) Matches(host, method, path []byte) bool {
 	if r.Envoy {
 		return false
@@ -159,14 +185,23 @@ func (r *Rule) Matches(host, method, path []byte) bool {
 	if r.Host != "" && !EqualFold(host, r.Host) {
 		return false
 	}
-	if r.PathPrefix != "" && !bytes.HasPrefix(path, []byte(r.PathPrefix)) {
-		return false
+	if r.PathPrefix != "" {
+		if len(path) < len(r.PathPrefix) {
+			return false
+		}
+		if r.PathFold {
+			if !EqualFold(path[:len(r.PathPrefix)], r.PathPrefix) {
+				return false
+			}
+		} else if string(path[:len(r.PathPrefix)]) != r.PathPrefix {
+			return false
+		}
 	}
 	if len(r.Methods) == 0 {
 		return true
 	}
 	for _, m := range r.Methods {
-		if string(method) == m {
+		if string(method) == m || m == "GET" && string(method) == "HEAD" {
 			return true
 		}
 	}
@@ -263,35 +298,95 @@ type ruleFile struct {
 }
 
 type sheddingYAML struct {
-	MaxInFlight int      `yaml:"max_in_flight"`
+	MaxInFlight *number  `yaml:"max_in_flight"`
 	Latency     string   `yaml:"latency"`
 	Reserved    *float64 `yaml:"reserved"`
 }
 
 type ruleYAML struct {
-	Name       string            `yaml:"name"`
-	Kind       string            `yaml:"kind"`
-	Priority   string            `yaml:"priority"`
-	Lease      string            `yaml:"lease"`
-	Host       string            `yaml:"host"`
-	PathPrefix string            `yaml:"path_prefix"`
-	Methods    []string          `yaml:"methods"`
-	Key        []string          `yaml:"key"`
-	MissingKey string            `yaml:"missing_key"`
-	IPv6Prefix *int              `yaml:"ipv6_prefix"`
-	Limit      *int64            `yaml:"limit"`
-	Window     string            `yaml:"window"`
-	Burst      *int64            `yaml:"burst"`
-	Algorithm  string            `yaml:"algorithm"`
-	Action     string            `yaml:"action"`
-	Timeout    string            `yaml:"timeout"`
-	Mode       string            `yaml:"mode"`
-	Fail       string            `yaml:"fail"`
-	Shadow     bool              `yaml:"shadow"`
-	Cost       *int64            `yaml:"cost"`
-	CostHeader string            `yaml:"cost_header"`
-	MaxCost    *int64            `yaml:"max_cost"`
-	Tiers      map[string]*int64 `yaml:"tiers"`
+	Name         string             `yaml:"name"`
+	Kind         string             `yaml:"kind"`
+	Priority     string             `yaml:"priority"`
+	Lease        string             `yaml:"lease"`
+	Host         string             `yaml:"host"`
+	PathPrefix   string             `yaml:"path_prefix"`
+	PathCase     string             `yaml:"path_case"`
+	Methods      []string           `yaml:"methods"`
+	Key          []string           `yaml:"key"`
+	MissingKey   string             `yaml:"missing_key"`
+	DuplicateKey string             `yaml:"duplicate_key"`
+	IPv6Prefix   *number            `yaml:"ipv6_prefix"`
+	Limit        *number            `yaml:"limit"`
+	Window       string             `yaml:"window"`
+	Burst        *number            `yaml:"burst"`
+	Algorithm    string             `yaml:"algorithm"`
+	Action       string             `yaml:"action"`
+	Timeout      string             `yaml:"timeout"`
+	Mode         string             `yaml:"mode"`
+	Fail         string             `yaml:"fail"`
+	Shadow       bool               `yaml:"shadow"`
+	Cost         *number            `yaml:"cost"`
+	CostHeader   string             `yaml:"cost_header"`
+	MaxCost      *number            `yaml:"max_cost"`
+	Tiers        map[string]*number `yaml:"tiers"`
+}
+
+// number is an integer field as the file writes it: decoding keeps what
+// was written and validation judges it, naming the field. (Decoded into
+// an integer, YAML would truncate 1.5 to 1, read 010 as octal 8, and
+// report 2^64 as a "!!float" without naming the field.)
+type number struct {
+	v     int64
+	text  string // as written, quoted when a string, for messages
+	whole bool   // v holds a YAML integer within int64
+	huge  bool   // a whole number beyond int64
+	octal bool   // a YAML 1.1 octal, 0 followed by digits
+}
+
+// UnmarshalYAML keeps node for validation; it never fails, so that every
+// bad number is reported with its field's path.
+func (n *number) UnmarshalYAML(node *yaml.Node) error {
+	*n = number{text: node.Value}
+	switch {
+	case node.Kind == yaml.SequenceNode:
+		n.text = "a list"
+	case node.Kind == yaml.MappingNode:
+		n.text = "a mapping"
+	case node.Kind != yaml.ScalarNode:
+		n.text = "an alias"
+	case node.ShortTag() == "!!str":
+		n.text = strconv.Quote(node.Value)
+	case node.ShortTag() == "!!int":
+		digits := strings.TrimLeft(strings.ReplaceAll(node.Value, "_", ""), "+-")
+		if len(digits) > 1 && digits[0] == '0' && strings.Trim(digits, "0123456789") == "" {
+			n.octal = true
+			return nil
+		}
+		n.whole = node.Decode(&n.v) == nil
+		n.huge = !n.whole
+	case node.ShortTag() == "!!float":
+		// YAML resolves a string of digits beyond uint64 as a float.
+		digits := strings.TrimLeft(strings.ReplaceAll(node.Value, "_", ""), "+-")
+		n.huge = digits != "" && strings.Trim(digits, "0123456789") == ""
+	}
+	return nil
+}
+
+// between returns n's value when it is a whole number within [lo, hi],
+// else the reason it is not.
+func (n *number) between(lo, hi int64) (int64, string) {
+	rng := "between " + strconv.FormatInt(lo, 10) + " and " + strconv.FormatInt(hi, 10)
+	switch {
+	case n.octal:
+		return 0, "must be a whole number " + rng + " written without a leading zero (YAML reads 010 as octal 8)"
+	case n.huge:
+		return 0, "must be " + rng
+	case !n.whole:
+		return 0, "must be a whole number " + rng
+	case n.v < lo || n.v > hi:
+		return 0, "must be " + rng
+	}
+	return n.v, ""
 }
 
 // FieldError is one problem with one field of a configuration file.
@@ -319,12 +414,17 @@ func ParseRules(data []byte) (*Rules, error) {
 	var f ruleFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("rules: rules: %w: %v", ErrInvalid, err)
+	err := dec.Decode(&f)
+	empty := errors.Is(err, io.EOF) // no document: empty, or only comments
+	if err != nil && !empty {
+		return nil, fmt.Errorf("rules: %w: %v", ErrInvalid, err)
 	}
 	var errs []error
 	bad := func(path, value, reason string) {
 		errs = append(errs, &FieldError{Path: path, Value: value, Reason: reason})
+	}
+	if !empty && !lastDocument(dec) {
+		bad("file", "", "a rules file is one YAML document; this one holds more after a ---, which would be ignored")
 	}
 	rs := &Rules{}
 	switch f.Match {
@@ -334,9 +434,13 @@ func ParseRules(data []byte) (*Rules, error) {
 	default:
 		bad("match", strconv.Quote(f.Match), `must be "first" or "all"`)
 	}
-	rs.Shedding = Shedding{MaxInFlight: f.Shedding.MaxInFlight, Reserved: 0.1}
-	if f.Shedding.MaxInFlight < 0 || f.Shedding.MaxInFlight > 1<<24 {
-		bad("shedding.max_in_flight", strconv.Itoa(f.Shedding.MaxInFlight), "must be between 0 (off) and 16777216")
+	rs.Shedding = Shedding{Reserved: 0.1}
+	if n := f.Shedding.MaxInFlight; n != nil {
+		if v, why := n.between(0, 1<<24); why != "" {
+			bad("shedding.max_in_flight", n.text, why+" (0: off)")
+		} else {
+			rs.Shedding.MaxInFlight = int(v)
+		}
 	}
 	if f.Shedding.Latency != "" {
 		if d, err := ParseDuration(f.Shedding.Latency); err != nil || d <= 0 || d > time.Hour {
@@ -352,7 +456,10 @@ func ParseRules(data []byte) (*Rules, error) {
 			rs.Shedding.Reserved = *r
 		}
 	}
-	if len(f.Rules) == 0 {
+	switch {
+	case empty:
+		bad("rules", "", "at least one rule is required; the file holds no YAML document (it is empty or only comments)")
+	case len(f.Rules) == 0:
 		bad("rules", "", "at least one rule is required")
 	}
 	if len(f.Rules) > MaxRules {
@@ -375,9 +482,23 @@ func ParseRules(data []byte) (*Rules, error) {
 		rs.Rules = append(rs.Rules, r)
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("rules: rules: %w:\n%w", ErrInvalid, errors.Join(errs...))
+		return nil, fmt.Errorf("rules: %w:\n%w", ErrInvalid, errors.Join(errs...))
 	}
 	return rs, nil
+}
+
+// lastDocument reports whether dec holds no document after the one
+// decoded, but for empty ones (a trailing ---).
+func lastDocument(dec *yaml.Decoder) bool {
+	for {
+		var n yaml.Node
+		if err := dec.Decode(&n); err != nil {
+			return errors.Is(err, io.EOF)
+		}
+		if len(n.Content) > 0 && n.Content[0].ShortTag() != "!!null" {
+			return false
+		}
+	}
 }
 
 // fields validates the fields of one rule: each check reports a bad value
@@ -398,19 +519,21 @@ func (f *fields) fail(field, value, reason string) {
 	f.bad(f.path+"."+field, value, reason)
 }
 
-// amount returns *v when it is within [1, maxLimit), def when v is nil
-// (required: a nil v is reported instead).
-func (f *fields) amount(field string, v *int64, def uint64, required bool) uint64 {
-	switch {
-	case v == nil && required:
-		f.fail(field, "", "is required")
-	case v == nil:
-	case *v <= 0 || *v >= maxLimit:
-		f.fail(field, strconv.FormatInt(*v, 10), "must be between 1 and "+strconv.FormatInt(maxLimit-1, 10))
-	default:
-		return uint64(*v)
+// amount returns v when it is a whole number within [1, maxLimit), def
+// when v is nil (required: a nil v is reported instead).
+func (f *fields) amount(field string, v *number, def uint64, required bool) uint64 {
+	if v == nil {
+		if required {
+			f.fail(field, "", "is required")
+		}
+		return def
 	}
-	return def
+	n, why := v.between(1, maxLimit-1)
+	if why != "" {
+		f.fail(field, v.text, why)
+		return def
+	}
+	return uint64(n)
 }
 
 // duration returns s parsed within [lo, hi] (whole milliseconds when
@@ -450,7 +573,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 	parseKind(f, y, r)
 	if r.Kind == Shed {
 		// A shed rule only classes routes: nothing else applies.
-		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 {
+		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" {
 			f.fail("", "", "a shed rule takes only name, match and priority")
 		}
 		if f.n > 0 {
@@ -464,6 +587,9 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 	parsePolicy(f, y, r)
 	parseCost(f, y, r)
 	parseTiers(f, y, r)
+	if f.n == 0 && r.Kind == Rate {
+		checkCost(f, y, r)
+	}
 	if f.n > 0 {
 		return nil
 	}
@@ -494,6 +620,14 @@ func parseMatch(f *fields, y ruleYAML, r *Rule) {
 	r.Host, r.PathPrefix = strings.TrimSuffix(strings.ToLower(y.Host), "."), y.PathPrefix
 	if y.PathPrefix != "" && y.PathPrefix[0] != '/' {
 		f.fail("path_prefix", strconv.Quote(y.PathPrefix), `must start with "/"`)
+	}
+	switch y.PathCase {
+	case "", "sensitive":
+	case "insensitive":
+		r.PathFold = true
+		f.only(true, "path_case", strconv.Quote(y.PathCase), y.PathPrefix != "", "rules with path_prefix")
+	default:
+		f.fail("path_case", strconv.Quote(y.PathCase), `must be "sensitive" or "insensitive"`)
 	}
 	for j, m := range y.Methods {
 		u := strings.ToUpper(m)
@@ -537,12 +671,21 @@ func parseKey(f *fields, y ruleYAML, r *Rule) {
 	if r.MissingKey, ok = parseEnum[MissingKey](missingKeyNames, y.MissingKey); !ok {
 		f.fail("missing_key", strconv.Quote(y.MissingKey), "must be one of "+strings.Join(missingKeyNames, ", "))
 	}
+	if r.DuplicateKey, ok = parseEnum[DuplicateKey](duplicateKeyNames, y.DuplicateKey); !ok {
+		f.fail("duplicate_key", strconv.Quote(y.DuplicateKey), "must be one of "+strings.Join(duplicateKeyNames, ", "))
+	}
+	fieldKey := false
+	for _, p := range r.Key {
+		fieldKey = fieldKey || p.Source != KeyIP
+	}
+	f.only(y.DuplicateKey != "", "duplicate_key", strconv.Quote(y.DuplicateKey), fieldKey || len(r.Key) < len(y.Key),
+		"rules keyed by a header, query parameter or cookie")
 	r.IPv6Prefix = 64
-	if y.IPv6Prefix != nil {
-		if n := *y.IPv6Prefix; n < 8 || n > 128 {
-			f.fail("ipv6_prefix", strconv.Itoa(n), "must be between 8 and 128 bits")
+	if n := y.IPv6Prefix; n != nil {
+		if v, why := n.between(8, 128); why != "" {
+			f.fail("ipv6_prefix", n.text, why+" bits")
 		} else {
-			r.IPv6Prefix = n
+			r.IPv6Prefix = int(v)
 		}
 	}
 }
@@ -601,11 +744,63 @@ func parseCost(f *fields, y ruleYAML, r *Rule) {
 	r.Cost = f.amount("cost", y.Cost, 1, false)
 	r.MaxCost = f.amount("max_cost", y.MaxCost, r.Limit, false)
 	if y.MaxCost != nil {
-		f.only(true, "max_cost", strconv.FormatInt(*y.MaxCost, 10), y.CostHeader != "", "rules with cost_header")
+		f.only(true, "max_cost", y.MaxCost.text, y.CostHeader != "", "rules with cost_header")
 	}
 	if y.CostHeader != "" && !IsToken(y.CostHeader) {
 		f.fail("cost_header", strconv.Quote(y.CostHeader), "is not a valid header name")
 	}
+}
+
+// checkCost refuses costs no request can ever be admitted at: a rate rule
+// admits at most its capacity for one key at once (the limit, or a
+// bucket's burst), so a request costing more is refused on every try.
+// The capacity of a tier is its limit (and its burst, when the rule's
+// burst is its limit, as the limiter scales it).
+func checkCost(f *fields, y ruleYAML, r *Rule) {
+	capacity := func(limit uint64) (uint64, string) {
+		c, what := limit, "limit"
+		if r.Algorithm != window.TokenBucketAlgorithm && r.Algorithm != window.LeakyBucketAlgorithm {
+			return c, what
+		}
+		if r.Burst != r.Limit {
+			c, what = r.Burst, "burst"
+		}
+		if r.Action == window.Delay {
+			c, what = c+1, what+" plus the one being served" // a queue holds Burst while one is served
+		}
+		return c, what
+	}
+	c, what := capacity(r.Limit)
+	if r.Cost > c {
+		f.fail("cost", strconv.FormatUint(r.Cost, 10), "must be at most the "+what+", "+strconv.FormatUint(c, 10)+
+			", or every request is refused")
+		return
+	}
+	most, mostWhat := c, what
+	for _, tier := range sortedKeys(r.Tiers) {
+		tl := r.Tiers[tier]
+		tc, tw := capacity(tl)
+		if r.Cost > tc { // tc is the tier's limit (plus one, for a queue)
+			f.fail("tiers."+tier, strconv.FormatUint(tl, 10), "must be at least "+strconv.FormatUint(r.Cost-(tc-tl), 10)+
+				" (a request costs "+strconv.FormatUint(r.Cost, 10)+"), or every request of the tier is refused")
+		}
+		if tc > most {
+			most, mostWhat = tc, "largest "+tw+" of the rule and its tiers"
+		}
+	}
+	if y.MaxCost != nil && r.MaxCost > most {
+		f.fail("max_cost", strconv.FormatUint(r.MaxCost, 10), "must be at most the "+mostWhat+", "+strconv.FormatUint(most, 10)+
+			": a request costing more is refused on every try")
+	}
+}
+
+func sortedKeys(m map[string]uint64) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
 }
 
 func parseTiers(f *fields, y ruleYAML, r *Rule) {

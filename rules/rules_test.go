@@ -107,20 +107,116 @@ func TestDuplicateRuleNamesRejected(t *testing.T) {
 }
 
 func TestRuleMatches(t *testing.T) {
-	r := mustRules(t, "rules: [{name: a, host: api.example.com, path_prefix: /v1/, methods: [GET], limit: 1, window: 1m}]").Rules[0]
+	rs := mustRules(t, `
+rules:
+  - {name: a, host: api.example.com, path_prefix: /v1/, methods: [GET], limit: 1, window: 1m}
+  - {name: fold, path_prefix: /Login, path_case: insensitive, methods: [POST, head], limit: 1, window: 1m}
+`)
+	a, fold := rs.Rules[0], rs.Rules[1]
 	tests := []struct {
+		r                  *Rule
 		host, method, path string
 		want               bool
 	}{
-		{"api.example.com", "GET", "/v1/users", true},
-		{"API.Example.COM", "GET", "/v1/", true},
-		{"api.example.com", "POST", "/v1/users", false},
-		{"api.example.com", "GET", "/v2/users", false},
-		{"www.example.com", "GET", "/v1/users", false},
+		{a, "api.example.com", "GET", "/v1/users", true},
+		{a, "API.Example.COM", "GET", "/v1/", true},
+		{a, "api.example.com", "HEAD", "/v1/users", true}, // GET covers HEAD
+		{a, "api.example.com", "POST", "/v1/users", false},
+		{a, "api.example.com", "get", "/v1/users", false}, // methods are case-sensitive
+		{a, "api.example.com", "GET", "/v2/users", false},
+		{a, "api.example.com", "GET", "/V1/users", false}, // paths are case-sensitive by default
+		{a, "api.example.com", "GET", "/v1", false},
+		{a, "www.example.com", "GET", "/v1/users", false},
+		{fold, "x", "POST", "/login", true},
+		{fold, "x", "POST", "/LOGIN/x", true},
+		{fold, "x", "HEAD", "/lOgIn", true},
+		{fold, "x", "GET", "/login", false}, // HEAD does not cover GET
+		{fold, "x", "POST", "/logi", false},
+		{fold, "x", "POST", "/lo\xc7in", false},
 	}
 	for _, tt := range tests {
-		if got := r.Matches([]byte(tt.host), []byte(tt.method), []byte(tt.path)); got != tt.want {
-			t.Errorf("Matches(%q, %q, %q) = %v, want %v", tt.host, tt.method, tt.path, got, tt.want)
+		if got := tt.r.Matches([]byte(tt.host), []byte(tt.method), []byte(tt.path)); got != tt.want {
+			t.Errorf("%s.Matches(%q, %q, %q) = %v, want %v", tt.r.Name, tt.host, tt.method, tt.path, got, tt.want)
+		}
+	}
+	host, head, path := []byte("x"), []byte("HEAD"), []byte("/LOGIN/x")
+	if n := testing.AllocsPerRun(100, func() { fold.Matches(host, head, path) }); n != 0 {
+		t.Errorf("Matches under path_case: insensitive: %v allocs/op, want 0", n)
+	}
+}
+
+func TestParseRulesKeyAndMatchOptions(t *testing.T) {
+	rs := mustRules(t, `
+rules:
+  - {name: d, key: ["header:K"], limit: 1, window: 1m}
+  - {name: r, key: ["header:K"], duplicate_key: refuse, limit: 1, window: 1m}
+  - {name: f, key: ["query:k", ip], duplicate_key: first, limit: 1, window: 1m}
+  - {name: l, key: ["cookie:k"], duplicate_key: last, path_prefix: /a, path_case: insensitive, limit: 1, window: 1m}
+  - {name: s, path_prefix: /a, path_case: sensitive, limit: 1, window: 1m}
+`)
+	for i, want := range []struct {
+		dup  DuplicateKey
+		fold bool
+	}{{DuplicateKeyRefuse, false}, {DuplicateKeyRefuse, false}, {DuplicateKeyFirst, false}, {DuplicateKeyLast, true}, {DuplicateKeyRefuse, false}} {
+		if r := rs.Rules[i]; r.DuplicateKey != want.dup || r.PathFold != want.fold {
+			t.Errorf("rule %s: duplicate_key %v, path fold %v; want %v, %v", r.Name, r.DuplicateKey, r.PathFold, want.dup, want.fold)
+		}
+	}
+}
+
+// Every bad number, cost and empty file is reported naming the field and
+// the reason, in the words an operator reads.
+func TestParseRulesNumberAndCostMessages(t *testing.T) {
+	const head = "rules: [{name: a, window: 1m, "
+	tests := []struct{ in, want string }{
+		{"", "rules: at least one rule is required; the file holds no YAML document (it is empty or only comments)"},
+		{"# nothing yet\n", "rules: at least one rule is required; the file holds no YAML document (it is empty or only comments)"},
+		{"rules: []", "rules: at least one rule is required"},
+		{head + "limit: 1.5}]", "rules[0].limit: must be a whole number between 1 and 4294967295 (got 1.5)"},
+		{head + "limit: 1e3}]", "rules[0].limit: must be a whole number between 1 and 4294967295 (got 1e3)"},
+		{head + "limit: \"100\"}]", `rules[0].limit: must be a whole number between 1 and 4294967295 (got "100")`},
+		{head + "limit: [1]}]", "rules[0].limit: must be a whole number between 1 and 4294967295 (got a list)"},
+		{head + "limit: 18446744073709551616}]", "rules[0].limit: must be between 1 and 4294967295 (got 18446744073709551616)"},
+		{head + "limit: 18446744073709551615}]", "rules[0].limit: must be between 1 and 4294967295 (got 18446744073709551615)"},
+		{head + "limit: 4294967296}]", "rules[0].limit: must be between 1 and 4294967295 (got 4294967296)"},
+		{head + "limit: 010}]", "rules[0].limit: must be a whole number between 1 and 4294967295 written without a leading zero (YAML reads 010 as octal 8) (got 010)"},
+		{head + "limit: 10, burst: 2.5, algorithm: token_bucket}]", "rules[0].burst: must be a whole number between 1 and 4294967295 (got 2.5)"},
+		{head + "limit: 10, cost: 0.5}]", "rules[0].cost: must be a whole number between 1 and 4294967295 (got 0.5)"},
+		{head + "limit: 10, ipv6_prefix: 56.5}]", "rules[0].ipv6_prefix: must be a whole number between 8 and 128 bits (got 56.5)"},
+		{head + "limit: 10, tiers: {pro: 1.5}}]", "rules[0].tiers.pro: must be a whole number between 1 and 4294967295 (got 1.5)"},
+		{"shedding: {max_in_flight: 2.5}\n" + head + "limit: 10}]", "shedding.max_in_flight: must be a whole number between 0 and 16777216 (0: off) (got 2.5)"},
+		{head + "limit: 10, cost: 11}]", "rules[0].cost: must be at most the limit, 10, or every request is refused (got 11)"},
+		{head + "limit: 10, burst: 3, algorithm: token_bucket, cost: 4}]", "rules[0].cost: must be at most the burst, 3, or every request is refused (got 4)"},
+		{head + "limit: 10, cost: 5, tiers: {free: 4, pro: 100}}]", "rules[0].tiers.free: must be at least 5 (a request costs 5), or every request of the tier is refused (got 4)"},
+		{head + "limit: 10, cost_header: X-Cost, max_cost: 11}]", "rules[0].max_cost: must be at most the limit, 10: a request costing more is refused on every try (got 11)"},
+		{head + "limit: 10, cost_header: X-Cost, max_cost: 101, tiers: {pro: 100}}]", "rules[0].max_cost: must be at most the largest limit of the rule and its tiers, 100: a request costing more is refused on every try (got 101)"},
+		{head + "limit: 10}]\n---\nrules: []\n", "file: a rules file is one YAML document; this one holds more after a ---, which would be ignored"},
+		{head + "limit: 10, duplicate_key: twice, key: [\"header:K\"]}]", `rules[0].duplicate_key: must be one of refuse, first, last (got "twice")`},
+		{head + "limit: 10, duplicate_key: last}]", `rules[0].duplicate_key: applies only to rules keyed by a header, query parameter or cookie (got "last")`},
+		{head + "limit: 10, path_case: upper, path_prefix: /a}]", `rules[0].path_case: must be "sensitive" or "insensitive" (got "upper")`},
+		{head + "limit: 10, path_case: insensitive}]", `rules[0].path_case: applies only to rules with path_prefix (got "insensitive")`},
+	}
+	for _, tt := range tests {
+		_, err := ParseRules([]byte(tt.in))
+		if !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseRules(%q) = %v, want ErrInvalid", tt.in, err)
+			continue
+		}
+		got := err.Error()
+		if !strings.HasPrefix(got, "rules: invalid configuration:\n") || !strings.Contains(got, "\n"+tt.want) {
+			t.Errorf("ParseRules(%q):\n got %q\nwant rules: invalid configuration:\\n%s", tt.in, got, tt.want)
+		}
+	}
+	// What still parses: the whole numbers YAML writes, a trailing ---,
+	// a cost equal to the capacity.
+	for _, in := range []string{
+		head + "limit: 1_000}]", head + "limit: 0x10}]", head + "limit: +7}]",
+		head + "limit: 10}]\n---\n", head + "limit: 10, cost: 10}]",
+		head + "limit: 10, burst: 3, algorithm: leaky_bucket, action: delay, cost: 4}]",
+		head + "limit: 10, cost: 5, tiers: {free: 5}, cost_header: X-C, max_cost: 10}]",
+	} {
+		if _, err := ParseRules([]byte(in)); err != nil {
+			t.Errorf("ParseRules(%q): %v", in, err)
 		}
 	}
 }
@@ -160,6 +256,21 @@ func FuzzParseRules(f *testing.F) {
 	}
 	f.Add([]byte("rules: [{name: a, limit: 1, window: 1m}]"))
 	f.Add([]byte("rules: [{name: a, limit: 99999999999999999999, window: 9999999h}]"))
+	for _, s := range []string{
+		"", "# comment only\n",
+		"rules: [{name: a, limit: 1.5, window: 1m}]",
+		"rules: [{name: a, limit: 18446744073709551616, window: 1m}]",
+		"rules: [{name: a, limit: 010, window: 1m}]",
+		"rules: [{name: a, limit: 10, window: 1m, cost: 11}]",
+		"rules: [{name: a, limit: 10, window: 1m, cost: 5, tiers: {free: 4}}]",
+		"rules: [{name: a, limit: 10, window: 1m, cost_header: X, max_cost: 11}]",
+		"rules: [{name: a, limit: 10, window: 1s, burst: 3, algorithm: token_bucket, cost: 4}]",
+		"rules: [{name: a, limit: 1, window: 1m}]\n---\nrules: [{name: b, limit: 1, window: 1m}]",
+		"rules: [{name: a, limit: 1, window: 1m, key: [\"header:K\"], duplicate_key: last, path_prefix: /a, path_case: insensitive}]",
+		"shedding: {max_in_flight: 1.5}\nrules: [{name: a, limit: 1, window: 1m}]",
+	} {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rs, err := ParseRules(data)
 		if err != nil {
@@ -171,6 +282,18 @@ func FuzzParseRules(f *testing.F) {
 		for _, r := range rs.Rules {
 			if r.Limit == 0 || r.Window <= 0 || r.Name == "" || len(r.Key) == 0 || r.Cost == 0 {
 				t.Fatalf("accepted an unusable rule %+v", r)
+			}
+			bucket := r.Algorithm == window.TokenBucketAlgorithm || r.Algorithm == window.LeakyBucketAlgorithm
+			if r.Kind == Rate && !bucket && (r.Cost > r.Limit || r.CostHeader != "" && r.MaxCost > r.Limit && len(r.Tiers) == 0) {
+				t.Fatalf("accepted rule %s whose cost %d or max_cost %d exceeds its limit %d", r.Name, r.Cost, r.MaxCost, r.Limit)
+			}
+			for tier, l := range r.Tiers {
+				if r.Kind == Rate && !bucket && r.Cost > l {
+					t.Fatalf("accepted rule %s whose tier %s (limit %d) is below its cost %d", r.Name, tier, l, r.Cost)
+				}
+			}
+			if r.DuplicateKey > DuplicateKeyLast {
+				t.Fatalf("accepted rule %s with duplicate_key %v", r.Name, r.DuplicateKey)
 			}
 		}
 	})

@@ -1,0 +1,195 @@
+package edge_test
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/poplimit/poplimit/edge"
+)
+
+// rawResponse sends one raw request (lines ending in \n) to addr and
+// returns the response, its body read.
+func rawResponse(t *testing.T, addr, head string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, strings.ReplaceAll(head, "\n", "\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	method, _, _ := strings.Cut(head, " ")
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method}) // a HEAD's response has no body
+	if err != nil {
+		t.Fatalf("%q: %v", head, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(body)
+}
+
+// A client that repeats its key field, a fresh value beside the one the
+// origin reads, is refused with 400 and counted, not keyed by a fresh
+// counter each time; a rule may key by the first or last value instead.
+func TestDuplicateKeyFieldsRefused(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: `
+rules:
+  - {name: hdr, path_prefix: /h, key: ["header:X-API-Key"], limit: 2, window: 1m}
+  - {name: qry, path_prefix: /q, key: ["query:key"], limit: 2, window: 1m}
+  - {name: ckie, path_prefix: /c, key: ["cookie:sid"], limit: 2, window: 1m}
+  - {name: last, path_prefix: /l, key: ["query:key"], duplicate_key: last, limit: 2, window: 1m}
+  - {name: cost, path_prefix: /m, cost_header: X-Cost, limit: 10, window: 1m}
+`})
+	// The real key's quota: two requests.
+	for _, path := range []string{"/h", "/q?key=real", "/c"} {
+		for i := 0; i < 2; i++ {
+			get(t, e.addr, path, "X-API-Key", "real", "Cookie", "sid=real")
+		}
+	}
+	rotations := []struct{ name, head string }{
+		{"two header lines", "GET /h HTTP/1.1\nHost: x\nX-API-Key: r%d\nX-API-Key: real\n\n"},
+		{"two header lines, names in two cases", "GET /h HTTP/1.1\nHost: x\nx-api-key: r%d\nX-Api-Key: real\n\n"},
+		{"two query parameters", "GET /q?key=r%d&key=real HTTP/1.1\nHost: x\n\n"},
+		{"a query name percent-encoded", "GET /q?key=r%d&k%%65y=real HTTP/1.1\nHost: x\n\n"},
+		{"two cookies in one line", "GET /c HTTP/1.1\nHost: x\nCookie: sid=r%d; sid=real\n\n"},
+		{"two Cookie lines", "GET /c HTTP/1.1\nHost: x\nCookie: sid=r%d\nCookie: a=b; sid=real\n\n"},
+		{"two cost headers", "GET /m HTTP/1.1\nHost: x\nX-Cost: 1\nX-Cost: 10%d\n\n"},
+	}
+	for _, tc := range rotations {
+		before := metricSum(t, e, "poplimit_edge_bad_requests_total", "reason", "duplicate_key") +
+			metricSum(t, e, "poplimit_edge_bad_requests_total", "reason", "bad_cost")
+		for i := 0; i < 3; i++ {
+			head := strings.Replace(tc.head, "%d", string(rune('0'+i)), 1)
+			head = strings.ReplaceAll(head, "%%", "%")
+			resp, body := rawResponse(t, e.addr, head)
+			if resp.StatusCode != 400 || resp.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(body, "more than once") {
+				t.Errorf("%s, request %d: %d %q %s; want 400, a problem saying the field appears more than once", tc.name, i, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+			}
+		}
+		after := metricSum(t, e, "poplimit_edge_bad_requests_total", "reason", "duplicate_key") +
+			metricSum(t, e, "poplimit_edge_bad_requests_total", "reason", "bad_cost")
+		if after-before != 3 {
+			t.Errorf("%s: bad_requests_total{duplicate_key or bad_cost} rose by %v, want 3", tc.name, after-before)
+		}
+	}
+	if n := metricSum(t, e, "poplimit_edge_bad_requests_total", "reason", "duplicate_key"); n != 18 {
+		t.Errorf("bad_requests_total{reason=duplicate_key} = %v, want 18", n)
+	}
+	// duplicate_key: last spends the quota of the value the origin reads.
+	for i, want := range []int{200, 200, 429} {
+		resp, _ := rawResponse(t, e.addr, "GET /l?key=r"+string(rune('0'+i))+"&key=real HTTP/1.1\nHost: x\n\n")
+		if resp.StatusCode != want {
+			t.Errorf("duplicate_key: last, request %d: %d, want %d", i, resp.StatusCode, want)
+		}
+	}
+	// Cookies are keyed as written, queries percent-decoded.
+	if resp, _ := rawResponse(t, e.addr, "GET /c HTTP/1.1\nHost: x\nCookie: sid=%72eal\n\n"); resp.StatusCode != 200 {
+		t.Errorf("cookie sid=%%72eal: %d, want 200 (a key of its own)", resp.StatusCode)
+	}
+	if resp, _ := rawResponse(t, e.addr, "GET /q?key=%72eal HTTP/1.1\nHost: x\n\n"); resp.StatusCode != 429 {
+		t.Errorf("query key=%%72eal: %d, want 429 (real's key, spent)", resp.StatusCode)
+	}
+}
+
+// A HEAD request meets a rule for GET; path_case: insensitive meets a
+// path however its prefix is cased.
+func TestHeadAndPathCaseMeetRules(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: `
+rules:
+  - {name: get, path_prefix: /x, methods: [GET], limit: 1, window: 1m}
+  - {name: login, path_prefix: /login, path_case: insensitive, limit: 1, window: 1m}
+  - {name: exact, path_prefix: /Exact, limit: 1, window: 1m}
+  - {name: rest, limit: 1000, window: 1m}
+`})
+	steps := []struct {
+		method, path string
+		want         int
+	}{
+		{"HEAD", "/x", 200},
+		{"GET", "/x", 429},
+		{"HEAD", "/x", 429},
+		{"POST", "/x", 200}, // under rest
+		{"GET", "/LOGIN", 200},
+		{"GET", "/login", 429},
+		{"GET", "/LoGiN/form", 429},
+		{"GET", "/Exact", 200},
+		{"GET", "/exact", 200}, // sensitive by default: under rest
+		{"GET", "/Exact", 429},
+	}
+	for _, s := range steps {
+		resp, _ := rawResponse(t, e.addr, s.method+" "+s.path+" HTTP/1.1\nHost: x\n\n")
+		if resp.StatusCode != s.want {
+			t.Errorf("%s %s: %d, want %d", s.method, s.path, resp.StatusCode, s.want)
+		}
+	}
+}
+
+// IPv4 clients behind a NAT64 or SIIT translator key apart, each as its
+// IPv4 address, not as the translator's shared /64.
+func TestTranslatedClientsKeyApart(t *testing.T) {
+	var cfg edge.Config
+	cfg.TrustedProxies, _ = edge.ParsePrefixes("127.0.0.0/8")
+	e := startEdge(t, edgeOpts{cfg: cfg, rules: "rules: [{name: per-client, limit: 1, window: 1m}]"})
+	for _, tc := range []struct {
+		xff  string
+		want int
+	}{
+		{"64:ff9b::192.0.2.1", 200},
+		{"64:ff9b::192.0.2.2", 200},   // another IPv4 client of the translator
+		{"64:ff9b::c000:201", 429},    // the first, again
+		{"192.0.2.2", 429},            // the second, over IPv4
+		{"::ffff:0:192.0.2.3", 200},   // IPv4-translated
+		{"64:ff9b:1::192.0.2.4", 200}, // local use: each address
+		{"64:ff9b:1::192.0.2.5", 200},
+		{"2001:db8:1:2::1", 200}, // native IPv6 keys its /64
+		{"2001:db8:1:2::2", 429},
+	} {
+		if s := get(t, e.addr, "/", "X-Forwarded-For", tc.xff).StatusCode; s != tc.want {
+			t.Errorf("client %s: %d, want %d", tc.xff, s, tc.want)
+		}
+	}
+}
+
+// A running edge keeps its rules when a reload brings a file with a
+// number it would misread, a cost no request can meet, or nothing, and
+// the error names the field.
+func TestBadNumbersRejectedOnReload(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 2, window: 1m}]"})
+	file := e.Options.Server.RulesFile
+	for _, tc := range []struct{ file, want string }{
+		{"rules: [{name: api, limit: 1.5, window: 1m}]", "rules[0].limit: must be a whole number between 1 and 4294967295 (got 1.5)"},
+		{"rules: [{name: api, limit: 18446744073709551616, window: 1m}]", "rules[0].limit: must be between 1 and 4294967295 (got 18446744073709551616)"},
+		{"rules: [{name: api, limit: 010, window: 1m}]", "rules[0].limit: must be a whole number between 1 and 4294967295 written without a leading zero"},
+		{"rules: [{name: api, limit: 5, window: 1m, cost: 6}]", "rules[0].cost: must be at most the limit, 5, or every request is refused (got 6)"},
+		{"", "rules: at least one rule is required; the file holds no YAML document"},
+		{"rules: [{name: api, limit: 5, window: 1m}]\n---\nrules: []\n", "file: a rules file is one YAML document"},
+		{"rules: [{name: api, limit: 5, window: 1m, duplicate_key: sometimes, key: [\"header:K\"]}]", `rules[0].duplicate_key: must be one of refuse, first, last (got "sometimes")`},
+	} {
+		if err := os.WriteFile(file, []byte(tc.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		err := e.srv.Reload()
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "rules: rules:") {
+			t.Errorf("reload of %q: %v; want an error with %q", tc.file, err, tc.want)
+		}
+		if r := e.Rules().Lookup("api"); r == nil || r.Limit != 2 {
+			t.Fatalf("after the reload of %q: rule api %+v, want the running one, limit 2", tc.file, r)
+		}
+	}
+	for i, want := range []int{200, 200, 429} {
+		if s := get(t, e.addr, "/").StatusCode; s != want {
+			t.Errorf("request %d under the running rules: %d, want %d", i, s, want)
+		}
+	}
+	if n := metricSum(t, e, "poplimit_edge_rule_reloads_total", "result", "rejected"); n != 7 {
+		t.Errorf("rule_reloads_total{result=rejected} = %v, want 7", n)
+	}
+}
