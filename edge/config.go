@@ -34,7 +34,7 @@ type Config struct {
 	// Upstream is the origin of Proxy mode: one host:port, or several
 	// separated by commas (at most MaxUpstreams), each request going to
 	// the next healthy one round-robin. Proxy mode streams request and
-	// response bodies (MaxBodySize does not bound them there) and behaves
+	// response bodies (MaxDecisionBody does not bound them there) and behaves
 	// as RFC 9110 §7.6 has a proxy behave: see proxy.go.
 	Upstream string
 	// UpstreamTimeout bounds a proxied request's whole exchange with the
@@ -94,8 +94,24 @@ type Config struct {
 	WriteTimeout  time.Duration // default 10s
 	IdleTimeout   time.Duration // default 60s
 	MaxHeaderSize int           // default 8192 bytes: larger requests get 431
-	MaxBodySize   int           // default 4 MiB
-	Concurrency   int           // default 65536 requests in flight; beyond, 503
+	// MaxDecisionBody bounds a request body in Decision mode, checks and
+	// POST /_poplimit/decide alike: a larger one is answered 413 (RFC 9457
+	// problem+json) as soon as its head is read, from Content-Length or a
+	// chunk's size, before any of it is buffered. A check needs no body and
+	// a decide request a few hundred bytes; the default admits every decide
+	// request whose key is within its 4096 bytes, however escaped. Proxy
+	// mode streams bodies and does not apply it.
+	MaxDecisionBody int // default 32 KiB, at most 4 MiB
+	// Concurrency bounds the connections served at once, each holding a
+	// file descriptor; beyond it a new connection is answered 503.
+	Concurrency int // default 65536
+	// MaxConnsPerClient bounds the connections one client holds open at
+	// once, counted by TCP peer address (an IPv6 client by its /64) when
+	// the connection is accepted, before TLS or HTTP: a connection beyond
+	// it is closed at once, answered 429 (problem+json) on a plain
+	// listener. Connections from TrustedProxies are not counted: a proxy
+	// carries many clients' requests. -1 turns the cap off.
+	MaxConnsPerClient int // default 1024
 
 	// RetryJitter is the most random seconds added to Retry-After, so that
 	// refused clients do not all come back at once.
@@ -123,6 +139,15 @@ type Config struct {
 
 // minTokenLen is the shortest bearer token accepted.
 const minTokenLen = 16
+
+// DefaultMaxDecisionBody is Config.MaxDecisionBody's default: a decide
+// request's key of maxJSONKey bytes escaped as \uXXXX (6 bytes each, as
+// encoding/json writes <, > and &) with its rule, cost and some white
+// space.
+const DefaultMaxDecisionBody = 32 << 10
+
+// maxDecisionBodyLimit is the largest MaxDecisionBody accepted.
+const maxDecisionBodyLimit = 4 << 20
 
 // DefaultRules is the built-in rule of an edge started without a rules
 // file: 100 requests per minute per client IP.
@@ -179,11 +204,14 @@ func (c *Config) setDefaults() {
 	if c.MaxHeaderSize == 0 {
 		c.MaxHeaderSize = 8192
 	}
-	if c.MaxBodySize == 0 {
-		c.MaxBodySize = 4 << 20
+	if c.MaxDecisionBody == 0 {
+		c.MaxDecisionBody = DefaultMaxDecisionBody
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 65536
+	}
+	if c.MaxConnsPerClient == 0 {
+		c.MaxConnsPerClient = 1024
 	}
 	if c.RetryJitter == 0 {
 		c.RetryJitter = 2 * time.Second
@@ -235,11 +263,14 @@ func (c Config) Validate() error {
 	if c.MaxHeaderSize < 0 || c.MaxHeaderSize > 1<<20 {
 		bad("MaxHeaderSize", c.MaxHeaderSize, "must be between 0 (default) and 1 MiB")
 	}
-	if c.MaxBodySize < 0 {
-		bad("MaxBodySize", c.MaxBodySize, "must not be negative")
+	if c.MaxDecisionBody < 0 || c.MaxDecisionBody > maxDecisionBodyLimit {
+		bad("MaxDecisionBody", c.MaxDecisionBody, "must be between 0 (default) and 4 MiB")
 	}
 	if c.Concurrency < 0 {
 		bad("Concurrency", c.Concurrency, "must not be negative")
+	}
+	if c.MaxConnsPerClient < -1 {
+		bad("MaxConnsPerClient", c.MaxConnsPerClient, "must be -1 (no cap), 0 (default) or positive")
 	}
 	if c.ForwardedMethodHeader != "" && !rules.IsToken(c.ForwardedMethodHeader) {
 		bad("ForwardedMethodHeader", fmt.Sprintf("%q", c.ForwardedMethodHeader), "is not a header name")

@@ -3,6 +3,8 @@ package edge
 import (
 	"encoding/json"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
@@ -30,15 +32,112 @@ type DecideResponse struct {
 
 const maxJSONKey = 4096
 
+// decideWire is DecideRequest as read: the strings raw, so that one that
+// does not decode exactly is refused rather than altered.
+type decideWire struct {
+	Rule json.RawMessage `json:"rule"`
+	Key  json.RawMessage `json:"key"`
+	Cost uint64          `json:"cost"`
+}
+
+// parseDecide reads a decide request's body into req. It returns the
+// problem detail of a body it refuses, naming the field at fault: a key or
+// rule that is not a JSON string, or that is not UTF-8 text (invalid bytes,
+// or a \u escape of half a surrogate pair). encoding/json would decode
+// each of those to U+FFFD, so that distinct keys would share a counter.
+func parseDecide(body []byte, req *DecideRequest) (detail string) {
+	var w decideWire
+	if err := json.Unmarshal(body, &w); err != nil {
+		return "the body is not a JSON decide request"
+	}
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		dst  *string
+	}{{"rule", w.Rule, &req.Rule}, {"key", w.Key, &req.Key}} {
+		if len(f.raw) == 0 || string(f.raw) == "null" { // absent, as encoding/json has null
+			continue
+		}
+		if f.raw[0] != '"' {
+			return f.name + " must be a JSON string"
+		}
+		if !exactJSONString(f.raw) {
+			return f.name + " is not UTF-8 text: it holds invalid bytes or half a surrogate pair"
+		}
+		if err := json.Unmarshal(f.raw, f.dst); err != nil {
+			return f.name + " must be a JSON string"
+		}
+	}
+	req.Cost = w.Cost
+	return ""
+}
+
+// exactJSONString reports whether raw, a JSON string token (quotes
+// included) that encoding/json has accepted, decodes to exactly the text
+// it spells: its bytes are UTF-8 and every \u escape of a surrogate is the
+// high half followed by an escaped low half.
+func exactJSONString(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character; a backslash escapes only it
+		if i+4 >= len(raw) || raw[i] != 'u' {
+			continue
+		}
+		r := hex4(raw[i+1 : i+5])
+		i += 4
+		if !utf16.IsSurrogate(r) {
+			continue
+		}
+		// A high half, then \uXXXX holding a low half.
+		if r >= 0xdc00 || i+6 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' {
+			return false
+		}
+		if lo := hex4(raw[i+3 : i+7]); lo < 0xdc00 || lo > 0xdfff {
+			return false
+		}
+		i += 6
+	}
+	return true
+}
+
+// hex4 decodes four hexadecimal digits; -1 if one is not.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return -1
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
 func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set(fasthttp.HeaderAllow, "POST")
 		writeProblem(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed", "use POST")
 		return
 	}
+	in := ctx.PostBody()
+	if len(in) > s.cfg.MaxDecisionBody { // the served edge refuses it before reading (readRefusal); Handler's callers may not
+		s.bodyTooLarge(ctx)
+		return
+	}
 	var req DecideRequest
-	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
-		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "the body is not a JSON decide request")
+	if detail := parseDecide(in, &req); detail != "" {
+		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", detail)
 		return
 	}
 	if req.Key == "" || len(req.Key) > maxJSONKey {

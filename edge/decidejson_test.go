@@ -1,7 +1,13 @@
 package edge_test
 
 import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strings"
 	"testing"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
@@ -10,14 +16,22 @@ import (
 )
 
 // FuzzDecideBody: whatever the body, the JSON endpoint answers with one of
-// its statuses and a body, and never panics.
+// its statuses and a body, and never panics; a body over MaxDecisionBody
+// is answered 413; a key or rule that does not decode exactly (bytes that
+// are not UTF-8, half a surrogate pair) is refused 400 naming the field,
+// never decided as the U+FFFD that encoding/json would make of it.
 func FuzzDecideBody(f *testing.F) {
 	for _, s := range []string{`{"rule":"api","key":"k","cost":2}`, `{"rule":"api","key":""}`, `{"rule":"nope","key":"k"}`,
-		`{"rule":"uploads","key":"k"}`, `{"rule":"api","key":"k","cost":-1}`, `{"rule":"api","key":"k","cost":1e99}`, `[`, `null`, ``} {
+		`{"rule":"uploads","key":"k"}`, `{"rule":"api","key":"k","cost":-1}`, `{"rule":"api","key":"k","cost":1e99}`, `[`, `null`, ``,
+		"{\"rule\":\"api\",\"key\":\"\xff\"}", `{"rule":"api","key":"\ud800"}`, `{"rule":"api","key":"\udfff\ud800"}`,
+		`{"rule":"api","key":"\ud83d\ude00"}`, `{"rule":"api","key":"\ufffd"}`, `{"rule":"api","key":"\\ud800"}`,
+		`{"rule":"api","key":"\ud800\u0041"}`, `{"rule":"api","key":12}`, `{"rule":"\ud800","key":"k"}`, `{"rule":"api","key":null}`,
+		`{"rule":"api","key":"k","KEY":"\udc00"}`, `{"rule":"api","key":"\ufffd\ud800"}`, `{"rule":"api","key":"k","pad":"` + strings.Repeat("p", fuzzBound) + `"}`} {
 		f.Add([]byte(s))
 	}
 	var o edge.Options
 	o.Server.DecideToken = "fuzz-token-of-16-bytes"
+	o.Server.MaxDecisionBody = fuzzBound
 	e := edgetest.New(f, `
 rules:
   - {name: api, limit: 3, window: 1m}
@@ -33,10 +47,11 @@ rules:
 		req.SetBody(body)
 		ctx.Init(&req, nil, nil)
 		h(&ctx)
-		switch s := ctx.Response.StatusCode(); s {
-		case 200, 400, 404, 422, 429:
+		status := ctx.Response.StatusCode()
+		switch status {
+		case 200, 400, 404, 413, 422, 429:
 		default:
-			t.Fatalf("body %q: status %d", body, s)
+			t.Fatalf("body %q: status %d", body, status)
 		}
 		if len(ctx.Response.Body()) == 0 {
 			t.Fatalf("body %q: an empty answer", body)
@@ -44,5 +59,146 @@ rules:
 		if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_panics_total"); n != 0 {
 			t.Fatalf("body %q: %v panics", body, n)
 		}
+		if (len(body) > fuzzBound) != (status == 413) {
+			t.Fatalf("body of %d bytes: status %d, want 413 exactly when over %d", len(body), status, fuzzBound)
+		}
+		if status == 413 {
+			return
+		}
+		if field, lossy := lossyField(body); lossy && (status != 400 || !bytes.Contains(ctx.Response.Body(), []byte(`"detail":"`+field+` `))) {
+			t.Fatalf("body %q: %s does not decode exactly, answered %d %s, want 400 naming %s", body, field, status, ctx.Response.Body(), field)
+		}
 	})
+}
+
+// fuzzBound is FuzzDecideBody's MaxDecisionBody.
+const fuzzBound = 2048
+
+// lossyField returns the field of a JSON decide body, "rule" or "key",
+// whose string value encoding/json would not decode exactly, if any. It
+// reads the top-level object's members in order; the value that counts
+// for a field is its last member whose name folds to it (as
+// encoding/json assigns them). Bodies it cannot judge simply (a member
+// name that is not ASCII, which encoding/json might fold to a field) are
+// reported not lossy.
+func lossyField(body []byte) (string, bool) {
+	d := json.NewDecoder(bytes.NewReader(body))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return "", false
+	}
+	last := map[string]json.RawMessage{}
+	for d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return "", false
+		}
+		name := t.(string)
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return "", false
+		}
+		for _, c := range []byte(name) {
+			if c >= utf8.RuneSelf {
+				return "", false
+			}
+		}
+		if f := strings.ToLower(name); f == "rule" || f == "key" {
+			last[f] = v
+		}
+	}
+	if t, err := d.Token(); err != nil || t != json.Delim('}') {
+		return "", false
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return "", false // trailing data: encoding/json refuses the body
+	}
+	for _, f := range []string{"rule", "key"} {
+		if v := last[f]; len(v) > 0 && v[0] == '"' && !spellsExactly(v) {
+			return f, true
+		}
+	}
+	return "", false
+}
+
+// spellsExactly reports whether the JSON string token s spells its text
+// exactly: s is UTF-8, and its \u escapes, taken as UTF-16 code units in
+// runs, decode without a replacement character that they did not spell.
+func spellsExactly(s []byte) bool {
+	if !utf8.Valid(s) {
+		return false
+	}
+	var units []uint16
+	flush := func() bool { // as many U+FFFD decoded as spelled
+		spelled := 0
+		for _, u := range units {
+			if u == utf8.RuneError {
+				spelled++
+			}
+		}
+		decoded := strings.Count(string(utf16.Decode(units)), string(utf8.RuneError))
+		units = units[:0]
+		return decoded == spelled
+	}
+	for i := 1; i < len(s)-1; i++ {
+		if s[i] == '\\' && s[i+1] == 'u' {
+			var u uint16
+			for _, c := range s[i+2 : i+6] {
+				u = u<<4 | uint16(strings.IndexByte("0123456789abcdef", c|0x20))
+			}
+			units = append(units, u)
+			i += 5
+			continue
+		}
+		if !flush() {
+			return false
+		}
+		if s[i] == '\\' {
+			i++ // an escaped character other than u
+		}
+	}
+	return flush()
+}
+
+// TestDecideJSONKeysAreExact: keys (and rules) that are not UTF-8 text,
+// raw bytes or half a surrogate pair, are refused 400 problem+json naming
+// the field, not decided as U+FFFD, where four different keys would share
+// one counter; a key that spells U+FFFD, or a character as an escaped
+// surrogate pair, is decided as exactly that text.
+func TestDecideJSONKeysAreExact(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1, window: 1m}]", cfg: edge.Config{DecideToken: decideToken}})
+	post := func(body string) (int, string, string) {
+		resp := postDecide(t, e.addr, decideToken, body)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	for _, tc := range []struct{ body, field string }{
+		{"{\"rule\":\"api\",\"key\":\"\xff\"}", "key"},
+		{"{\"rule\":\"api\",\"key\":\"\xfe\"}", "key"},
+		{`{"rule":"api","key":"\ud800"}`, "key"},
+		{`{"rule":"api","key":"\udfff"}`, "key"},
+		{`{"rule":"api","key":"a\ud800\u0041"}`, "key"},
+		{"{\"rule\":\"api\",\"key\":\"\xed\xa0\x80\"}", "key"}, // a surrogate encoded in UTF-8
+		{"{\"rule\":\"ap\xffi\",\"key\":\"k\"}", "rule"},
+		{`{"rule":"api","key":7}`, "key"},
+	} {
+		status, ct, body := post(tc.body)
+		if status != 400 || ct != "application/problem+json" || !strings.Contains(body, `"detail":"`+tc.field+" ") {
+			t.Errorf("body %q: %d %s %s, want 400 problem+json naming %s", tc.body, status, ct, body, tc.field)
+		}
+	}
+	// Each exact key has its own counter (limit 1): its first decision is
+	// allowed, its second refused.
+	for _, tc := range []struct{ name, first, second string }{
+		{"U+FFFD spelled raw and escaped", "\"\uFFFD\"", `"\ufffd"`},
+		{"an emoji raw and as an escaped surrogate pair", "\"\U0001F600\"", `"\ud83d\ude00"`},
+		{"an escaped backslash before u", `"\\ud800"`, `"\\ud800"`},
+	} {
+		for i, k := range []string{tc.first, tc.second} {
+			want := []int{200, 429}[i]
+			if status, _, body := post(`{"rule":"api","key":` + k + `}`); status != want {
+				t.Errorf("%s: key %s: %d %s, want %d", tc.name, k, status, body, want)
+			}
+		}
+	}
 }

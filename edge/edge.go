@@ -399,7 +399,25 @@ func (e *Edge) LogStart() {
 	}
 	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "rls", cmp.Or(e.RLSAddr(), "off (pass -rls-listen)"), "mode", string(o.Server.Mode),
 		"rules", rulesFrom, "store", store, "events", events, "flush_interval", o.Limiter.FlushInterval,
-		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.Server.EdgeID)
+		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.Server.EdgeID,
+		"concurrency", o.Server.Concurrency, "max_conns_per_client", connCap(o.Server.MaxConnsPerClient),
+		"max_decision_body", decisionBody(&o.Server))
+}
+
+// connCap and decisionBody say the connection cap and the body bound as
+// the start log shows them.
+func connCap(n int) string {
+	if n < 0 {
+		return "off"
+	}
+	return strconv.Itoa(n)
+}
+
+func decisionBody(c *Config) string {
+	if c.Mode == Proxy {
+		return "none (proxy mode streams bodies)"
+	}
+	return strconv.Itoa(c.MaxDecisionBody)
 }
 
 // ParseServers parses memcached shards as "host:port[:weight],...".

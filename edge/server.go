@@ -48,6 +48,8 @@ type Server struct {
 	reloadMu sync.Mutex
 
 	srv      *fasthttp.Server
+	rm       *readMetrics // requests the HTTP reader refused (bodylimit.go)
+	conns    *connLimiter // connections per client (connlimit.go)
 	upstream *upstreamPool
 	certs    *certs    // nil without TLS
 	scratch  sync.Pool // *scratch
@@ -83,6 +85,12 @@ func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
 	if s.m, err = newServerMetrics(deps.Registerer, s); err != nil {
 		return nil, err
 	}
+	if s.rm, err = newReadMetrics(deps.Registerer); err != nil {
+		return nil, err
+	}
+	if s.conns, err = newConnLimiter(cfg.MaxConnsPerClient, s.addr.isTrusted, s.log, deps.Registerer); err != nil {
+		return nil, err
+	}
 	s.warn(core.Rules())
 	if cfg.TLSCert != "" {
 		if s.certs, err = newCerts(cfg.TLSCert, cfg.TLSKey); err != nil {
@@ -101,8 +109,9 @@ func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
 		ReadTimeout:                  cfg.ReadTimeout,
 		WriteTimeout:                 cfg.WriteTimeout,
 		IdleTimeout:                  cfg.IdleTimeout,
-		ReadBufferSize:               cfg.MaxHeaderSize, // a larger request head is answered 431
-		MaxRequestBodySize:           cfg.MaxBodySize,
+		ReadBufferSize:               cfg.MaxHeaderSize,    // a larger request head is answered 431
+		MaxRequestBodySize:           cfg.maxRequestBody(), // decision mode: MaxDecisionBody, refused before buffering
+		ErrorHandler:                 s.readRefusal,        // counted; a body over MaxDecisionBody: 413 problem+json
 		Concurrency:                  cfg.Concurrency,
 		NoDefaultServerHeader:        true,
 		NoDefaultDate:                false,
@@ -169,8 +178,12 @@ func (s *Server) SetRules(rs *rules.Rules) error {
 	return nil
 }
 
-// Serve serves the edge on ln until Shutdown, over TLS when configured.
+// Serve serves the edge on ln until Shutdown, over TLS when configured,
+// with each client's connections capped (Config.MaxConnsPerClient); an
+// accept that fails for want of a file descriptor is retried after a
+// pause (connlimit.go).
 func (s *Server) Serve(ln net.Listener) error {
+	ln = s.conns.wrap(ln, s.certs == nil) // below TLS: a refused connection costs no handshake
 	if s.certs != nil {
 		ln = tls.NewListener(ln, s.certs.config())
 	}

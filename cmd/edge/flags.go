@@ -50,7 +50,9 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.StringVar(&c.ClientIPHeader, "client-ip-header", "", "header a trusted proxy sets to the client IP (e.g. CF-Connecting-IP)")
 	fs.StringVar(&c.CheckPrefix, "check-prefix", c.CheckPrefix, "path prefix stripped from checks in decision mode")
 	fs.IntVar(&c.MaxHeaderSize, "max-header-bytes", c.MaxHeaderSize, "largest request head; larger gets 431")
-	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "requests in flight at most; beyond, 503")
+	fs.IntVar(&c.MaxDecisionBody, "max-decision-body-bytes", c.MaxDecisionBody, "largest request body in decision mode (checks and /_poplimit/decide); larger gets 413 before any of it is read")
+	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "connections served at once, one file descriptor each; beyond, 503")
+	fs.IntVar(&c.MaxConnsPerClient, "max-conns-per-client", c.MaxConnsPerClient, "connections one client IP (IPv6: its /64) holds open at most, -trusted-proxies exempt; beyond, closed (429 on plain HTTP); -1: no cap")
 	fs.DurationVar(&c.RetryJitter, "retry-jitter", c.RetryJitter, "most jitter added to Retry-After")
 	fs.Func("memcache", "memcached shards host:port[:weight],... (default: in-memory store, single edge)", func(s string) (err error) {
 		o.Memcache.Servers, err = edge.ParseServers(s)

@@ -40,6 +40,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("edge: -log-level %q: %w", logLevel, err)
 	}
 	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	edge.RaiseFileLimit(o, o.Logger) // logged, with a warning when below what -concurrency needs
 	e, err := edge.Build(o)
 	if err != nil {
 		return err

@@ -1,0 +1,186 @@
+package edge
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// The cap counts a client by the key a rule with the default ipv6_prefix
+// gives its address: every spelling of an IPv4 client is one client, an
+// IPv6 client is its /64, a trusted proxy and a peer without an IP
+// address are not counted.
+func TestConnClientKey(t *testing.T) {
+	trusted := netip.MustParsePrefix("10.0.0.0/8")
+	l, err := newConnLimiter(2, trusted.Contains, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp := func(s string) net.Addr { return net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s)) }
+	for _, tc := range []struct {
+		peer    net.Addr
+		want    string
+		counted bool
+	}{
+		{tcp("203.0.113.9:1"), "203.0.113.9", true},
+		{tcp("[::ffff:203.0.113.9]:1"), "203.0.113.9", true},
+		{tcp("[64:ff9b::203.0.113.9]:1"), "203.0.113.9", true}, // an IPv4 client through SIIT-DC
+		{tcp("[2001:db8:1:2::1]:1"), "2001:db8:1:2::", true},
+		{tcp("[2001:db8:1:2:ffff:ffff:ffff:ffff]:1"), "2001:db8:1:2::", true},
+		{tcp("[2001:db8:1:3::1]:1"), "2001:db8:1:3::", true},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Zone: "eth0"}, "fe80::", true},
+		{tcp("10.1.2.3:1"), "", false},
+		{tcp("[::ffff:10.1.2.3]:1"), "", false},
+		{&net.UnixAddr{Name: "/tmp/s", Net: "unix"}, "", false},
+	} {
+		got, counted := l.clientKey(tc.peer)
+		if counted != tc.counted || counted && got.String() != tc.want {
+			t.Errorf("peer %v: key %v counted %v, want %s counted %v", tc.peer, got, counted, tc.want, tc.counted)
+		}
+	}
+
+	a, b := netip.MustParseAddr("203.0.113.9"), netip.MustParseAddr("2001:db8::")
+	for i, want := range []bool{true, true, false} {
+		if got := l.acquire(a); got != want {
+			t.Errorf("connection %d of a client capped at 2: admitted %v, want %v", i+1, got, want)
+		}
+	}
+	if !l.acquire(b) {
+		t.Error("another client, when the first is at its cap: refused")
+	}
+	l.release(a)
+	if !l.acquire(a) {
+		t.Error("a client at its cap after closing one: refused")
+	}
+	l.release(a)
+	l.release(a)
+	l.release(b)
+	if n := len(l.counts); n != 0 {
+		t.Errorf("every connection closed: %d clients still counted, want 0", n)
+	}
+}
+
+// A listener wrapped with a cap of 2 hands out one client's first two
+// connections and closes the rest; with -1 (off) it hands out all.
+func TestConnCapListener(t *testing.T) {
+	for _, tc := range []struct{ max, accepted, refused int }{{2, 2, 3}, {-1, 5, 0}} {
+		l, err := newConnLimiter(tc.max, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln := l.wrap(raw, true)
+		accepted := make(chan net.Conn, 5)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				accepted <- c
+			}
+		}()
+		var dialed []net.Conn
+		for range 5 {
+			c, err := net.Dial("tcp", raw.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			dialed = append(dialed, c)
+		}
+		deadline := time.Now().Add(3 * time.Second)
+		for len(accepted)+int(testutil.ToFloat64(l.refused)) < 5 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		ln.Close()
+		<-done
+		if n, r := len(accepted), int(testutil.ToFloat64(l.refused)); n != tc.accepted || r != tc.refused {
+			t.Errorf("cap %d, 5 connections: %d accepted, %d refused, want %d and %d", tc.max, n, r, tc.accepted, tc.refused)
+		}
+		if got := l.open.Load(); got != int64(tc.accepted) {
+			t.Errorf("cap %d: %d open, want %d", tc.max, got, tc.accepted)
+		}
+		close(accepted)
+		for c := range accepted {
+			c.Close()
+			c.Close() // a second Close gives nothing back twice
+		}
+		if got := l.open.Load(); got != 0 || len(l.counts) != 0 {
+			t.Errorf("cap %d, every connection closed: %d open, %d clients counted, want none", tc.max, got, len(l.counts))
+		}
+		for _, c := range dialed {
+			c.Close()
+		}
+	}
+}
+
+// scriptedListener answers Accept from its script, then with net.ErrClosed.
+type scriptedListener struct {
+	net.Listener
+	script []acceptResult
+}
+
+type acceptResult struct {
+	c   net.Conn
+	err error
+}
+
+func (l *scriptedListener) Accept() (net.Conn, error) {
+	if len(l.script) == 0 {
+		return nil, net.ErrClosed
+	}
+	r := l.script[0]
+	l.script = l.script[1:]
+	return r.c, r.err
+}
+
+// An accept that fails for want of a file descriptor or of kernel memory
+// is retried after a pause and counted, with one warning for a burst;
+// any other error ends Accept, as fasthttp's Serve expects.
+func TestAcceptPausesWhenOutOfFiles(t *testing.T) {
+	var log bytes.Buffer
+	l, err := newConnLimiter(2, nil, slog.New(slog.NewTextHandler(&log, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, client := net.Pipe()
+	defer client.Close()
+	emfile := &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	ln := l.wrap(&scriptedListener{script: []acceptResult{{err: emfile}, {err: emfile},
+		{err: &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.ENFILE)}},
+		{err: &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.ENOBUFS)}},
+		{c: server}}}, true)
+	start := time.Now()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatalf("Accept after 4 failures for want of resources: %v, want the connection that followed", err)
+	}
+	c.Close()
+	// Pauses of 5, 10, 20 and 40 ms.
+	if d := time.Since(start); d < 75*time.Millisecond {
+		t.Errorf("4 failed accepts retried within %v, want pauses of at least 75 ms in all", d)
+	}
+	if f, m := testutil.ToFloat64(l.pausedFiles), testutil.ToFloat64(l.pausedMemory); f != 3 || m != 1 {
+		t.Errorf("paused accepts: files %v memory %v, want 3 and 1", f, m)
+	}
+	if n := strings.Count(log.String(), "level=WARN"); n != 1 {
+		t.Errorf("a burst of failed accepts logged %d warnings, want 1: %s", n, log.String())
+	}
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Accept on a closed listener: %v, want net.ErrClosed returned", err)
+	}
+}

@@ -1,0 +1,56 @@
+package edge
+
+import (
+	"log/slog"
+)
+
+// FileLimit is the process's open-file limit (RLIMIT_NOFILE).
+type FileLimit struct {
+	Soft, Hard uint64
+}
+
+// filesReserve is the descriptors an edge holds besides its traffic
+// connections and upstream pools, at most: store and broker connections,
+// the admin and rate limit service listeners and their clients, files.
+const filesReserve = 256
+
+// FilesNeeded returns how many file descriptors o's edge may hold open at
+// once: one per traffic connection up to Server.Concurrency, the upstream
+// connection pools in proxy mode, and a reserve for the rest.
+func (o Options) FilesNeeded() uint64 {
+	o = o.withDefaults()
+	n := uint64(o.Server.Concurrency) + filesReserve
+	if o.Server.Mode == Proxy {
+		ups, _ := ParseUpstreams(o.Server.Upstream)
+		n += uint64(len(ups)) * uint64(o.Server.UpstreamConns)
+	}
+	return n
+}
+
+// RaiseFileLimit raises the process's soft open-file limit to its hard
+// limit, as a server holding a descriptor per connection needs, and logs
+// the limit in force: a warning when it is below o.FilesNeeded(), where
+// the kernel refuses connections (accept: too many open files) before
+// Concurrency's 503 answers them. It changes the whole process, so it is
+// for main, not for Build.
+func RaiseFileLimit(o Options, log *slog.Logger) (FileLimit, error) {
+	lim, err := raiseFileLimit()
+	logFileLimit(log, lim, err, o.FilesNeeded(), o.withDefaults().Server.Concurrency)
+	return lim, err
+}
+
+func logFileLimit(log *slog.Logger, lim FileLimit, err error, need uint64, concurrency int) {
+	if err != nil {
+		log.Warn("edge: open-file limit not raised", "soft", lim.Soft, "hard", lim.Hard, "err", err)
+		if lim == (FileLimit{}) {
+			return // unknown
+		}
+	}
+	if lim.Soft < need {
+		log.Warn("edge: the open-file limit is below what -concurrency needs: past it, new connections wait in the kernel's backlog "+
+			"(accept: too many open files) instead of being answered 503; raise the hard limit (systemd LimitNOFILE=, ulimit -Hn) or lower -concurrency",
+			"open_files", lim.Soft, "needed", need, "concurrency", concurrency)
+		return
+	}
+	log.Info("edge: open-file limit", "open_files", lim.Soft, "needed", need)
+}
