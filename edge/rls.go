@@ -17,6 +17,7 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/rules/envoyconf"
+	"github.com/poplimit/poplimit/window"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -139,7 +140,10 @@ var errRulesChanged = errors.New("edge: the rules changed")
 // configured. Its methods are safe for concurrent use.
 //
 // Each descriptor is decided by the core under its rule (Core.DecideRule),
-// the counter key being ratelimit's (domain_k1_v1_k2_v2_); the rules and
+// the counter key being ratelimit's (domain_k1_v1_k2_v2_), except one
+// whose hits exceed what its limit admits in one call (admitsAtMost): it
+// is answered OVER_LIMIT and counts nothing, so that no single call can
+// refuse the other callers of a shared descriptor; the rules and
 // the index are read once per request from one Rules, so a reload never
 // mixes generations (a request that meets a reload is decided again from
 // the new rules, and its earlier descriptors are then counted twice). A
@@ -419,14 +423,30 @@ func (s *RLS) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.Time)
 			continue
 		}
 		r := rs.Rules[ds.m.Rule]
+		ds.hasLimit = true
+		ds.reset = untilReset(now, ds.m.Window)
+		ds.policy, ds.policyWindow = r.NameBytes(), ds.m.Window
+		if most := admitsAtMost(ds, r); ds.hits > most {
+			// More hits than the limit admits in one call: never admitted,
+			// so nothing is counted (SERVICE.md, "hits_addend"). Counting
+			// them would refuse every caller sharing the descriptor for the
+			// rest of the window on one call's word.
+			if most == 0 {
+				s.m.uncountedZero.Inc()
+			} else {
+				s.m.uncountedHits.Inc()
+			}
+			ds.over = !r.Shadow
+			if ds.over {
+				ds.retryAt = t + int64(ds.reset)
+			}
+			continue
+		}
 		v := s.core.DecideRule(now, rs, ds.m.Rule, sc.keys[ds.koff:ds.koff+ds.klen], ds.hits)
 		if v.Outcome == Undecidable {
 			s.core.Finish(v)
 			return errRulesChanged
 		}
-		ds.hasLimit = true
-		ds.reset = untilReset(now, ds.m.Window)
-		ds.policy, ds.policyWindow = r.NameBytes(), ds.m.Window
 		rpu := uint64(ds.m.RequestsPerUnit)
 		switch {
 		case ds.m.Answer == rules.DescriptorCounted:
@@ -462,6 +482,17 @@ func hitsOf(d *rlcommon.RateLimitDescriptor, req uint32) uint64 {
 		return h.GetValue()
 	}
 	return uint64(max(req, 1))
+}
+
+// admitsAtMost is the most hits one call to descriptor ds, counted by
+// rule r, can be admitted with whatever the count: the limit per window,
+// or for a token or leaky bucket its capacity. A limit of 0 admits none.
+func admitsAtMost(ds *rlsDesc, r *rules.Rule) uint64 {
+	if ds.m.Answer == rules.DescriptorCounted && r.Burst > 0 &&
+		(r.Algorithm == window.TokenBucketAlgorithm || r.Algorithm == window.LeakyBucketAlgorithm) {
+		return r.Burst
+	}
+	return uint64(ds.m.RequestsPerUnit)
 }
 
 // applyReplaces marks every descriptor whose limit another descriptor's
@@ -712,6 +743,7 @@ type rlsMetrics struct {
 	errEmptyDomain, errNoDescriptors, errNoConfig prometheus.Counter
 	errTooMany, errBadOverride, errPanic          prometheus.Counter
 	unknownDomain, globalShadow, rulesChanged     prometheus.Counter
+	uncountedHits, uncountedZero                  prometheus.Counter
 	duration                                      prometheus.Histogram
 }
 
@@ -720,9 +752,14 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
 		Help: "ShouldRateLimit answers, by overall code (ok, over_limit)."}, []string{"code"})
 	descs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "descriptors_total",
-		Help: "Descriptor statuses, by result (ok, over_limit: counted; no_limit, unlimited, replaced: not counted)."}, []string{"result"})
+		Help: "Descriptor statuses, by result (ok, over_limit: under a limit, over_limit including uncounted_total's; " +
+			"no_limit, unlimited, replaced: not counted)."}, []string{"result"})
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "errors_total",
 		Help: "ShouldRateLimit calls answered with a gRPC error, by reason."}, []string{"reason"})
+	uncounted := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "uncounted_total",
+		Help: "Descriptors answered over their limit without counting anything, by reason (hits_above_limit: one call's hits " +
+			"above what the limit admits in a window, or above a bucket's capacity; zero_limit: a limit of 0, which refuses every hit)."},
+		[]string{"reason"})
 	m := &rlsMetrics{
 		respOK: reqs.WithLabelValues("ok"), respOver: reqs.WithLabelValues("over_limit"),
 		descOK: descs.WithLabelValues("ok"), descOver: descs.WithLabelValues("over_limit"),
@@ -731,6 +768,7 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 		errEmptyDomain: errs.WithLabelValues("empty_domain"), errNoDescriptors: errs.WithLabelValues("no_descriptors"),
 		errNoConfig: errs.WithLabelValues("no_config"), errTooMany: errs.WithLabelValues("too_many_descriptors"),
 		errBadOverride: errs.WithLabelValues("bad_override"), errPanic: errs.WithLabelValues("panic"),
+		uncountedHits: uncounted.WithLabelValues("hits_above_limit"), uncountedZero: uncounted.WithLabelValues("zero_limit"),
 		unknownDomain: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "unknown_domain_total",
 			Help: "Requests to a domain no file names, answered OK (ratelimit's domain_not_found)."}),
 		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "global_shadow_mode_total",
@@ -744,7 +782,7 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{reqs, descs, errs, m.unknownDomain, m.globalShadow, m.rulesChanged, m.duration} {
+	for _, c := range []prometheus.Collector{reqs, descs, errs, uncounted, m.unknownDomain, m.globalShadow, m.rulesChanged, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("edge: rls metrics: %w", err)
 		}

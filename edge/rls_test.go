@@ -361,8 +361,8 @@ descriptors:
 	// Per descriptor, in one request.
 	resp := h.ask(t, "hits", 2, desc("k", "b"), withHits(desc("k", "c"), 0), withHits(desc("k", "d"), 11))
 	checkResp(t, "three descriptors", resp, over, lim(ok, 8), lim(ok, 10), lim(over, 0))
-	// A hit above the limit is refused, and counted.
-	checkResp(t, "after 11", h.ask(t, "hits", 0, withHits(desc("k", "d"), 0)), over, lim(over, 0))
+	// Hits above the limit in one call are refused and count nothing.
+	checkResp(t, "after 11", h.ask(t, "hits", 0, withHits(desc("k", "d"), 0)), ok, lim(ok, 10))
 }
 
 // TestRLSCheckOnly checks what a check-only descriptor (hits_addend 0)
@@ -565,7 +565,8 @@ descriptors:
 	})
 	t.Run("quota descriptor", func(t *testing.T) {
 		h := startRLS(t, files, edge.RLSConfig{}, edge.Options{})
-		checkResp(t, "quota over alone", h.ask(t, "g", 2, desc("q", "x")), over, st{code: over, rpu: 1, unit: minute, reset: 50})
+		checkResp(t, "quota within alone", h.ask(t, "g", 0, desc("q", "x")), ok, st{code: ok, rpu: 1, unit: minute, reset: 50})
+		checkResp(t, "quota over alone", h.ask(t, "g", 0, desc("q", "x")), over, st{code: over, rpu: 1, unit: minute, reset: 50})
 		checkResp(t, "quota over, another quota within", h.ask(t, "g", 0, desc("q", "x"), desc("q", "y")), ok,
 			st{code: over, rpu: 1, unit: minute, reset: 50}, st{code: ok, rpu: 1, unit: minute, reset: 50})
 		// Every quota descriptor over: over, whatever the others.
@@ -574,7 +575,8 @@ descriptors:
 	})
 	t.Run("global quota", func(t *testing.T) {
 		h := startRLS(t, files, edge.RLSConfig{QuotaMode: true}, edge.Options{})
-		checkResp(t, "one over, one within", h.ask(t, "g", 0, withHits(desc("a", "x"), 2), desc("a", "y")), ok,
+		checkResp(t, "one within", h.ask(t, "g", 0, desc("a", "x")), ok, st{code: ok, rpu: 1, unit: minute, reset: 50})
+		checkResp(t, "one over, one within", h.ask(t, "g", 0, desc("a", "x"), desc("a", "y")), ok,
 			st{code: over, rpu: 1, unit: minute, reset: 50}, st{code: ok, rpu: 1, unit: minute, reset: 50})
 		checkResp(t, "one over, one without a limit", h.ask(t, "g", 0, desc("a", "x"), desc("none", "y")), ok,
 			st{code: over, rpu: 1, unit: minute, reset: 50}, noLimit)
@@ -849,8 +851,10 @@ var syncFiles = map[string][]byte{"inline.yaml": []byte(strings.Replace(string(r
 // TestRLSHandlerDoesNotAllocate proves ShouldRateLimit allocates nothing
 // once its pool is warm, when its response is handed back as the gRPC
 // codec hands it back: two counted descriptors with the draft headers, a
-// refusal with Retry-After, an unknown domain. (In sync mode the Limiter's
-// store call adds its own: see BenchmarkRLSHandler/sync.)
+// refusal with Retry-After, a limit of 0, hits above the limit, an
+// unknown domain. (In
+// sync mode the Limiter's store call adds its own: see
+// BenchmarkRLSHandler/sync.)
 func TestRLSHandlerDoesNotAllocate(t *testing.T) {
 	if edgetest.Race {
 		t.Skip("the race detector makes sync.Pool drop items: allocation counts are checked without -race")
@@ -863,7 +867,10 @@ func TestRLSHandlerDoesNotAllocate(t *testing.T) {
 		code rlspb.RateLimitResponse_Code
 	}{
 		{"allowed", rlsBenchRequest(), ok},
-		{"refused", &rlspb.RateLimitRequest{Domain: "messaging", Descriptors: []*rlcommon.RateLimitDescriptor{desc("over", "x")}}, over},
+		// The warm-up call fills the limit; the measured ones are refused.
+		{"refused", &rlspb.RateLimitRequest{Domain: "messaging", Descriptors: []*rlcommon.RateLimitDescriptor{withHits(desc("to_number", "full"), 4000000000)}}, over},
+		{"limit 0", &rlspb.RateLimitRequest{Domain: "messaging", Descriptors: []*rlcommon.RateLimitDescriptor{desc("over", "x")}}, over},
+		{"hits above the limit", &rlspb.RateLimitRequest{Domain: "messaging", Descriptors: []*rlcommon.RateLimitDescriptor{withHits(desc("to_number", "y"), math.MaxUint64)}}, over},
 		{"unknown domain", &rlspb.RateLimitRequest{Domain: "nope", Descriptors: []*rlcommon.RateLimitDescriptor{desc("over", "x")}}, ok},
 	} {
 		var got rlspb.RateLimitResponse_Code
