@@ -8,18 +8,25 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
 )
 
 // addrServer is a Server with only what clientIP reads.
-func addrServer(t testing.TB, trusted string, f Forwarding, ipHeader string) *Server {
+func addrServer(t testing.TB, trusted string, f clientaddr.Forwarding, ipHeader string) *Server {
 	t.Helper()
-	p, err := ParsePrefixes(trusted)
+	p, err := clientaddr.ParsePrefixes(trusted)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Server{addr: newClientAddr(p, f, ipHeader)}
+	return &Server{addr: clientaddr.New(p, f, ipHeader)}
+}
+
+// clientIP is the client address the fasthttp front end resolves for ctx.
+func (s *Server) clientIP(ctx *fasthttp.RequestCtx, h *clientaddr.Hops) netip.Addr {
+	a, _ := s.client(ctx, h)
+	return a
 }
 
 // rawCtx parses a raw request head (lines joined by \n, CRLF added) as the
@@ -40,7 +47,7 @@ func TestClientIP(t *testing.T) {
 	const trusted = "10.0.0.0/8, 192.0.2.1, 2001:db8:ffff::/48"
 	tests := []struct {
 		name    string
-		fwd     Forwarding
+		fwd     clientaddr.Forwarding
 		peer    string
 		headers string // header lines, each ending in \n
 		want    string
@@ -73,37 +80,37 @@ func TestClientIP(t *testing.T) {
 		{"no header from trusted peer", "", "10.1.2.3", "", "10.1.2.3"},
 		{"Forwarded ignored under XFF", "", "10.1.2.3", "Forwarded: for=6.6.6.6\nX-Forwarded-For: 203.0.113.5\n", "203.0.113.5"},
 
-		{"Forwarded for=", Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5;proto=https\n", "203.0.113.5"},
-		{"XFF ignored under Forwarded", Forwarded, "10.1.2.3", "X-Forwarded-For: 6.6.6.6\nForwarded: for=203.0.113.5\n", "203.0.113.5"},
-		{"Forwarded elements", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6, for=203.0.113.5;by=10.0.0.1, for=10.3.3.3\n", "203.0.113.5"},
-		{"Forwarded lines", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6\nForwarded: For=\"203.0.113.5:4711\"\n", "203.0.113.5"},
-		{"Forwarded quoted ipv6 with port", Forwarded, "10.1.2.3", "Forwarded: for=\"[2001:db8:cafe::17]:4711\"\n", "2001:db8:cafe::17"},
-		{"Forwarded pairs in any order", Forwarded, "10.1.2.3", "Forwarded: proto=http; by=10.0.0.9; for=203.0.113.5\n", "203.0.113.5"},
-		{"Forwarded quoted comma does not split", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=9.9.9.9\", for=203.0.113.5\n", "203.0.113.5"},
-		{"Forwarded obfuscated stops", Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, for=_hidden, for=10.6.6.6\n", "10.6.6.6"},
-		{"Forwarded unknown stops", Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, for=unknown\n", "10.1.2.3"},
-		{"Forwarded element without for", Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, proto=https\n", "10.1.2.3"},
-		{"Forwarded escaped node", Forwarded, "10.1.2.3", "Forwarded: for=\"203.0.113.\\5\"\n", "10.1.2.3"},
-		{"Forwarded from untrusted peer", Forwarded, "198.51.100.9", "Forwarded: for=203.0.113.5\n", "198.51.100.9"},
+		{"Forwarded for=", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5;proto=https\n", "203.0.113.5"},
+		{"XFF ignored under Forwarded", clientaddr.Forwarded, "10.1.2.3", "X-Forwarded-For: 6.6.6.6\nForwarded: for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded elements", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6, for=203.0.113.5;by=10.0.0.1, for=10.3.3.3\n", "203.0.113.5"},
+		{"Forwarded lines", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6\nForwarded: For=\"203.0.113.5:4711\"\n", "203.0.113.5"},
+		{"Forwarded quoted ipv6 with port", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=\"[2001:db8:cafe::17]:4711\"\n", "2001:db8:cafe::17"},
+		{"Forwarded pairs in any order", clientaddr.Forwarded, "10.1.2.3", "Forwarded: proto=http; by=10.0.0.9; for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded quoted comma does not split", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=9.9.9.9\", for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded obfuscated stops", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, for=_hidden, for=10.6.6.6\n", "10.6.6.6"},
+		{"Forwarded unknown stops", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, for=unknown\n", "10.1.2.3"},
+		{"Forwarded element without for", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, proto=https\n", "10.1.2.3"},
+		{"Forwarded escaped node", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=\"203.0.113.\\5\"\n", "10.1.2.3"},
+		{"Forwarded from untrusted peer", clientaddr.Forwarded, "198.51.100.9", "Forwarded: for=203.0.113.5\n", "198.51.100.9"},
 		// A trusted proxy joins its element to the client's line
 		// ("$http_forwarded, for=$remote_addr"): a quote the client leaves
 		// open must not swallow the proxy's element.
-		{"Forwarded open quote before joined element", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=203.0.113.5\n", "203.0.113.5"},
-		{"Forwarded open quoted node before joined element", Forwarded, "10.1.2.3", "Forwarded: for=\"6.6.6.6, for=203.0.113.5\n", "203.0.113.5"},
-		{"Forwarded quote closed by the proxy's quote", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=\"[2001:db8::9]:80\"\n", "2001:db8::9"},
-		{"Forwarded escape at the client's end", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a\\, for=\"203.0.113.5\"\n", "203.0.113.5"},
-		{"Forwarded garbage after the pair", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6 junk, for=203.0.113.5\n", "203.0.113.5"},
-		{"Forwarded malformed element stops the walk", Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=10.8.8.8\n", "10.8.8.8"},
-		{"Forwarded pair named twice", Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, for=6.6.6.6;for=10.0.0.1, for=10.8.8.8\n", "10.8.8.8"},
-		{"Forwarded bare ipv6 node", Forwarded, "10.1.2.3", "Forwarded: for=2001:db8::5\n", "2001:db8::5"},
-		{"Forwarded empty pairs", Forwarded, "10.1.2.3", "Forwarded: ;for=203.0.113.5;;proto=https\n", "203.0.113.5"},
-		{"Forwarded empty client part joined", Forwarded, "10.1.2.3", "Forwarded: , for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded open quote before joined element", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded open quoted node before joined element", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=\"6.6.6.6, for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded quote closed by the proxy's quote", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=\"[2001:db8::9]:80\"\n", "2001:db8::9"},
+		{"Forwarded escape at the client's end", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a\\, for=\"203.0.113.5\"\n", "203.0.113.5"},
+		{"Forwarded garbage after the pair", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6 junk, for=203.0.113.5\n", "203.0.113.5"},
+		{"Forwarded malformed element stops the walk", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=6.6.6.6;x=\"a, for=10.8.8.8\n", "10.8.8.8"},
+		{"Forwarded pair named twice", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=203.0.113.5, for=6.6.6.6;for=10.0.0.1, for=10.8.8.8\n", "10.8.8.8"},
+		{"Forwarded bare ipv6 node", clientaddr.Forwarded, "10.1.2.3", "Forwarded: for=2001:db8::5\n", "2001:db8::5"},
+		{"Forwarded empty pairs", clientaddr.Forwarded, "10.1.2.3", "Forwarded: ;for=203.0.113.5;;proto=https\n", "203.0.113.5"},
+		{"Forwarded empty client part joined", clientaddr.Forwarded, "10.1.2.3", "Forwarded: , for=203.0.113.5\n", "203.0.113.5"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := addrServer(t, trusted, cmpOr(tt.fwd, XForwardedFor), "CF-Connecting-IP")
+			s := addrServer(t, trusted, cmpOr(tt.fwd, clientaddr.XForwardedFor), "CF-Connecting-IP")
 			ctx := rawCtx(t, tt.peer, "GET / HTTP/1.1\nHost: x\n"+tt.headers+"\n")
-			var h Hops
+			var h clientaddr.Hops
 			if got := s.clientIP(ctx, &h).String(); got != tt.want {
 				t.Errorf("clientIP = %s, want %s", got, tt.want)
 			}
@@ -111,7 +118,7 @@ func TestClientIP(t *testing.T) {
 	}
 }
 
-func cmpOr(f, def Forwarding) Forwarding {
+func cmpOr(f, def clientaddr.Forwarding) clientaddr.Forwarding {
 	if f == "" {
 		return def
 	}
@@ -125,13 +132,13 @@ func cmpOr(f, def Forwarding) Forwarding {
 // (CF-Connecting-IP) is checked through the same path. Such a request is
 // keyed by its peer: the trusted proxy, never an address it chose.
 func TestClientIPIgnoresTrailers(t *testing.T) {
-	s := addrServer(t, "10.0.0.0/8", XForwardedFor, "CF-Connecting-IP")
+	s := addrServer(t, "10.0.0.0/8", clientaddr.XForwardedFor, "CF-Connecting-IP")
 	for _, tt := range []struct{ name, raw, want string }{
 		{"trailer line", "POST / HTTP/1.1\nHost: x\nTransfer-Encoding: chunked\nX-Forwarded-For: 203.0.113.5\n\n0\nCF-Connecting-IP: 6.6.6.6\n\n", "10.1.2.3"},
 		{"announced", "POST / HTTP/1.1\nHost: x\nTrailer: CF-Connecting-IP\nTransfer-Encoding: chunked\nCF-Connecting-IP: 203.0.113.5\n\n0\nCF-Connecting-IP: 6.6.6.6\n\n", "10.1.2.3"},
 	} {
 		ctx := rawCtx(t, "10.1.2.3", tt.raw)
-		var h Hops
+		var h clientaddr.Hops
 		if got := s.clientIP(ctx, &h).String(); got != tt.want {
 			t.Errorf("%s: clientIP = %s, want %s", tt.name, got, tt.want)
 		}
@@ -140,14 +147,14 @@ func TestClientIPIgnoresTrailers(t *testing.T) {
 
 // A chain longer than the hops kept is walked over its rightmost ones.
 func TestClientIPLongChain(t *testing.T) {
-	s := addrServer(t, "10.0.0.0/8", XForwardedFor, "")
+	s := addrServer(t, "10.0.0.0/8", clientaddr.XForwardedFor, "")
 	var b strings.Builder
 	b.WriteString("GET / HTTP/1.1\nHost: x\nX-Forwarded-For: 203.0.113.5")
 	for i := 0; i < 300; i++ {
 		b.WriteString(", 6.6.6.6")
 	}
 	b.WriteString("\nX-Forwarded-For: 198.51.100.1, 10.0.0.2\n\n")
-	var h Hops
+	var h clientaddr.Hops
 	if got := s.clientIP(rawCtx(t, "10.1.2.3", b.String()), &h).String(); got != "198.51.100.1" {
 		t.Errorf("clientIP = %s, want 198.51.100.1", got)
 	}
@@ -232,10 +239,10 @@ func FuzzClientIP(f *testing.F) {
 		if strings.ContainsAny(forged+cf, "\r\n\x00") {
 			return // not one header line
 		}
-		forwarding, name := XForwardedFor, "X-Forwarded-For"
+		forwarding, name := clientaddr.XForwardedFor, "X-Forwarded-For"
 		real := "203.0.113.77"
 		if fwd {
-			forwarding, name, real = Forwarded, "Forwarded", "for=203.0.113.77"
+			forwarding, name, real = clientaddr.Forwarded, "Forwarded", "for=203.0.113.77"
 		}
 		fwdLines := name + ": " + forged + "\n" + name + ": " + real + "\n"
 		if joined {
@@ -246,7 +253,7 @@ func FuzzClientIP(f *testing.F) {
 		if err := req.Read(bufio.NewReader(strings.NewReader(strings.ReplaceAll(head, "\n", "\r\n")))); err != nil {
 			return // fasthttp refuses the request before any key is chosen
 		}
-		var h Hops
+		var h clientaddr.Hops
 		for _, peer := range []string{"198.51.100.9", "10.1.2.3"} {
 			var ctx fasthttp.RequestCtx
 			ctx.Init(&req, &net.TCPAddr{IP: net.ParseIP(peer), Port: 1}, nil)
@@ -267,14 +274,14 @@ func TestClientIPDoesNotAllocate(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are checked without -race")
 	}
-	for _, f := range []Forwarding{XForwardedFor, Forwarded} {
+	for _, f := range []clientaddr.Forwarding{clientaddr.XForwardedFor, clientaddr.Forwarded} {
 		s := addrServer(t, "10.0.0.0/8", f, "CF-Connecting-IP")
 		name, v, proxy := "X-Forwarded-For", "6.6.6.6, 203.0.113.5", "10.0.0.7"
-		if f == Forwarded {
+		if f == clientaddr.Forwarded {
 			name, v, proxy = "Forwarded", `for=6.6.6.6, for="[2001:db8::5]:80";proto=https`, "for=10.0.0.7"
 		}
 		ctx := rawCtx(t, "10.1.2.3", "GET / HTTP/1.1\nHost: x\nCookie: a=b\n"+name+": "+v+"\n"+name+": "+proxy+"\n\n")
-		var h Hops
+		var h clientaddr.Hops
 		want := s.clientIP(ctx, &h)
 		if !want.IsValid() || want.String() == "10.1.2.3" {
 			t.Fatalf("%s: clientIP = %s, want the client's", f, want)
@@ -286,34 +293,11 @@ func TestClientIPDoesNotAllocate(t *testing.T) {
 }
 
 func BenchmarkClientIP(b *testing.B) {
-	s := addrServer(b, "10.0.0.0/8", XForwardedFor, "")
+	s := addrServer(b, "10.0.0.0/8", clientaddr.XForwardedFor, "")
 	ctx := rawCtx(b, "10.1.2.3", "GET / HTTP/1.1\nHost: x\nUser-Agent: wrk\nAccept: */*\nX-Forwarded-For: 203.0.113.5, 10.0.0.9\n\n")
-	var h Hops
+	var h clientaddr.Hops
 	b.ReportAllocs()
 	for b.Loop() {
 		s.clientIP(ctx, &h)
 	}
-}
-
-// FuzzParsePrefixes: a trusted-proxy list is parsed or refused naming the
-// bad entry, never a panic; every accepted prefix is masked, and a bare
-// address is its own /32 or /128.
-func FuzzParsePrefixes(f *testing.F) {
-	for _, s := range []string{"10.0.0.0/8, 192.0.2.1", "::ffff:10.0.0.1", "2001:db8::/33", "10.0.0.1/33", ",,", "x/8", "10.0.0.0/08", "fe80::1%eth0"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		ps, err := ParsePrefixes(s)
-		if err != nil {
-			if !strings.Contains(err.Error(), "trusted proxy") {
-				t.Fatalf("error %q does not name the field", err)
-			}
-			return
-		}
-		for _, p := range ps {
-			if !p.IsValid() || p != p.Masked() {
-				t.Fatalf("%q: accepted %v, not a masked prefix", s, p)
-			}
-		}
-	})
 }

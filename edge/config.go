@@ -3,6 +3,7 @@ package edge
 import (
 	"errors"
 	"fmt"
+	"github.com/poplimit/poplimit/clientaddr"
 	"net/netip"
 	"strings"
 	"time"
@@ -78,7 +79,7 @@ type Config struct {
 	// Forwarding is the header trusted proxies append their hops to:
 	// XForwardedFor or Forwarded (RFC 7239). Only that one is read; every
 	// line of it counts, walked from the right through trusted hops.
-	Forwarding Forwarding // default XForwardedFor
+	Forwarding clientaddr.Forwarding // default clientaddr.XForwardedFor
 	// ForwardedMethodHeader, when set (e.g. "X-Forwarded-Method"), is
 	// believed from a trusted proxy in Decision mode as the request's
 	// method: Caddy's forward_auth asks with GET whatever the request's
@@ -163,7 +164,7 @@ func (c *Config) setDefaults() {
 		c.Mode = Decision
 	}
 	if c.Forwarding == "" {
-		c.Forwarding = XForwardedFor
+		c.Forwarding = clientaddr.XForwardedFor
 	}
 	if c.UpstreamTimeout == 0 {
 		c.UpstreamTimeout = 10 * time.Second
@@ -244,7 +245,7 @@ func (c Config) Validate() error {
 	}
 	c.validateUpstream(bad)
 	switch c.Forwarding {
-	case "", XForwardedFor, Forwarded:
+	case "", clientaddr.XForwardedFor, clientaddr.Forwarded:
 	default:
 		bad("Forwarding", fmt.Sprintf("%q", c.Forwarding), `must be "x-forwarded-for" or "forwarded"`)
 	}
@@ -313,33 +314,4 @@ func (c Config) validateUpstream(bad func(field string, value any, reason string
 	if h := c.UpstreamIdempotencyHeader; h != "" && h != "-" && !rules.IsToken(h) {
 		bad("UpstreamIdempotencyHeader", fmt.Sprintf("%q", h), `is not a header name (or "-")`)
 	}
-}
-
-// ParsePrefixes parses a comma-separated list of CIDRs or bare addresses.
-func ParsePrefixes(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	var errs []error
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		if !strings.Contains(f, "/") {
-			a, err := netip.ParseAddr(f)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("edge: trusted proxy %q: %w", f, err))
-				continue
-			}
-			a = a.Unmap()
-			out = append(out, netip.PrefixFrom(a, a.BitLen()))
-			continue
-		}
-		p, err := netip.ParsePrefix(f)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("edge: trusted proxy %q: %w", f, err))
-			continue
-		}
-		out = append(out, p.Masked())
-	}
-	return out, errors.Join(errs...)
 }

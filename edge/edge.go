@@ -22,6 +22,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/poplimit/poplimit/blockcache"
+	"github.com/poplimit/poplimit/memcachestore"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/rules"
@@ -209,7 +210,7 @@ func Build(o Options) (e *Edge, err error) {
 			return e, err
 		}
 		e.closers = append(e.closers, func(context.Context) error { e.memcache.Close(); return nil })
-		ms, err := NewMemcacheStore(e.memcache, reg)
+		ms, err := memcachestore.New(e.memcache, reg)
 		if err != nil {
 			return e, err
 		}

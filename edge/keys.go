@@ -1,53 +1,47 @@
 package edge
 
 import (
-	"bytes"
 	"encoding/binary"
 	"net"
 	"net/netip"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
 )
 
-// clientIP returns the client's address (see clientAddr): the TCP peer, or,
-// when the peer is a trusted proxy, what the proxies say in every line of
-// the configured forwarding header, read from the header section only (a
-// client writes the trailers, and a request that announces a forwarding
-// header as a trailer is keyed by its peer). It does not allocate.
-func (s *Server) clientIP(ctx *fasthttp.RequestCtx, h *Hops) netip.Addr {
-	a, _ := s.client(ctx, h)
-	return a
-}
-
-// client returns the client's address (see clientIP) and whether the TCP
-// peer is a trusted proxy.
-func (s *Server) client(ctx *fasthttp.RequestCtx, h *Hops) (netip.Addr, bool) {
+// client returns the client's address (see clientaddr.Resolver): the TCP
+// peer, or, when the peer is a trusted proxy, what the proxies say in
+// every line of the configured forwarding header, read from the header
+// section only (a client writes the trailers, and a request that
+// announces a forwarding header as a trailer is keyed by its peer); and
+// whether the TCP peer is a trusted proxy. It does not allocate.
+func (s *Server) client(ctx *fasthttp.RequestCtx, h *clientaddr.Hops) (netip.Addr, bool) {
 	peer := peerAddr(ctx)
-	if !s.addr.isTrusted(peer) {
+	if !s.addr.Trusted(peer) {
 		return peer, false
 	}
 	return s.fromProxies(ctx, peer, h), true
 }
 
-func (s *Server) fromProxies(ctx *fasthttp.RequestCtx, peer netip.Addr, h *Hops) netip.Addr {
-	a := &s.addr
+func (s *Server) fromProxies(ctx *fasthttp.RequestCtx, peer netip.Addr, h *clientaddr.Hops) netip.Addr {
+	r := s.addr
 	for k := range ctx.Request.Header.Trailers() {
-		if a.isAddressHeader(k) {
+		if r.Classify(k) != clientaddr.Other {
 			return peer
 		}
 	}
 	h.Reset()
 	var ipHeader []byte
 	for k, v := range ctx.Request.Header.All() {
-		switch {
-		case bytes.EqualFold(k, a.fwdName):
-			h.AddLine(a.forwarding, v)
-		case len(a.ipHeader) > 0 && bytes.EqualFold(k, a.ipHeader):
+		switch r.Classify(k) {
+		case clientaddr.ForwardingLine:
+			h.AddLine(r.Forwarding(), v)
+		case clientaddr.ClientIPLine:
 			ipHeader = v
 		}
 	}
-	return s.addr.resolve(peer, ipHeader, h)
+	return r.Resolve(peer, ipHeader, h)
 }
 
 func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/edge"
 )
 
@@ -136,7 +137,7 @@ rules:
 // IPv4 address, not as the translator's shared /64.
 func TestTranslatedClientsKeyApart(t *testing.T) {
 	var cfg edge.Config
-	cfg.TrustedProxies, _ = edge.ParsePrefixes("127.0.0.0/8")
+	cfg.TrustedProxies, _ = clientaddr.ParsePrefixes("127.0.0.0/8")
 	e := startEdge(t, edgeOpts{cfg: cfg, rules: "rules: [{name: per-client, limit: 1, window: 1m}]"})
 	for _, tc := range []struct {
 		xff  string

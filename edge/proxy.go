@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
 )
@@ -83,7 +84,7 @@ const maxConnectionTokens = 64
 
 // proxyScratch is one proxied request's working space, pooled.
 type proxyScratch struct {
-	hops          Hops
+	hops          clientaddr.Hops
 	filter        fieldFilter
 	names, values []byte      // the header's lines, copied out of it by rewrite
 	lines         []fieldLine // and where each ends in names and values
@@ -282,7 +283,7 @@ func (s *Server) rewriteRequest(ctx *fasthttp.RequestCtx, ps *proxyScratch) bool
 	if !keepHost {
 		f.also(hXForwardedHost)
 	}
-	fwd := s.cfg.Forwarding == Forwarded
+	fwd := s.cfg.Forwarding == clientaddr.Forwarded
 	if fwd || !trusted {
 		f.also(hForwarded)
 	}

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/internal/testenv"
@@ -303,7 +304,7 @@ func TestProxyForwardingFields(t *testing.T) {
 	tests := []struct {
 		name    string
 		trusted []netip.Prefix
-		fwd     edge.Forwarding
+		fwd     clientaddr.Forwarding
 		ipHdr   string
 		sent    string // header lines sent, each ending in \r\n
 		want    map[string]string
@@ -325,14 +326,14 @@ func TestProxyForwardingFields(t *testing.T) {
 		{"trusted proxy's client IP header kept and used", loopback, "", "CF-Connecting-IP",
 			"CF-Connecting-IP: 2001:db8::7\r\nX-Forwarded-For: 198.51.100.1\r\n",
 			map[string]string{"X-Forwarded-For": "198.51.100.1, 127.0.0.1", "CF-Connecting-IP": "2001:db8::7"}},
-		{"Forwarded appended for a trusted proxy", loopback, edge.Forwarded, "",
+		{"Forwarded appended for a trusted proxy", loopback, clientaddr.Forwarded, "",
 			"Forwarded: for=203.0.113.5;proto=https\r\n",
 			map[string]string{"Forwarded": `for=203.0.113.5;proto=https, for=127.0.0.1;host="app.example";proto=http`,
 				"X-Forwarded-For": "127.0.0.1"}},
-		{"Forwarded replaced for an untrusted client", nil, edge.Forwarded, "",
+		{"Forwarded replaced for an untrusted client", nil, clientaddr.Forwarded, "",
 			"Forwarded: for=6.6.6.6\r\n",
 			map[string]string{"Forwarded": `for=127.0.0.1;host="app.example";proto=http`, "X-Forwarded-For": "127.0.0.1"}},
-		{"IPv6 client in Forwarded", loopback, edge.Forwarded, "",
+		{"IPv6 client in Forwarded", loopback, clientaddr.Forwarded, "",
 			"Forwarded: for=\"[2001:db8::1]:4711\"\r\n",
 			map[string]string{"Forwarded": `for="[2001:db8::1]:4711", for=127.0.0.1;host="app.example";proto=http`,
 				"X-Forwarded-For": "127.0.0.1"}},

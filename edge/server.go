@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/rules/envoyconf"
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,7 +43,7 @@ type Server struct {
 	deps Deps
 	log  *slog.Logger
 	m    *serverMetrics
-	addr clientAddr
+	addr *clientaddr.Resolver
 
 	// reloadMu serializes reloads.
 	reloadMu sync.Mutex
@@ -61,7 +62,7 @@ type Server struct {
 // scratch is per-request working space of the front end, pooled.
 type scratch struct {
 	buf  []byte
-	hops Hops
+	hops clientaddr.Hops
 	v    Verdict // the request's, decided into (one pool for both)
 }
 
@@ -79,7 +80,7 @@ func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
 		deps.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, core: core, deps: deps, log: deps.Logger,
-		addr: newClientAddr(cfg.TrustedProxies, cfg.Forwarding, cfg.ClientIPHeader)}
+		addr: clientaddr.New(cfg.TrustedProxies, cfg.Forwarding, cfg.ClientIPHeader)}
 	s.scratch.New = func() any { return &scratch{buf: make([]byte, 0, 512)} }
 	var err error
 	if s.m, err = newServerMetrics(deps.Registerer, s); err != nil {
@@ -88,7 +89,7 @@ func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
 	if s.rm, err = newReadMetrics(deps.Registerer); err != nil {
 		return nil, err
 	}
-	if s.conns, err = newConnLimiter(cfg.MaxConnsPerClient, s.addr.isTrusted, s.log, deps.Registerer); err != nil {
+	if s.conns, err = newConnLimiter(cfg.MaxConnsPerClient, s.addr.Trusted, s.log, deps.Registerer); err != nil {
 		return nil, err
 	}
 	s.warn(core.Rules())

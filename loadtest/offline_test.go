@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/rules"
 
@@ -239,7 +240,7 @@ rules:
 func startEdge(t *testing.T, rulesYAML string) string {
 	t.Helper()
 	var o edge.Options
-	o.Server.TrustedProxies, _ = edge.ParsePrefixes("127.0.0.0/8")
+	o.Server.TrustedProxies, _ = clientaddr.ParsePrefixes("127.0.0.0/8")
 	o.Limiter.FlushInterval = 2 * time.Millisecond
 	o.BlockCache.MaxEntries = 1 << 14
 	return edgetest.Start(t, rulesYAML, o).Addr()

@@ -33,6 +33,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/edge"
 	"github.com/valyala/fasthttp"
 )
@@ -45,7 +46,8 @@ func FastHTTP(e *edge.Edge, next fasthttp.RequestHandler) fasthttp.RequestHandle
 // NetHTTP returns net/http middleware deciding every request by e's rules
 // before the wrapped handler sees it.
 func NetHTTP(e *edge.Edge) func(http.Handler) http.Handler {
-	m := &netHTTP{e: e, jitter: e.Options.Server.RetryJitter}
+	o := &e.Options.Server
+	m := &netHTTP{e: e, jitter: o.RetryJitter, addr: clientaddr.New(o.TrustedProxies, o.Forwarding, o.ClientIPHeader)}
 	m.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
@@ -54,13 +56,14 @@ func NetHTTP(e *edge.Edge) func(http.Handler) http.Handler {
 
 type netHTTP struct {
 	e      *edge.Edge
+	addr   *clientaddr.Resolver
 	jitter time.Duration
 	pool   sync.Pool // *scratch
 	canon  sync.Map  // header name → its canonical form
 }
 
 type scratch struct {
-	hops edge.Hops
+	hops clientaddr.Hops
 	buf  []byte
 	f    fields
 }
@@ -72,7 +75,7 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	sc.f = fields{m, r}
 	defer func() { sc.f = fields{} }()
 	req := edge.Request{Host: edge.HostOnly(bytesOf(r.Host)), Method: bytesOf(r.Method), Path: bytesOf(r.URL.Path),
-		Addr: m.e.Server.ClientAddr(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: time.Now(), Tracked: true}
+		Addr: m.addr.FromHeader(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: time.Now(), Tracked: true}
 	v := m.e.Core.Decide(&req)
 	defer m.e.Core.Finish(v)
 	t := req.Now.UnixNano()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/internal/testenv"
@@ -44,7 +45,7 @@ func do(h http.Handler, method, target, remote string, hdr ...string) *httptest.
 // keys from headers, query parameters and cookies; trusted proxies' hops.
 func TestNetHTTP(t *testing.T) {
 	var o edge.Options
-	o.Server.TrustedProxies, _ = edge.ParsePrefixes("10.0.0.0/8")
+	o.Server.TrustedProxies, _ = clientaddr.ParsePrefixes("10.0.0.0/8")
 	h := newMiddleware(t, testRules, o)
 	for i, want := range []int{200, 200, 200, 429} {
 		w := do(h, "GET", "http://example.com/x", "192.0.2.1:1234")

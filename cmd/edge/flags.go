@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/internal/kafkaauth"
 	"github.com/poplimit/poplimit/redisstore"
@@ -42,10 +43,10 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.StringVar(&c.OverridesFile, "overrides", "", "key → tier overrides YAML file")
 	fs.IntVar(&c.EdgeID, "edge-id", c.EdgeID, "this edge's id in decision events (0-65535)")
 	fs.Func("trusted-proxies", "comma-separated CIDRs whose forwarding headers are believed", func(s string) (err error) {
-		c.TrustedProxies, err = edge.ParsePrefixes(s)
+		c.TrustedProxies, err = clientaddr.ParsePrefixes(s)
 		return err
 	})
-	fs.Var(textVar[edge.Forwarding]{&c.Forwarding}, "forwarded-header", `header trusted proxies append client hops to: "x-forwarded-for" or "forwarded" (RFC 7239); every line counts`)
+	fs.Var(textVar[clientaddr.Forwarding]{&c.Forwarding}, "forwarded-header", `header trusted proxies append client hops to: "x-forwarded-for" or "forwarded" (RFC 7239); every line counts`)
 	fs.StringVar(&c.ForwardedMethodHeader, "forwarded-method-header", "", "header a trusted proxy sets to the request's method in decision mode (e.g. X-Forwarded-Method, for Caddy's forward_auth)")
 	fs.StringVar(&c.ClientIPHeader, "client-ip-header", "", "header a trusted proxy sets to the client IP (e.g. CF-Connecting-IP)")
 	fs.StringVar(&c.CheckPrefix, "check-prefix", c.CheckPrefix, "path prefix stripped from checks in decision mode")

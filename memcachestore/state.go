@@ -1,4 +1,4 @@
-package edge
+package memcachestore
 
 import (
 	"context"
@@ -12,48 +12,39 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-var _ window.StateStore = (*MemcacheStore)(nil)
+var _ window.StateStore = (*Store)(nil)
 
 // ErrContention is wrapped by the error of a window.StateOp that
-// MemcacheStore.DoState gave up on: its compare-and-swap lost to other
+// Store.DoState gave up on: its compare-and-swap lost to other
 // writers of the same key StateRounds times in a row. The state is
 // unchanged by the op; the caller falls back as for any store failure.
-var ErrContention = errors.New("edge: memcached state: compare-and-swap lost to other writers")
+var ErrContention = errors.New("memcachestore: state: compare-and-swap lost to other writers")
 
-// StateRounds is the most gets-then-cas rounds MemcacheStore.DoState runs
-// for one op, the first included: an op whose cas (or add) loses to
-// another writer is read again and retried at once, with no wait, and
-// fails with ErrContention after the 16th loss.
-//
-// Every round that an op loses, another writer of its key won (memcached's
-// cas lets exactly one writer of one version through), and the limiter
-// sends at most one operation per key at a time from each edge (sync
-// decisions of one key take turns; the flusher sends one per key). But the
-// winner's edge starts its next op of the key at once, so against another
-// edge's stream of them each round is a race the op may lose again: with
-// 8 rounds, one of 60 concurrent decisions of one key dealt over two edges
-// fell back in 1 of 23 bursts (TestSharedBucketBurstThroughTwoEdges);
-// 16 rounds make losing them all to one other edge a chance of 2^-16 per
-// op. Beyond that failing fast (one op's worth of fallback) is better than
-// spinning. Each round is two round trips (DoValues calls,
-// each within the client's BatchTimeout and ctx), so a call is at most
-// 2·StateRounds of them; and since a failure or a timeout ends an op at
-// once, never retried, a call waits out at most one BatchTimeout per
-// shard that stops answering during it, the other round trips being
-// answers.
+// StateRounds is the most gets-then-cas rounds Store.DoState runs for one
+// op, the first included: an op whose cas (or add) loses to another writer
+// is read again and retried at once, with no wait, and fails with
+// ErrContention after the last loss. Every lost round is a round another
+// writer of the key won, and each edge sends at most one op per key at a
+// time, so losing them all needs another edge to win every round of one
+// op; past that, failing fast (one op's worth of fallback) is better than
+// spinning. Each round is two round trips, each bounded by the client's
+// BatchTimeout and ctx, and a failed or timed-out round trip ends the op,
+// so a call waits out at most one BatchTimeout per shard that stops
+// answering during it. docs/DESIGN.md states this number; a test holds
+// the two together.
 const StateRounds = 16
 
 // errContention is the error of an op that lost every round.
 var errContention = fmt.Errorf("%w (%d rounds)", ErrContention, StateRounds)
 
-// NewMemcacheStore returns a MemcacheStore over c whose DoState counts its
+// New returns a Store over c whose DoState counts its
 // outcomes in poplimit_state_ops_total{store="memcached"} and
 // poplimit_state_cas_retries_total on reg (none when reg is nil). Metrics
 // already registered on reg by another store are shared with it. A
-// MemcacheStore made without it, &MemcacheStore{Client: c}, works the same
+// Store made without it, &Store{Client: c}, works the same
 // and counts in metrics of its own that no registry gathers.
-func NewMemcacheStore(c *shardproxy.Client, reg prometheus.Registerer) (*MemcacheStore, error) {
-	m := &MemcacheStore{Client: c}
+func New(c *shardproxy.Client, reg prometheus.Registerer) (*Store, error) {
+	m := &Store{Client: c}
 	if reg == nil {
 		return m, nil
 	}
@@ -81,7 +72,7 @@ func NewMemcacheStore(c *shardproxy.Client, reg prometheus.Registerer) (*Memcach
 //
 // The state of an op is the value shardproxy.AppendValueKey(StateKey(op))
 // on its shard, kept for the TTL Apply gives.
-func (m *MemcacheStore) DoState(ctx context.Context, ops []window.StateOp) {
+func (m *Store) DoState(ctx context.Context, ops []window.StateOp) {
 	if len(ops) == 0 {
 		return
 	}
@@ -96,7 +87,7 @@ func (m *MemcacheStore) DoState(ctx context.Context, ops []window.StateOp) {
 		}
 		if round > 1 {
 			if err := ctx.Err(); err != nil {
-				c.failPending(ops, fmt.Errorf("edge: memcached state: %w", err))
+				c.failPending(ops, fmt.Errorf("memcachestore: state: %w", err))
 				break
 			}
 			sm.retries.Add(float64(len(c.pending)))
@@ -396,17 +387,14 @@ func registerOrShare[C prometheus.Collector](reg prometheus.Registerer, col C) (
 			return ex, nil
 		}
 	}
-	return col, fmt.Errorf("edge: memcached state metrics: %w", err)
+	return col, fmt.Errorf("memcachestore: state metrics: %w", err)
 }
 
-// The metrics of MemcacheStores made by NewMemcacheStore, by store, until
-// the store is collected; the others count in unregisteredStateMetrics.
-// (MemcacheStore, in store.go, could hold them in a field instead.)
-// unregistered counts the state ops of stores made without NewMemcacheStore.
+// unregistered counts the state ops of stores made without New.
 var unregistered, _ = newStateMetrics(nil)
 
 // stateMetrics returns m's metrics.
-func (m *MemcacheStore) stateMetrics() *stateMetrics {
+func (m *Store) stateMetrics() *stateMetrics {
 	if m.metrics != nil {
 		return m.metrics
 	}

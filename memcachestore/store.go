@@ -1,4 +1,4 @@
-package edge
+package memcachestore
 
 import (
 	"context"
@@ -8,16 +8,18 @@ import (
 	"github.com/poplimit/poplimit/window"
 )
 
-// MemcacheStore adapts a shardproxy.Client to window.Store: the edge is
-// where the two packages meet, so neither imports the other.
-type MemcacheStore struct {
+// Store is a window.Store, window.StateStore and window.Placer over the
+// memcached shards of a shardproxy.Client. The zero value with Client set
+// works; New also registers its metrics. Its methods are safe for
+// concurrent use.
+type Store struct {
 	Client  *shardproxy.Client
 	ops     sync.Pool     // *[]shardproxy.Op
-	metrics *stateMetrics // nil: counted unregistered (NewMemcacheStore registers them)
+	metrics *stateMetrics // nil: counted unregistered (NewStore registers them)
 }
 
 // Do performs ops on the memcached shards.
-func (m *MemcacheStore) Do(ctx context.Context, ops []window.Op) {
+func (m *Store) Do(ctx context.Context, ops []window.Op) {
 	p, _ := m.ops.Get().(*[]shardproxy.Op)
 	if p == nil {
 		p = new([]shardproxy.Op)
@@ -38,10 +40,10 @@ func (m *MemcacheStore) Do(ctx context.Context, ops []window.Op) {
 // Parts is the number of memcached shards (window.Placer): each fails on
 // its own, so sync decisions share a store call only with others of the
 // same shard.
-func (m *MemcacheStore) Parts() int { return m.Client.Shards() }
+func (m *Store) Parts() int { return m.Client.Shards() }
 
 // Place is the shard of key's counters now (window.Placer).
-func (m *MemcacheStore) Place(key uint64) int { return m.Client.Shard(key) }
+func (m *Store) Place(key uint64) int { return m.Client.Shard(key) }
 
 // Healthy reports whether any shard is in the ring.
-func (m *MemcacheStore) Healthy() bool { return m.Client.Healthy() }
+func (m *Store) Healthy() bool { return m.Client.Healthy() }

@@ -1,4 +1,4 @@
-package edge_test
+package memcachestore_test
 
 import (
 	"bytes"
@@ -10,17 +10,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/memcachestore"
 	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/window"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// These tests run MemcacheStore.DoState against real memcached shards
+// These tests run Store.DoState against real memcached shards
 // (internal/testenv), several edges (a shardproxy.Client and a
-// MemcacheStore each) sharing them, as the edges of a PoP do.
+// Store each) sharing them, as the edges of a PoP do.
 
 // stateTimeout is the Timeout of clients in tests that are not about
 // timeouts: long enough for a loaded machine and the race detector.
@@ -43,11 +43,11 @@ func stateClient(t testing.TB, addrs []string, timeout time.Duration) *shardprox
 
 // stateEdges returns n stores, each over a client of its own to addrs,
 // counting in reg (when not nil).
-func stateEdges(t testing.TB, n int, addrs []string, reg prometheus.Registerer) []*edge.MemcacheStore {
+func stateEdges(t testing.TB, n int, addrs []string, reg prometheus.Registerer) []*memcachestore.Store {
 	t.Helper()
-	stores := make([]*edge.MemcacheStore, n)
+	stores := make([]*memcachestore.Store, n)
 	for i := range stores {
-		s, err := edge.NewMemcacheStore(stateClient(t, addrs, stateTimeout), reg)
+		s, err := memcachestore.New(stateClient(t, addrs, stateTimeout), reg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +68,7 @@ type admission struct {
 // each, as fast as it can (a millisecond apart) for d of real time, and
 // returns the admitted ops sorted by instant, the attempts, and the ops
 // that failed (none is admitted).
-func runEdges(t *testing.T, stores []*edge.MemcacheStore, d time.Duration, mk func(now int64) window.StateOp) (admitted []admission, attempts, failed int) {
+func runEdges(t *testing.T, stores []*memcachestore.Store, d time.Duration, mk func(now int64) window.StateOp) (admitted []admission, attempts, failed int) {
 	t.Helper()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -86,7 +86,7 @@ func runEdges(t *testing.T, stores []*edge.MemcacheStore, d time.Duration, mk fu
 				switch {
 				case op.Err != nil:
 					failed++
-					if !errors.Is(op.Err, edge.ErrContention) {
+					if !errors.Is(op.Err, memcachestore.ErrContention) {
 						t.Errorf("op at %d: %v", now, op.Err)
 					}
 					if op.Allowed {
@@ -340,7 +340,7 @@ func TestStateContention(t *testing.T) {
 				switch err := ops[0].Err; {
 				case err == nil:
 					ok++
-				case errors.Is(err, edge.ErrContention):
+				case errors.Is(err, memcachestore.ErrContention):
 					contention++
 				default:
 					t.Errorf("op: %v, want nil or ErrContention", err)
@@ -357,7 +357,7 @@ func TestStateContention(t *testing.T) {
 		t.Fatal("ops on a contended key still running after 60s")
 	}
 	end := time.Now()
-	if limit := 2 * edge.StateRounds * stateTimeout; slowest > limit {
+	if limit := 2 * memcachestore.StateRounds * stateTimeout; slowest > limit {
 		t.Errorf("slowest op took %v, more than %v", slowest, limit)
 	}
 	if ok+contention != goroutines*each || ok == 0 {
@@ -393,7 +393,7 @@ func TestStateBadValue(t *testing.T) {
 	_, addrs := testenv.Shards(t, 3)
 	reg := prometheus.NewRegistry()
 	c := stateClient(t, addrs, stateTimeout)
-	s, err := edge.NewMemcacheStore(c, reg)
+	s, err := memcachestore.New(c, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +413,7 @@ func TestStateBadValue(t *testing.T) {
 		{"log unconditional", window.StateOp{Kind: window.StateLog, Key: 5, Log: sl, Now: now, N: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			skey := edge.StateKey(&tc.op)
+			skey := memcachestore.StateKey(&tc.op)
 			if err := c.Add(ctx, skey, garbage, time.Minute); err != nil {
 				t.Fatal(err)
 			}
@@ -460,7 +460,7 @@ func TestStateDeadMemcached(t *testing.T) {
 	p := testenv.Memcached(t)
 	const timeout = 200 * time.Millisecond
 	reg := prometheus.NewRegistry()
-	s, err := edge.NewMemcacheStore(stateClient(t, []string{p.Addr}, timeout), reg)
+	s, err := memcachestore.New(stateClient(t, []string{p.Addr}, timeout), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +513,7 @@ func TestStateHungMemcached(t *testing.T) {
 	relay := testenv.NewRelay(t, addrs[1])
 	const timeout = 200 * time.Millisecond
 	c := stateClient(t, []string{addrs[0], relay.Addr}, timeout)
-	s := &edge.MemcacheStore{Client: c}
+	s := &memcachestore.Store{Client: c}
 	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
 	ops := make([]window.StateOp, 20)
 	keys := make([]uint64, len(ops))
@@ -532,7 +532,7 @@ func TestStateHungMemcached(t *testing.T) {
 		if ops[i].Err != nil {
 			t.Fatalf("op %d before the hang: %v", i, ops[i].Err)
 		}
-		if c.Ring().Lookup(shardproxy.AppendValueKey(nil, edge.StateKey(&ops[i]))) == 1 {
+		if c.Ring().Lookup(shardproxy.AppendValueKey(nil, memcachestore.StateKey(&ops[i]))) == 1 {
 			hung++
 		}
 	}
@@ -545,7 +545,7 @@ func TestStateHungMemcached(t *testing.T) {
 	s.DoState(context.Background(), ops)
 	took := time.Since(begin)
 	for i := range ops {
-		onHung := c.Ring().Lookup(shardproxy.AppendValueKey(nil, edge.StateKey(&ops[i]))) == 1
+		onHung := c.Ring().Lookup(shardproxy.AppendValueKey(nil, memcachestore.StateKey(&ops[i]))) == 1
 		switch {
 		case onHung && (ops[i].Err == nil || ops[i].Allowed):
 			t.Errorf("op %d on the hung shard: allowed %v, err %v, want an error", i, ops[i].Allowed, ops[i].Err)
@@ -566,14 +566,14 @@ func TestStateAllocs(t *testing.T) {
 		t.Skip("allocation counts are meaningless under the race detector")
 	}
 	_, addrs := testenv.Shards(t, 1)
-	registered, err := edge.NewMemcacheStore(stateClient(t, addrs, stateTimeout), prometheus.NewRegistry())
+	registered, err := memcachestore.New(stateClient(t, addrs, stateTimeout), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	zero := &edge.MemcacheStore{Client: stateClient(t, addrs, stateTimeout)}
+	zero := &memcachestore.Store{Client: stateClient(t, addrs, stateTimeout)}
 	for _, tc := range []struct {
 		name string
-		s    *edge.MemcacheStore
+		s    *memcachestore.Store
 		lb   window.LeakyBucket
 		max  float64
 	}{
@@ -603,7 +603,7 @@ func TestStateAllocs(t *testing.T) {
 // and a cas) or refused (a gets only).
 func BenchmarkMemcacheStateSync(b *testing.B) {
 	_, addrs := testenv.Shards(b, 1)
-	s, err := edge.NewMemcacheStore(stateClient(b, addrs, stateTimeout), prometheus.NewRegistry())
+	s, err := memcachestore.New(stateClient(b, addrs, stateTimeout), prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)
 	}

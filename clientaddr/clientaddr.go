@@ -1,7 +1,9 @@
-package edge
+package clientaddr
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"net/netip"
 	"net/textproto"
 	"strings"
@@ -19,8 +21,8 @@ const (
 	Forwarded Forwarding = "forwarded"
 )
 
-// headerName is the canonical name of the header f reads.
-func (f Forwarding) headerName() string {
+// HeaderName is the canonical name of the header f reads.
+func (f Forwarding) HeaderName() string {
 	if f == Forwarded {
 		return "Forwarded"
 	}
@@ -193,42 +195,68 @@ func isTchar(c byte) bool {
 // pair, an element or a quoted string.
 func isNodeChar(c byte) bool { return isTchar(c) || c == ':' || c == '[' || c == ']' }
 
-// clientAddr resolves a request's client address from its TCP peer and
-// what trusted proxies say: when the peer is trusted, ClientIPHeader's
+// Resolver resolves a request's client address from its TCP peer and what
+// trusted proxies say: when the peer is trusted, the client-IP header's
 // last line (a proxy sets or appends it last) if it parses, else the walk
-// of hops from the right through trusted addresses: the first untrusted
-// hop is the client; a malformed hop (an obfuscated or unknown node, a
-// garbled address) stops the walk at the last trusted address, which is
-// then the key; so does a chain of trusted hops only. No header content
-// can choose a key for a request whose peer is untrusted, nor a key left
-// of the rightmost untrusted hop. IPv4-mapped IPv6 addresses are unmapped
-// and zones dropped, so one client is one key in every form. It does not
-// allocate.
-type clientAddr struct {
+// of the forwarding header's hops from the right through trusted
+// addresses: the first untrusted hop is the client; a malformed hop (an
+// obfuscated or unknown node, a garbled address) stops the walk at the
+// last trusted address, which is then the key; so does a chain of trusted
+// hops only. No header content can choose a key for a request whose peer
+// is untrusted, nor a key left of the rightmost untrusted hop. IPv4-mapped
+// IPv6 addresses are unmapped and zones dropped, so one client is one key
+// in every form. A Resolver is immutable and safe for concurrent use; its
+// methods do not allocate.
+type Resolver struct {
 	trusted    []netip.Prefix
 	forwarding Forwarding
 	fwdName    []byte // the forwarding header's name
-	ipHeader   []byte // ClientIPHeader's name; empty: none
+	ipHeader   []byte // the client-IP header's name; empty: none
 	// The same in net/http's canonical form.
 	fwdCanon, ipCanon string
 }
 
-func newClientAddr(trusted []netip.Prefix, f Forwarding, ipHeader string) clientAddr {
-	c := clientAddr{trusted: trusted, forwarding: f, fwdName: []byte(f.headerName()), ipHeader: []byte(ipHeader),
-		fwdCanon: textproto.CanonicalMIMEHeaderKey(f.headerName())}
-	if ipHeader != "" {
-		c.ipCanon = textproto.CanonicalMIMEHeaderKey(ipHeader)
+// New returns the Resolver that believes the networks trusted, reading
+// the forwarding header f (default XForwardedFor) and, when ipHeader is
+// not empty (e.g. "CF-Connecting-IP"), that header before it.
+func New(trusted []netip.Prefix, f Forwarding, ipHeader string) *Resolver {
+	if f == "" {
+		f = XForwardedFor
 	}
-	return c
+	r := &Resolver{trusted: trusted, forwarding: f, fwdName: []byte(f.HeaderName()), ipHeader: []byte(ipHeader),
+		fwdCanon: textproto.CanonicalMIMEHeaderKey(f.HeaderName())}
+	if ipHeader != "" {
+		r.ipCanon = textproto.CanonicalMIMEHeaderKey(ipHeader)
+	}
+	return r
 }
 
-// isAddressHeader reports whether name is a header the resolution reads.
-func (c *clientAddr) isAddressHeader(name []byte) bool {
-	return bytes.EqualFold(name, c.fwdName) || len(c.ipHeader) > 0 && bytes.EqualFold(name, c.ipHeader)
+// Header says which of the headers a Resolver reads a header name is.
+type Header uint8
+
+const (
+	Other          Header = iota // not read
+	ForwardingLine               // a line of the forwarding header: Hops.AddLine
+	ClientIPLine                 // a line of the client-IP header: its last line counts
+)
+
+// Classify says which header name is, compared without case.
+func (r *Resolver) Classify(name []byte) Header {
+	switch {
+	case bytes.EqualFold(name, r.fwdName):
+		return ForwardingLine
+	case len(r.ipHeader) > 0 && bytes.EqualFold(name, r.ipHeader):
+		return ClientIPLine
+	}
+	return Other
 }
 
-func (c *clientAddr) isTrusted(a netip.Addr) bool {
-	for _, p := range c.trusted {
+// Forwarding is the forwarding header the Resolver reads.
+func (r *Resolver) Forwarding() Forwarding { return r.forwarding }
+
+// Trusted reports whether a is a trusted proxy's address.
+func (r *Resolver) Trusted(a netip.Addr) bool {
+	for _, p := range r.trusted {
 		if p.Contains(a) {
 			return true
 		}
@@ -236,11 +264,11 @@ func (c *clientAddr) isTrusted(a netip.Addr) bool {
 	return false
 }
 
-// resolve returns the client address of a request from peer whose
-// ClientIPHeader value is ipHeader (nil when absent) and whose forwarding
-// hops are in h.
-func (c *clientAddr) resolve(peer netip.Addr, ipHeader []byte, h *Hops) netip.Addr {
-	if !c.isTrusted(peer) {
+// Resolve returns the client address of a request from peer whose
+// client-IP header's last line is ipHeader (nil when absent) and whose
+// forwarding hops are in h.
+func (r *Resolver) Resolve(peer netip.Addr, ipHeader []byte, h *Hops) netip.Addr {
+	if !r.Trusted(peer) {
 		return peer
 	}
 	if len(ipHeader) > 0 {
@@ -254,12 +282,34 @@ func (c *clientAddr) resolve(peer netip.Addr, ipHeader []byte, h *Hops) netip.Ad
 		if !ok {
 			return peer
 		}
-		if !c.isTrusted(a) {
+		if !r.Trusted(a) {
 			return a
 		}
 		peer = a
 	}
 	return peer
+}
+
+// FromHeader resolves the client address of a request from peer whose
+// header section is hdr (a net/http Header: canonical names, every line
+// of a field in order). h is scratch space.
+func (r *Resolver) FromHeader(peer netip.Addr, hdr map[string][]string, h *Hops) netip.Addr {
+	peer = peer.Unmap().WithZone("")
+	if !r.Trusted(peer) {
+		return peer
+	}
+	h.Reset()
+	for _, v := range hdr[r.fwdCanon] {
+		h.AddLine(r.forwarding, unsafe.Slice(unsafe.StringData(v), len(v)))
+	}
+	var ip []byte
+	if r.ipCanon != "" {
+		if vs := hdr[r.ipCanon]; len(vs) > 0 {
+			v := vs[len(vs)-1]
+			ip = unsafe.Slice(unsafe.StringData(v), len(v))
+		}
+	}
+	return r.Resolve(peer, ip, h)
 }
 
 // parseIP parses an address from bytes: a bare address, an IPv4 address
@@ -304,28 +354,31 @@ func isPort(s string) bool {
 	return n <= 65535
 }
 
-// ClientAddr resolves the client address of a request from peer whose
-// header section is hdr (a net/http Header: canonical names, every line
-// of a field in order), as the fasthttp front end does: the peer itself
-// unless it is one of Config.TrustedProxies, then ClientIPHeader's last
-// line or the walk of the forwarding header's hops. h is scratch space.
-// It does not allocate.
-func (s *Server) ClientAddr(peer netip.Addr, hdr map[string][]string, h *Hops) netip.Addr {
-	peer = peer.Unmap().WithZone("")
-	a := &s.addr
-	if !a.isTrusted(peer) {
-		return peer
-	}
-	h.Reset()
-	for _, v := range hdr[a.fwdCanon] {
-		h.AddLine(a.forwarding, unsafe.Slice(unsafe.StringData(v), len(v)))
-	}
-	var ip []byte
-	if a.ipCanon != "" {
-		if vs := hdr[a.ipCanon]; len(vs) > 0 {
-			v := vs[len(vs)-1]
-			ip = unsafe.Slice(unsafe.StringData(v), len(v))
+// ParsePrefixes parses a comma-separated list of CIDRs or bare addresses.
+func ParsePrefixes(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	var errs []error
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
 		}
+		if !strings.Contains(f, "/") {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("clientaddr: trusted proxy %q: %w", f, err))
+				continue
+			}
+			a = a.Unmap()
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("clientaddr: trusted proxy %q: %w", f, err))
+			continue
+		}
+		out = append(out, p.Masked())
 	}
-	return a.resolve(peer, ip, h)
+	return out, errors.Join(errs...)
 }
