@@ -4,15 +4,17 @@ import (
 	"net"
 	"testing"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
-	"github.com/valyala/fasthttp"
+	"github.com/poplimit/poplimit/httpedge"
 )
 
 // newBareServer builds an edge with the in-memory store and no listener,
 // for driving its handler directly.
-func newBareServer(tb testing.TB, rules string) (*edge.Server, *blockcache.Cache) {
+func newBareServer(tb testing.TB, rules string) (*httpedge.Server, *blockcache.Cache) {
 	tb.Helper()
 	var o edge.Options
 	o.BlockCache.MaxEntries = 1 << 12

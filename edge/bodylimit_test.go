@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/httpedge"
 )
 
 // heapBytes is the live heap after a collection.
@@ -56,7 +56,7 @@ func TestDecisionBodyHeadsHoldNoMemory(t *testing.T) {
 		bound   = conns*perConn + 8<<20
 	)
 	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1000000, window: 1m}]",
-		cfg: edge.Config{ReadTimeout: 5 * time.Second, DecideToken: decideToken}})
+		cfg: httpedge.Config{ReadTimeout: 5 * time.Second, DecideToken: decideToken}})
 	heads := []struct{ name, head string }{
 		{"check, Content-Length", "POST /check/x HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(declared) + "\r\n\r\n"},
 		{"decide, Content-Length", "POST /_poplimit/decide HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + decideToken +
@@ -133,7 +133,7 @@ func TestDecisionBodyHeadsHoldNoMemory(t *testing.T) {
 func TestDecisionBodyBound(t *testing.T) {
 	const bound = 1024
 	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1000000, window: 1m}]",
-		cfg: edge.Config{MaxDecisionBody: bound, DecideToken: decideToken}})
+		cfg: httpedge.Config{MaxDecisionBody: bound, DecideToken: decideToken}})
 	decide := func(n int) string { // a decide body of n bytes
 		head := `{"rule":"api","key":"k","pad":"`
 		return head + strings.Repeat("p", n-len(head)-2) + `"}`
@@ -172,7 +172,7 @@ func TestDecisionBodyBound(t *testing.T) {
 	// Proxy mode: a body over the decision bound streams to the upstream.
 	up := upstreamEcho(t)
 	p := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1000000, window: 1m}]",
-		cfg: edge.Config{Mode: edge.Proxy, Upstream: up, MaxDecisionBody: bound}})
+		cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: up, MaxDecisionBody: bound}})
 	big := strings.Repeat("u", 1<<20)
 	resp, err := client.Post("http://"+p.addr+"/upload", "application/octet-stream", strings.NewReader(big))
 	if err != nil {
@@ -206,7 +206,7 @@ func upstreamEcho(t *testing.T) string {
 // before any decision is answered as fasthttp answers it (text/plain; the
 // framing refusals of proxy mode keep that form) and counted by reason.
 func TestUnreadableRequestsCounted(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{MaxHeaderSize: 4096}})
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{MaxHeaderSize: 4096}})
 	counted := map[string]float64{}
 	for _, tc := range []struct {
 		name, raw, reason string
@@ -241,14 +241,14 @@ func TestUnreadableRequestsCounted(t *testing.T) {
 // Validate names a body or connection limit out of range, with its value.
 func TestLimitsValidate(t *testing.T) {
 	for _, tc := range []struct {
-		cfg  edge.Config
+		cfg  httpedge.Config
 		want string // "" valid
 	}{
-		{edge.Config{MaxDecisionBody: 4 << 20, MaxConnsPerClient: -1}, ""},
-		{edge.Config{MaxDecisionBody: 1, MaxConnsPerClient: 1}, ""},
-		{edge.Config{MaxDecisionBody: -1}, "MaxDecisionBody -1"},
-		{edge.Config{MaxDecisionBody: 4<<20 + 1}, "MaxDecisionBody 4194305"},
-		{edge.Config{MaxConnsPerClient: -2}, "MaxConnsPerClient -2"},
+		{httpedge.Config{MaxDecisionBody: 4 << 20, MaxConnsPerClient: -1}, ""},
+		{httpedge.Config{MaxDecisionBody: 1, MaxConnsPerClient: 1}, ""},
+		{httpedge.Config{MaxDecisionBody: -1}, "MaxDecisionBody -1"},
+		{httpedge.Config{MaxDecisionBody: 4<<20 + 1}, "MaxDecisionBody 4194305"},
+		{httpedge.Config{MaxConnsPerClient: -2}, "MaxConnsPerClient -2"},
 	} {
 		err := tc.cfg.Validate()
 		switch {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/testenv"
 )
 
@@ -72,7 +72,7 @@ func TestOneClientCannotHoldEveryConnection(t *testing.T) {
 		t.Skipf("open-file limit %d: this test holds %d connections from both ends and needs %d (ulimit -n)", lim.Cur, idle, need)
 	}
 	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1000000, window: 1m}]",
-		cfg: edge.Config{Concurrency: concurrency}})
+		cfg: httpedge.Config{Concurrency: concurrency}})
 	dialFrom(t, "127.0.0.2", e.addr).Close()
 
 	conns := make([]net.Conn, 0, idle)
@@ -126,7 +126,7 @@ func TestOneClientCannotHoldEveryConnection(t *testing.T) {
 func TestConnCapFreesAndExemptsProxies(t *testing.T) {
 	const capN = 4
 	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1000000, window: 1m}]",
-		cfg: edge.Config{MaxConnsPerClient: capN, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}})
+		cfg: httpedge.Config{MaxConnsPerClient: capN, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}})
 	const check = "GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n"
 
 	var held []net.Conn

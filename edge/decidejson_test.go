@@ -9,10 +9,12 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/valyala/fasthttp"
 )
 
 // FuzzDecideBody: whatever the body, the JSON endpoint answers with one of
@@ -165,7 +167,7 @@ func spellsExactly(s []byte) bool {
 // one counter; a key that spells U+FFFD, or a character as an escaped
 // surrogate pair, is decided as exactly that text.
 func TestDecideJSONKeysAreExact(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1, window: 1m}]", cfg: edge.Config{DecideToken: decideToken}})
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1, window: 1m}]", cfg: httpedge.Config{DecideToken: decideToken}})
 	post := func(body string) (int, string, string) {
 		resp := postDecide(t, e.addr, decideToken, body)
 		b, _ := io.ReadAll(resp.Body)

@@ -21,15 +21,19 @@ import (
 
 	"github.com/segmentio/kafka-go/sasl"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/poplimit/poplimit/blockcache"
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/memcachestore"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/redisstore"
+	"github.com/poplimit/poplimit/rls"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/window"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Options is every setting of an edge, each with its default in one place:
@@ -43,10 +47,18 @@ type Options struct {
 	// envoy.service.ratelimit.v3) there, over the same core, for rules
 	// from envoyproxy/ratelimit files. Default off.
 	RLSListen string
-	RLS       RLSConfig
+	RLS       rls.Config
 
-	Server  Config        // the front end: mode, upstream, client addresses, limits, rule files
-	Limiter window.Config // flush interval, store timeout, key table bounds
+	// RulesFile and OverridesFile are watched and reloaded on change
+	// (polled every ReloadPoll) and on SIGHUP, for every front end; a file
+	// that does not load is rejected whole, logged and counted, and the
+	// running rules stay. Empty RulesFile means decision.DefaultRules.
+	RulesFile     string
+	OverridesFile string
+	ReloadPoll    time.Duration // default 2s; the TLS files are polled as often
+
+	Server  httpedge.Config // the fasthttp front end: mode, upstream, client addresses, limits, TLS
+	Limiter window.Config   // flush interval, store timeout, key table bounds
 	// Memcache is the shared store; no Servers means an in-memory store
 	// (one edge alone: limits do not hold across edges). Timeout defaults
 	// to Limiter.StoreTimeout.
@@ -79,7 +91,7 @@ type Options struct {
 	// Events replaces the producer Brokers would build; Registry receives
 	// every metric (default a new one with the Go and process collectors).
 	Store    window.Store
-	Events   Emitter
+	Events   decision.Emitter
 	Registry Registry
 	// ClockSkew is added to the edge's clock: a test hook (the fault
 	// suite's skewed edges), refused beyond ±MaxClockSkew.
@@ -108,7 +120,7 @@ func (o Options) withDefaults() Options {
 	if o.Admin == "" {
 		o.Admin = "127.0.0.1:7071"
 	}
-	o.Server.setDefaults()
+	o.Server = o.Server.WithDefaults()
 	o.Limiter = o.Limiter.WithDefaults()
 	if o.Memcache.Timeout == 0 {
 		o.Memcache.Timeout = o.Limiter.StoreTimeout
@@ -137,6 +149,9 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.ReloadPoll == 0 {
+		o.ReloadPoll = 2 * time.Second
+	}
 	return o
 }
 
@@ -146,12 +161,12 @@ func (o Options) withDefaults() Options {
 // order of building.
 type Edge struct {
 	Options  Options // as built, defaults filled in
-	Core     *Core
-	Server   *Server
+	Core     *decision.Core
+	Server   *httpedge.Server
 	Limiter  *window.Limiter
 	Slots    *window.Slots
 	Blocks   *blockcache.Cache
-	RLS      *RLS // Envoy's rate limit service; nil without RLSListen
+	RLS      *rls.Service // Envoy's rate limit service; nil without RLSListen
 	Registry Registry
 
 	memcache *shardproxy.Client // nil without Memcache servers
@@ -163,6 +178,10 @@ type Edge struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// reloadMu serializes reloads.
+	reloadMu sync.Mutex
+	reload   *reloader
 }
 
 // Build builds an edge from o, with its rules read from o.Server's files
@@ -173,10 +192,10 @@ func Build(o Options) (e *Edge, err error) {
 	if o.ClockSkew < -MaxClockSkew || o.ClockSkew > MaxClockSkew {
 		return nil, fmt.Errorf("edge: ClockSkew %v: a test hook, at most ±%v", o.ClockSkew, MaxClockSkew)
 	}
-	if o.PprofToken != "" && len(o.PprofToken) < minTokenLen {
-		return nil, fmt.Errorf("edge: PprofToken of %d bytes: at least %d", len(o.PprofToken), minTokenLen)
+	if o.PprofToken != "" && len(o.PprofToken) < httpedge.MinTokenLen {
+		return nil, fmt.Errorf("edge: PprofToken of %d bytes: at least %d", len(o.PprofToken), httpedge.MinTokenLen)
 	}
-	rs, err := LoadFiles(o.Server.RulesFile, o.Server.OverridesFile)
+	rs, err := decision.LoadFiles(o.RulesFile, o.OverridesFile)
 	if err != nil {
 		return nil, err
 	}
@@ -244,19 +263,23 @@ func Build(o Options) (e *Edge, err error) {
 		e.closers = append(e.closers, e.producer.Close)
 		events = e.producer
 	}
-	if e.Core, err = NewCore(CoreConfig{EdgeID: o.Server.EdgeID, Upstream: o.Server.Mode == Proxy}, rs,
-		CoreDeps{Limiter: e.Limiter, Blocks: e.Blocks, Slots: e.Slots, Events: events, Registerer: reg}); err != nil {
+	if e.Core, err = decision.NewCore(decision.CoreConfig{EdgeID: o.Server.EdgeID, Upstream: o.Server.Mode == httpedge.Proxy}, rs,
+		decision.CoreDeps{Limiter: e.Limiter, Blocks: e.Blocks, Slots: e.Slots, Events: events, Registerer: reg}); err != nil {
 		return e, err
 	}
-	if e.Server, err = NewServer(o.Server, e.Core, Deps{StoreHealthy: healthy, Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew}); err != nil {
+	if e.Server, err = httpedge.NewServer(o.Server, e.Core, httpedge.Deps{StoreHealthy: healthy, Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew}); err != nil {
 		return e, err
 	}
+	if e.reload, err = newReloader(reg); err != nil {
+		return e, err
+	}
+	e.reload.loaded, e.reload.loadedTLS = e.rulesStamp(), e.Server.TLSStamp()
 	if o.RLSListen != "" {
 		rc := o.RLS
 		if rc.Ready == nil {
 			rc.Ready = e.Server.Ready
 		}
-		e.RLS, err = NewRLS(e.Core, rc, o.Logger, reg)
+		e.RLS, err = rls.New(e.Core, rc, o.Logger, reg)
 	}
 	return e, err
 }
@@ -314,11 +337,11 @@ func (e *Edge) Serve(ctx context.Context) error {
 	go e.admin.Serve(e.aln)
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
-	if e.Options.Server.RulesFile != "" || e.Options.Server.OverridesFile != "" || e.Options.Server.TLSCert != "" {
+	if e.Options.RulesFile != "" || e.Options.OverridesFile != "" || e.Options.Server.TLSCert != "" {
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)
 		defer signal.Stop(hup)
-		go e.Server.WatchFiles(wctx, hup)
+		go e.watchFiles(wctx, hup)
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- e.Server.Serve(e.ln) }()
@@ -394,7 +417,7 @@ func (e *Edge) LogStart() {
 	if len(o.Brokers) > 0 {
 		events = strings.Join(o.Brokers, ",") + " topic " + o.Topic
 	}
-	rulesFrom := o.Server.RulesFile
+	rulesFrom := o.RulesFile
 	if rulesFrom == "" {
 		rulesFrom = "built-in: default-per-client, 100 per 1m per client IP"
 	}
@@ -414,8 +437,8 @@ func connCap(n int) string {
 	return strconv.Itoa(n)
 }
 
-func decisionBody(c *Config) string {
-	if c.Mode == Proxy {
+func decisionBody(c *httpedge.Config) string {
+	if c.Mode == httpedge.Proxy {
 		return "none (proxy mode streams bodies)"
 	}
 	return strconv.Itoa(c.MaxDecisionBody)

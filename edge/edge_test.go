@@ -17,21 +17,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/httpedge"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/valyala/fasthttp"
 
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/window"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/valyala/fasthttp"
 )
 
 // testEdge is one running edge on a loopback port.
 type testEdge struct {
 	*edge.Edge
-	srv    *edge.Server
+	srv    *httpedge.Server
 	lim    *window.Limiter
 	blocks *blockcache.Cache
 	addr   string
@@ -39,11 +42,14 @@ type testEdge struct {
 }
 
 type edgeOpts struct {
-	cfg      edge.Config
-	rules    string
-	memcache []string // empty: in-memory store
-	store    window.Store
-	flush    time.Duration
+	cfg httpedge.Config
+	// Rule files to watch (rules, below, writes one of its own).
+	rulesFile, overridesFile string
+	reloadPoll               time.Duration
+	rules                    string
+	memcache                 []string // empty: in-memory store
+	store                    window.Store
+	flush                    time.Duration
 }
 
 // startEdge starts an edge through the one test harness, with the store
@@ -51,7 +57,7 @@ type edgeOpts struct {
 // ejected after two failures for 200ms.
 func startEdge(t *testing.T, o edgeOpts) *testEdge {
 	t.Helper()
-	opts := edge.Options{Server: o.cfg, Store: o.store}
+	opts := edge.Options{Server: o.cfg, Store: o.store, RulesFile: o.rulesFile, OverridesFile: o.overridesFile, ReloadPoll: o.reloadPoll}
 	opts.Limiter.FlushInterval = cmp.Or(o.flush, 2*time.Millisecond)
 	opts.Limiter.StoreTimeout = 50 * time.Millisecond
 	for _, a := range o.memcache {
@@ -195,7 +201,7 @@ func TestRetryAfterJitterNeverEarly(t *testing.T) {
 	release := now + int64(1500*time.Millisecond)
 	seen := map[int64]bool{}
 	for i := 0; i < 1000; i++ {
-		ra := edge.RetryAfter(release, now, 3*time.Second)
+		ra := decision.RetryAfter(release, now, 3*time.Second)
 		if ra < 2 || ra > 5 {
 			t.Fatalf("Retry-After %d for a release 1.5 s away with 3 s jitter, want 2..5", ra)
 		}
@@ -377,11 +383,11 @@ func TestReloadGoodAndBadFiles(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rules.yaml")
 	os.WriteFile(path, []byte("rules: [{name: one, limit: 1, window: 1m}]"), 0o644)
-	rs, err := edge.LoadFiles(path, "")
+	rs, err := decision.LoadFiles(path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := startEdge(t, edgeOpts{cfg: edge.Config{RulesFile: path}})
+	e := startEdge(t, edgeOpts{rulesFile: path})
 	_ = rs
 	get(t, e.addr, "/")
 	if s := get(t, e.addr, "/").StatusCode; s != 429 {
@@ -389,7 +395,7 @@ func TestReloadGoodAndBadFiles(t *testing.T) {
 	}
 	// A good file raises the limit and drops cached blocks.
 	os.WriteFile(path, []byte("rules: [{name: one, limit: 5, window: 1m}]"), 0o644)
-	if err := e.srv.Reload(); err != nil {
+	if err := e.Reload(); err != nil {
 		t.Fatal(err)
 	}
 	if s := get(t, e.addr, "/").StatusCode; s != 200 {
@@ -397,7 +403,7 @@ func TestReloadGoodAndBadFiles(t *testing.T) {
 	}
 	// A bad file is rejected with every error, and the rules stay.
 	os.WriteFile(path, []byte("rules: [{name: one, limit: -1, window: 1m, mode: fast}]"), 0o644)
-	err = e.srv.Reload()
+	err = e.Reload()
 	if err == nil || !strings.Contains(err.Error(), "rules[0].limit") || !strings.Contains(err.Error(), "rules[0].mode") {
 		t.Errorf("bad reload: %v, want both errors", err)
 	}
@@ -425,7 +431,7 @@ func TestProxyMode(t *testing.T) {
 	go up.Serve(uln)
 	defer up.Shutdown()
 	e := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 2, window: 1m}]",
-		cfg: edge.Config{Mode: edge.Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
+		cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
 	resp, err := client.Get("http://" + e.addr + "/hello")
 	if err != nil {
 		t.Fatal(err)
@@ -444,7 +450,7 @@ func TestProxyMode(t *testing.T) {
 	up.Shutdown()
 	uln.Close()
 	e2 := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 2, window: 1m}]",
-		cfg: edge.Config{Mode: edge.Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
+		cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: uln.Addr().String(), UpstreamTimeout: 200 * time.Millisecond}})
 	if s := get(t, e2.addr, "/x").StatusCode; s != 502 {
 		t.Errorf("upstream down: %d, want 502", s)
 	}
@@ -468,11 +474,11 @@ func postDecide(t *testing.T, addr, token, body string) *http.Response {
 }
 
 func TestDecideJSON(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{DecideToken: decideToken}})
-	post := func(body string) (int, edge.DecideResponse) {
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{DecideToken: decideToken}})
+	post := func(body string) (int, httpedge.DecideResponse) {
 		resp := postDecide(t, e.addr, decideToken, body)
 		defer resp.Body.Close()
-		var d edge.DecideResponse
+		var d httpedge.DecideResponse
 		json.NewDecoder(resp.Body).Decode(&d)
 		return resp.StatusCode, d
 	}
@@ -494,7 +500,7 @@ func TestDecideJSON(t *testing.T) {
 // caller without it (or with another) gets 401 and spends nothing; with no
 // token configured the endpoint is off and the path is a check like any.
 func TestDecideJSONNeedsItsToken(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1, window: 1m}]", cfg: edge.Config{DecideToken: decideToken}})
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 1, window: 1m}]", cfg: httpedge.Config{DecideToken: decideToken}})
 	for _, tok := range []string{"", "wrong-token-of-sixteen!", decideToken + "x"} {
 		resp := postDecide(t, e.addr, tok, `{"rule":"api","key":"victim"}`)
 		resp.Body.Close()
@@ -522,7 +528,7 @@ func TestDecideJSONNeedsItsToken(t *testing.T) {
 // The JSON endpoint decides rate rules only: a concurrency or shed rule
 // depends on live requests, and saying "allowed" for it would be a guess.
 func TestDecideJSONRefusesLiveKinds(t *testing.T) {
-	e := startEdge(t, edgeOpts{cfg: edge.Config{DecideToken: decideToken}, rules: `
+	e := startEdge(t, edgeOpts{cfg: httpedge.Config{DecideToken: decideToken}, rules: `
 rules:
   - {name: uploads, kind: concurrency, limit: 1}
   - {name: reports, kind: shed, path_prefix: /reports, priority: low}
@@ -553,7 +559,7 @@ func TestMetricsLint(t *testing.T) {
 // TestHostileHeaders sends a request head over the limit and checks it is
 // refused with 431 and the edge keeps serving.
 func TestHostileHeaders(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{MaxHeaderSize: 4096}})
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{MaxHeaderSize: 4096}})
 	c, err := net.Dial("tcp", e.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -615,7 +621,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	_, addrs := testenv.Shards(t, 1)
 	up := slowUpstream(t, 300*time.Millisecond)
 	rules := "rules: [{name: inflight, kind: concurrency, limit: 2, lease: 5s}]"
-	cfg := edge.Config{Mode: edge.Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}
+	cfg := httpedge.Config{Mode: httpedge.Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}
 	a := startEdge(t, edgeOpts{rules: rules, memcache: addrs, cfg: cfg})
 	b := startEdge(t, edgeOpts{rules: rules, memcache: addrs, cfg: cfg})
 	var mu sync.Mutex
@@ -648,7 +654,7 @@ func TestConcurrencyLimit(t *testing.T) {
 
 func TestLoadShedding(t *testing.T) {
 	up := slowUpstream(t, 400*time.Millisecond)
-	e := startEdge(t, edgeOpts{cfg: edge.Config{Mode: edge.Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}, rules: `
+	e := startEdge(t, edgeOpts{cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}, rules: `
 shedding:
   max_in_flight: 4
   reserved: 0.25

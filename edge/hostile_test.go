@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/httpedge"
 )
 
 func rawStatus(t *testing.T, addr, request string) string {
@@ -27,7 +27,7 @@ func rawStatus(t *testing.T, addr, request string) string {
 }
 
 func TestHostileKeys(t *testing.T) {
-	e := startEdge(t, edgeOpts{cfg: edge.Config{MaxHeaderSize: 32 << 10}, rules: `
+	e := startEdge(t, edgeOpts{cfg: httpedge.Config{MaxHeaderSize: 32 << 10}, rules: `
 rules:
   - {name: by-key, key: ["header:X-API-Key"], missing_key: deny, limit: 2, window: 1m}
 `})
@@ -86,7 +86,7 @@ func TestPipelinedFlood(t *testing.T) {
 }
 
 func TestSlowlorisIsCutOff(t *testing.T) {
-	e := startEdge(t, edgeOpts{cfg: edge.Config{ReadTimeout: 500 * time.Millisecond}, rules: threePerMinute})
+	e := startEdge(t, edgeOpts{cfg: httpedge.Config{ReadTimeout: 500 * time.Millisecond}, rules: threePerMinute})
 	c, err := net.Dial("tcp", e.addr)
 	if err != nil {
 		t.Fatal(err)

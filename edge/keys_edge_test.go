@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/clientaddr"
-	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/httpedge"
 )
 
 // rawResponse sends one raw request (lines ending in \n) to addr and
@@ -136,7 +136,7 @@ rules:
 // IPv4 clients behind a NAT64 or SIIT translator key apart, each as its
 // IPv4 address, not as the translator's shared /64.
 func TestTranslatedClientsKeyApart(t *testing.T) {
-	var cfg edge.Config
+	var cfg httpedge.Config
 	cfg.TrustedProxies, _ = clientaddr.ParsePrefixes("127.0.0.0/8")
 	e := startEdge(t, edgeOpts{cfg: cfg, rules: "rules: [{name: per-client, limit: 1, window: 1m}]"})
 	for _, tc := range []struct {
@@ -164,7 +164,7 @@ func TestTranslatedClientsKeyApart(t *testing.T) {
 // the error names the field.
 func TestBadNumbersRejectedOnReload(t *testing.T) {
 	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 2, window: 1m}]"})
-	file := e.Options.Server.RulesFile
+	file := e.Options.RulesFile
 	for _, tc := range []struct{ file, want string }{
 		{"rules: [{name: api, limit: 1.5, window: 1m}]", "rules[0].limit: must be a whole number between 1 and 4294967295 (got 1.5)"},
 		{"rules: [{name: api, limit: 18446744073709551616, window: 1m}]", "rules[0].limit: must be between 1 and 4294967295 (got 18446744073709551616)"},
@@ -177,7 +177,7 @@ func TestBadNumbersRejectedOnReload(t *testing.T) {
 		if err := os.WriteFile(file, []byte(tc.file), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		err := e.srv.Reload()
+		err := e.Reload()
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "rules: rules:") {
 			t.Errorf("reload of %q: %v; want an error with %q", tc.file, err, tc.want)
 		}

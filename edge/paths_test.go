@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/poplimit/poplimit/edge"
 )
 
 // A cost header within its bounds spends that many units; one out of its
@@ -52,7 +50,7 @@ rules:
   - {name: api, key: ["header:X-API-Key"], limit: 2, window: 1m, tiers: {free: 2, pro: 5}}
 `), 0o644)
 	os.WriteFile(over, []byte("overrides:\n  other: pro\n"), 0o644)
-	e := startEdge(t, edgeOpts{cfg: edge.Config{RulesFile: rules, OverridesFile: over, ReloadPoll: 20 * time.Millisecond}})
+	e := startEdge(t, edgeOpts{rulesFile: rules, overridesFile: over, reloadPoll: 20 * time.Millisecond})
 	send := func(n int) (ok int, limit string) {
 		for i := 0; i < n; i++ {
 			r := get(t, e.addr, "/check/", "X-API-Key", "k1")
@@ -82,7 +80,7 @@ rules:
 	}
 	// A bad overrides file is refused whole; the tiers stay.
 	os.WriteFile(over, []byte("overrides:\n  k1: \"not a tier!\"\n"), 0o644)
-	if err := e.srv.Reload(); err == nil {
+	if err := e.Reload(); err == nil {
 		t.Error("bad overrides: want an error")
 	}
 	if e.srv.Rules().Overrides["k1"] != "pro" {

@@ -20,11 +20,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/clientaddr"
-	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/edge/edgetest"
-	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/poplimit/poplimit/clientaddr"
+	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/httpedge"
+	"github.com/poplimit/poplimit/internal/testenv"
 )
 
 // wireMsg is one HTTP/1.1 message as read off the wire: its first line,
@@ -243,7 +244,7 @@ func TestProxyHopByHop(t *testing.T) {
 			"keep-alive: timeout=5\r\nX-List: b\r\nProxy-Authenticate: Basic realm=x\r\nUpgrade: h2c\r\nProxy-Connection: keep-alive\r\n" +
 			"X-End: origin\r\nVia: 1.0 origin-cache\r\nX-List: c\r\n\r\nok")
 	})
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{Mode: edge.Proxy, Upstream: origin.addr}})
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: origin.addr}})
 	resp := exchange(t, e.addr, "GET /h?q=1 HTTP/1.1\r\nX-List: 1\r\nHost: app.example\r\nConnection: keep-alive, X-Client-Hop, x-other-hop\r\n"+
 		"X-Client-Hop: 1\r\nX-List: 2\r\nX-Other-Hop: 2\r\nKeep-Alive: 300\r\nProxy-Connection: keep-alive\r\nProxy-Authorization: Basic eA==\r\n"+
 		"TE: trailers\r\nUpgrade: websocket\r\nX-End: client\r\nVia: 1.1 corp-proxy\r\nX-List: 3\r\n\r\n")
@@ -340,7 +341,7 @@ func TestProxyForwardingFields(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{Mode: edge.Proxy, Upstream: origin.addr,
+			e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: origin.addr,
 				TrustedProxies: tc.trusted, Forwarding: tc.fwd, ClientIPHeader: tc.ipHdr}})
 			n := len(origin.requests())
 			if resp := exchange(t, e.addr, "GET / HTTP/1.1\r\nHost: app.example\r\n"+tc.sent+"\r\n"); !strings.HasPrefix(resp.first, "HTTP/1.1 200") {
@@ -364,7 +365,7 @@ func TestProxyForwardingFields(t *testing.T) {
 func TestProxyTLS(t *testing.T) {
 	origin := startRawOrigin(t, func(*wireMsg) []byte { return okResponse("over tls") })
 	certFile, keyFile, cert := writeCert(t, t.TempDir(), "edge")
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{Mode: edge.Proxy, Upstream: origin.addr,
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: origin.addr,
 		TLSCert: certFile, TLSKey: keyFile}})
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
@@ -478,7 +479,7 @@ func TestProxyStreamsBodies(t *testing.T) {
 	}
 	go origin.Serve(ln)
 	t.Cleanup(func() { origin.Close() })
-	e := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 1000, window: 1m}]", cfg: edge.Config{Mode: edge.Proxy, Upstream: ln.Addr().String(),
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 1000, window: 1m}]", cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: ln.Addr().String(),
 		UpstreamTimeout: time.Minute, ReadTimeout: time.Minute, WriteTimeout: time.Minute}})
 	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DisableCompression: true}}
 	defer hc.CloseIdleConnections()
@@ -627,7 +628,7 @@ func startCountingOrigin(t *testing.T) *countingOrigin {
 // once it passes.
 func TestProxyRoundRobinAndHealthChecks(t *testing.T) {
 	ups := []*countingOrigin{startCountingOrigin(t), startCountingOrigin(t), startCountingOrigin(t)}
-	e := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 1000000, window: 1m}]", cfg: edge.Config{Mode: edge.Proxy,
+	e := startEdge(t, edgeOpts{rules: "rules: [{name: p, limit: 1000000, window: 1m}]", cfg: httpedge.Config{Mode: httpedge.Proxy,
 		Upstream:           ups[0].addr + ", " + ups[1].addr + "," + ups[2].addr,
 		UpstreamHealthPath: "/health", UpstreamHealthInterval: 30 * time.Millisecond, UpstreamHealthTimeout: 30 * time.Millisecond,
 		UpstreamHealthThreshold: 2}})
@@ -701,7 +702,7 @@ func TestProxyClientConnection(t *testing.T) {
 		}
 		return []byte("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello")
 	})
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{Mode: edge.Proxy, Upstream: origin.addr}})
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: origin.addr}})
 	c, err := net.Dial("tcp", e.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -763,7 +764,7 @@ func TestProxyRetries(t *testing.T) {
 	const rules = "rules: [{name: p, limit: 1000000, window: 1m}]"
 	t.Run("idempotent requests go to the next upstream", func(t *testing.T) {
 		good := startCountingOrigin(t)
-		e := startEdge(t, edgeOpts{rules: rules, cfg: edge.Config{Mode: edge.Proxy, Upstream: deadAddr(t) + "," + good.addr}})
+		e := startEdge(t, edgeOpts{rules: rules, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: deadAddr(t) + "," + good.addr}})
 		for _, m := range []string{"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"} {
 			for i := 0; i < 2; i++ { // one of the two picks the dead upstream first
 				if s := send(t, e.addr, m, "/r"); s != 200 {
@@ -798,7 +799,7 @@ func TestProxyRetries(t *testing.T) {
 			for _, c := range closers {
 				list = append(list, c.addr)
 			}
-			e := startEdge(t, edgeOpts{rules: rules, cfg: edge.Config{Mode: edge.Proxy, Upstream: strings.Join(list, ","),
+			e := startEdge(t, edgeOpts{rules: rules, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: strings.Join(list, ","),
 				UpstreamRetries: tc.retries}})
 			if s := send(t, e.addr, "GET", "/r"); s != 502 {
 				t.Errorf("retries %d: GET to upstreams that all close: %d, want 502", tc.retries, s)
@@ -816,7 +817,7 @@ func TestProxyRetries(t *testing.T) {
 		a, b := startCountingOrigin(t), startCountingOrigin(t)
 		a.status.Store(503)
 		b.status.Store(503)
-		e := startEdge(t, edgeOpts{rules: rules, cfg: edge.Config{Mode: edge.Proxy, Upstream: a.addr + "," + b.addr,
+		e := startEdge(t, edgeOpts{rules: rules, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: a.addr + "," + b.addr,
 			UpstreamTimeout: 300 * time.Millisecond}})
 		if s := send(t, e.addr, "GET", "/r"); s != 503 {
 			t.Errorf("upstream answering 503: %d, want its 503", s)
@@ -825,7 +826,7 @@ func TestProxyRetries(t *testing.T) {
 			t.Errorf("a 503 was sent %d times, want 1", n)
 		}
 		slow := startRawOrigin(t, func(*wireMsg) []byte { time.Sleep(time.Second); return okResponse("late") })
-		e2 := startEdge(t, edgeOpts{rules: rules, cfg: edge.Config{Mode: edge.Proxy, Upstream: slow.addr,
+		e2 := startEdge(t, edgeOpts{rules: rules, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: slow.addr,
 			UpstreamTimeout: 300 * time.Millisecond}})
 		if s := send(t, e2.addr, "GET", "/slow"); s != 504 {
 			t.Errorf("slow upstream: %d, want 504", s)
@@ -846,7 +847,7 @@ func TestProxyRetries(t *testing.T) {
 func TestProxyRefusesSmuggling(t *testing.T) {
 	origin := startRawOrigin(t, func(*wireMsg) []byte { return okResponse("ok") })
 	e := startEdge(t, edgeOpts{rules: "rules: [{name: one, limit: 1, window: 1m}]",
-		cfg: edge.Config{Mode: edge.Proxy, Upstream: origin.addr}})
+		cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: origin.addr}})
 	const smuggled = "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
 	tests := []struct {
 		name, raw string
@@ -934,7 +935,7 @@ func TestProxyRefusesSmuggling(t *testing.T) {
 // 400 and the upstream never gets a complete request.
 func TestProxyMalformedChunkLate(t *testing.T) {
 	origin := startRawOrigin(t, func(*wireMsg) []byte { return okResponse("ok") })
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{Mode: edge.Proxy, Upstream: origin.addr}})
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: origin.addr}})
 	big := strings.Repeat("a", 100<<10)
 	raw := fmt.Sprintf("POST /late HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\nzz\r\n"+
 		"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n", len(big), big)
@@ -953,15 +954,15 @@ func TestProxyMalformedChunkLate(t *testing.T) {
 func TestProxyConfigValidation(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		cfg  edge.Config
+		cfg  httpedge.Config
 		want []string // substrings of the error; none: valid
 	}{
-		{"one upstream", edge.Config{Mode: edge.Proxy, Upstream: "127.0.0.1:8080"}, nil},
-		{"a list", edge.Config{Mode: edge.Proxy, Upstream: "a.internal:80, b.internal:80,[::1]:8080"}, nil},
-		{"no port", edge.Config{Mode: edge.Proxy, Upstream: "a.internal"}, []string{`Upstream "a.internal"`, "must be host:port"}},
-		{"bad entries", edge.Config{Mode: edge.Proxy, Upstream: "a:80,,b:0,http://c:80,a:80"},
+		{"one upstream", httpedge.Config{Mode: httpedge.Proxy, Upstream: "127.0.0.1:8080"}, nil},
+		{"a list", httpedge.Config{Mode: httpedge.Proxy, Upstream: "a.internal:80, b.internal:80,[::1]:8080"}, nil},
+		{"no port", httpedge.Config{Mode: httpedge.Proxy, Upstream: "a.internal"}, []string{`Upstream "a.internal"`, "must be host:port"}},
+		{"bad entries", httpedge.Config{Mode: httpedge.Proxy, Upstream: "a:80,,b:0,http://c:80,a:80"},
 			[]string{"empty entry", `"b:0": port must be 1 to 65535`, `"http://c:80": must be host:port`, `"a:80": listed twice`}},
-		{"bad proxy fields", edge.Config{Mode: edge.Proxy, Upstream: "a:80", UpstreamConns: -1, UpstreamRetries: 11,
+		{"bad proxy fields", httpedge.Config{Mode: httpedge.Proxy, Upstream: "a:80", UpstreamConns: -1, UpstreamRetries: 11,
 			UpstreamHealthPath: "health", UpstreamHealthThreshold: -2, UpstreamHealthInterval: -time.Second,
 			UpstreamIdempotencyHeader: "Idem Key"},
 			[]string{"UpstreamConns -1", "UpstreamRetries 11", `UpstreamHealthPath "health"`, "UpstreamHealthThreshold -2",
@@ -995,12 +996,12 @@ func FuzzParseUpstreams(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := edge.ParseUpstreams(s)
+		got, err := httpedge.ParseUpstreams(s)
 		if err != nil {
 			return
 		}
-		if len(got) == 0 || len(got) > edge.MaxUpstreams {
-			t.Fatalf("ParseUpstreams(%q) = %d entries, want 1 to %d", s, len(got), edge.MaxUpstreams)
+		if len(got) == 0 || len(got) > httpedge.MaxUpstreams {
+			t.Fatalf("ParseUpstreams(%q) = %d entries, want 1 to %d", s, len(got), httpedge.MaxUpstreams)
 		}
 		seen := map[string]bool{}
 		for _, a := range got {
@@ -1010,7 +1011,7 @@ func FuzzParseUpstreams(f *testing.F) {
 			}
 			seen[a] = true
 		}
-		again, err := edge.ParseUpstreams(strings.Join(got, ","))
+		again, err := httpedge.ParseUpstreams(strings.Join(got, ","))
 		if err != nil || fmt.Sprint(again) != fmt.Sprint(got) {
 			t.Fatalf("ParseUpstreams(%q) = %q, which parses back as %q, %v", s, got, again, err)
 		}

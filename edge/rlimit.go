@@ -2,6 +2,8 @@ package edge
 
 import (
 	"log/slog"
+
+	"github.com/poplimit/poplimit/httpedge"
 )
 
 // FileLimit is the process's open-file limit (RLIMIT_NOFILE).
@@ -20,8 +22,8 @@ const filesReserve = 256
 func (o Options) FilesNeeded() uint64 {
 	o = o.withDefaults()
 	n := uint64(o.Server.Concurrency) + filesReserve
-	if o.Server.Mode == Proxy {
-		ups, _ := ParseUpstreams(o.Server.Upstream)
+	if o.Server.Mode == httpedge.Proxy {
+		ups, _ := httpedge.ParseUpstreams(o.Server.Upstream)
 		n += uint64(len(ups)) * uint64(o.Server.UpstreamConns)
 	}
 	return n

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/testenv"
 )
 
@@ -59,7 +60,7 @@ func tlsClient(cert *x509.Certificate, maxVersion uint16) *http.Client {
 func TestTLSListener(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile, first := writeCert(t, dir, "first")
-	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: edge.Config{TLSCert: certFile, TLSKey: keyFile, ReloadPoll: 20 * time.Millisecond}})
+	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{TLSCert: certFile, TLSKey: keyFile}, reloadPoll: 20 * time.Millisecond})
 	url := "https://" + e.addr + "/check/x"
 	resp, err := tlsClient(first, 0).Get(url)
 	if err != nil {
@@ -104,7 +105,7 @@ func TestTLSListener(t *testing.T) {
 func TestTLSConfigRejected(t *testing.T) {
 	dir := t.TempDir()
 	certFile, _, _ := writeCert(t, dir, "x")
-	for _, cfg := range []edge.Config{{TLSCert: certFile}, {TLSCert: certFile, TLSKey: filepath.Join(dir, "missing.pem")}} {
+	for _, cfg := range []httpedge.Config{{TLSCert: certFile}, {TLSCert: certFile, TLSKey: filepath.Join(dir, "missing.pem")}} {
 		o := edge.Options{Server: cfg}
 		if _, err := edge.Build(o); err == nil {
 			t.Errorf("Build with %+v: want an error", cfg)

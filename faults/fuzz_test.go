@@ -12,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/rules"
 
-	"github.com/poplimit/poplimit/edge"
+	"github.com/valyala/fasthttp"
+
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/valyala/fasthttp"
 )
 
 // fuzzRules key requests every way a rule can, each part hostile-able, and
@@ -51,7 +53,7 @@ func FuzzHostileRequestKey(f *testing.F) {
 	f.Add("/", "1.2.3.4,,", []byte("x"), "&&&", ";;;")
 	f.Add("/", "  2001:DB8::0001  ", []byte("x"), "u=1", "sid=1")
 
-	e := newEdge(f, edgeSpec{rules: fuzzRules, cfg: edge.Config{ClientIPHeader: "CF-Connecting-IP"}})
+	e := newEdge(f, edgeSpec{rules: fuzzRules, cfg: httpedge.Config{ClientIPHeader: "CF-Connecting-IP"}})
 	handler := e.srv.Handler()
 	var nonce atomic.Uint64
 	peer := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4242}
@@ -94,13 +96,13 @@ func FuzzHostileRequestKey(f *testing.F) {
 		}
 		// A key of one header part is the header's bytes, exactly, but for
 		// a value starting with 0x00 or 0x01, which gets a 0x01 before it
-		// (so that no key starts like edge.FallbackKeyTag: finding F1).
+		// (so that no key starts like decision.FallbackKeyTag: finding F1).
 		v := req.Header.Peek("X-Key")
 		want := v
 		if len(v) > 0 && v[0] <= 0x01 {
 			want = append([]byte{0x01}, v...)
 		}
-		k, ok := edge.AppendKey(nil, edge.FastFields(req), keyRule, netip.MustParseAddr("192.0.2.1"))
+		k, ok := decision.AppendKey(nil, httpedge.FastFields(req), keyRule, netip.MustParseAddr("192.0.2.1"))
 		if ok != (len(v) > 0) || ok && !bytes.Equal(k, want) {
 			t.Fatalf("key %q: AppendKey = %q, %v; the header holds %q, want %q", key, k, ok, v, want)
 		}

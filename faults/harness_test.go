@@ -17,8 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/rules"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/edge"
@@ -27,8 +32,6 @@ import (
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/window"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/valyala/fasthttp"
 )
 
 // full reports whether the full versions run (POPLIMIT_FULL=1).
@@ -57,8 +60,8 @@ type edgeSpec struct {
 	retryTimeout time.Duration // default 5s (shardproxy's, not a flag)
 	maxKeys      int
 	skew         time.Duration
-	cfg          edge.Config // TrustedProxies default loopback, RetryJitter 1ns
-	events       edge.Emitter
+	cfg          httpedge.Config // TrustedProxies default loopback, RetryJitter 1ns
+	events       decision.Emitter
 	reg          *prometheus.Registry // default a new one
 }
 
@@ -66,7 +69,7 @@ type edgeSpec struct {
 // as cmd/edge builds it.
 type inEdge struct {
 	*edge.Edge
-	srv    *edge.Server
+	srv    *httpedge.Server
 	lim    *window.Limiter
 	mc     *shardproxy.Client // nil with an in-memory store
 	blocks *blockcache.Cache
@@ -207,11 +210,11 @@ func homeShard(t testing.TB, servers []shardproxy.Server, key uint64) int {
 	return placementOf(t, servers).home(key)
 }
 
-// recorder is an edge.Emitter that keeps every decision event with the true
+// recorder is an decision.Emitter that keeps every decision event with the true
 // time it was made, and passes it on to next, if set. Safe for concurrent
 // use once skews is set.
 type recorder struct {
-	next edge.Emitter
+	next decision.Emitter
 	// skews are the clock skews of the edges, by edge id: an event's time
 	// is its edge's clock, which is the true time plus the skew.
 	skews map[uint16]time.Duration

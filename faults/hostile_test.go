@@ -17,12 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/httpedge"
 )
 
 // hostileEdge starts an in-process edge served by its own fasthttp server
 // (its header limits and timeouts apply) and returns its address.
-func hostileEdge(t *testing.T, rules string, cfg edge.Config, maxKeys int) (*inEdge, string) {
+func hostileEdge(t *testing.T, rules string, cfg httpedge.Config, maxKeys int) (*inEdge, string) {
 	t.Helper()
 	e := newEdge(t, edgeSpec{rules: rules, cfg: cfg, maxKeys: maxKeys})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -60,7 +60,7 @@ func rawRequest(t *testing.T, addr, req string) int {
 // the proxy's own address without touching anyone else's quota.
 func TestClientAddressForms(t *testing.T) {
 	_, addr := hostileEdge(t, "rules: [{name: per-ip, limit: 2, window: 1m}]",
-		edge.Config{ClientIPHeader: "CF-Connecting-IP", MaxHeaderSize: 64 << 10}, 0)
+		httpedge.Config{ClientIPHeader: "CF-Connecting-IP", MaxHeaderSize: 64 << 10}, 0)
 	type form struct{ header, value string }
 	clients := []struct {
 		name  string
@@ -140,7 +140,7 @@ func TestClientAddressForms(t *testing.T) {
 // a head within the limit is decided, a larger one gets 431, and neither
 // affects the next client.
 func TestTooManyHeaders(t *testing.T) {
-	_, addr := hostileEdge(t, "rules: [{name: by-key, key: [\"header:X-Key\"], limit: 5, window: 1m}]", edge.Config{}, 0)
+	_, addr := hostileEdge(t, "rules: [{name: by-key, key: [\"header:X-Key\"], limit: 5, window: 1m}]", httpedge.Config{}, 0)
 	head := func(n int) string {
 		var b strings.Builder
 		b.WriteString("GET / HTTP/1.1\r\nHost: x\r\nX-Key: many\r\n")
@@ -173,7 +173,7 @@ func TestTooManyHeaders(t *testing.T) {
 // a legitimate client is still limited exactly.
 func TestHostileKeysBoundedMemory(t *testing.T) {
 	e, addr := hostileEdge(t, "rules: [{name: by-key, key: [\"header:X-Key\"], limit: 2, window: 1m}]",
-		edge.Config{MaxHeaderSize: 16 << 10}, 1024)
+		httpedge.Config{MaxHeaderSize: 16 << 10}, 1024)
 	heap := func() uint64 {
 		runtime.GC()
 		var m runtime.MemStats
@@ -332,7 +332,7 @@ func TestBadRulesPushedToRunningEdge(t *testing.T) {
 // ip). Another client, from elsewhere, must not be able to spend that
 // quota by sending the parameter with crafted bytes.
 func TestQueryKeyCannotTakeAnotherClientsFallbackKey(t *testing.T) {
-	_, addr := hostileEdge(t, `rules: [{name: by-user, key: ["query:u"], limit: 2, window: 1m}]`, edge.Config{}, 0)
+	_, addr := hostileEdge(t, `rules: [{name: by-user, key: ["query:u"], limit: 2, window: 1m}]`, httpedge.Config{}, 0)
 	// The victim, 203.0.113.9 (through the trusted proxy), sends no u.
 	victim := "GET / HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.9\r\n\r\n"
 	// The attacker, from another address, sends u = "\x00ip\x00203.0.113.9".
@@ -351,7 +351,7 @@ func TestQueryKeyCannotTakeAnotherClientsFallbackKey(t *testing.T) {
 // differ only in where a part ends: (u="a\x1fb", o="c") and (u="a",
 // o="b\x1fc"). They are different clients and must not share a quota.
 func TestCompositeKeysDoNotCollide(t *testing.T) {
-	_, addr := hostileEdge(t, `rules: [{name: by-user-org, key: ["query:u", "query:o"], limit: 1, window: 1m}]`, edge.Config{}, 0)
+	_, addr := hostileEdge(t, `rules: [{name: by-user-org, key: ["query:u", "query:o"], limit: 1, window: 1m}]`, httpedge.Config{}, 0)
 	first := rawRequest(t, addr, "GET /?u=a%1Fb&o=c HTTP/1.1\r\nHost: x\r\n\r\n")
 	second := rawRequest(t, addr, "GET /?u=a&o=b%1Fc HTTP/1.1\r\nHost: x\r\n\r\n")
 	if first != 200 || second != 200 {

@@ -13,11 +13,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/poplimit/poplimit/edge"
+	"github.com/valyala/fasthttp"
+
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
-	"github.com/valyala/fasthttp"
 )
 
 // OfflineConfig configures Offline. The zero value of each field means the
@@ -171,8 +173,8 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 		return nil, fmt.Errorf("loadtest: offline: %w", err)
 	}
 	sim.slots = window.NewSlots(window.SlotsConfig{}, store)
-	sim.core, err = edge.NewCore(edge.CoreConfig{Observe: sim.observe, Wait: func(time.Duration) {}}, cfg.Rules,
-		edge.CoreDeps{Limiter: sim.lim, Blocks: sim.blocks, Slots: sim.slots, Events: sim})
+	sim.core, err = decision.NewCore(decision.CoreConfig{Observe: sim.observe, Wait: func(time.Duration) {}}, cfg.Rules,
+		decision.CoreDeps{Limiter: sim.lim, Blocks: sim.blocks, Slots: sim.slots, Events: sim})
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: offline: %w", err)
 	}
@@ -252,7 +254,7 @@ type offline struct {
 	clock     *simClock
 	lim       *window.Limiter
 	slots     *window.Slots
-	core      *edge.Core
+	core      *decision.Core
 	blocks    *mapBlocks
 	lastFlush int64
 	lastRenew int64
@@ -309,23 +311,23 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 	}
 	o.durations = o.durations || r.Duration > 0
 	o.at = at
-	v := o.core.Decide(&edge.Request{Host: edge.HostOnly([]byte(r.Host)), Method: []byte(method),
-		Path: edge.StripPrefix(req.URI().Path(), o.cfg.CheckPrefix), Addr: r.IP,
-		Fields: edge.FastFields(req), Now: now, Tracked: r.Duration > 0})
+	v := o.core.Decide(&decision.Request{Host: decision.HostOnly([]byte(r.Host)), Method: []byte(method),
+		Path: httpedge.StripPrefix(req.URI().Path(), o.cfg.CheckPrefix), Addr: r.IP,
+		Fields: httpedge.FastFields(req), Now: now, Tracked: r.Duration > 0})
 	d := OfflineDecision{Index: idx, At: at, Status: 200}
 	if v.Quota.Rule != nil {
 		d.Rule = v.Quota.Rule.Name
 	}
 	switch v.Outcome {
-	case edge.Limited:
+	case decision.Limited:
 		d.Status, d.FromCache = 429, v.FromBlockCache
 		if v.Quota.ReleaseAt > 0 {
 			d.ReleaseAt = time.Unix(0, v.Quota.ReleaseAt)
 		}
-	case edge.Denied, edge.Undecidable:
+	case decision.Denied, decision.Undecidable:
 		d.Status = 400
 	}
-	if v.Outcome == edge.Allowed && r.Duration > 0 {
+	if v.Outcome == decision.Allowed && r.Duration > 0 {
 		heap.Push(&o.pending, pendingReq{end: at + r.Duration, v: v}) // its slots are held until then
 	} else {
 		o.core.Finish(v)
@@ -367,7 +369,7 @@ func (o *offline) observe(r *rules.Rule, key []byte, e *pipeline.Event) {
 
 type pendingReq struct {
 	end time.Duration
-	v   *edge.Verdict
+	v   *decision.Verdict
 }
 
 // pendingHeap orders tracked requests by their end.
@@ -451,7 +453,7 @@ func (o *offline) limitedKey(st *ruleStats, h uint64, key []byte, at time.Durati
 // "ip-fallback:<address>", any other with its unprintable bytes escaped.
 func displayKey(k []byte) string {
 	prefix := ""
-	if rest, ok := bytes.CutPrefix(k, []byte(edge.FallbackKeyTag)); ok {
+	if rest, ok := bytes.CutPrefix(k, []byte(decision.FallbackKeyTag)); ok {
 		prefix, k = "ip-fallback:", rest
 	}
 	s := strconv.QuoteToASCII(string(k))

@@ -168,7 +168,7 @@ func TestOfflineKeysBounded(t *testing.T) {
 	}
 }
 
-// Offline runs the edge's own decision core (edge.Core, the one the
+// Offline runs the edge's own decision core (decision.Core, the one the
 // fasthttp server calls), so it agrees with a live edge by construction.
 // What it must add is what a trace can and cannot tell: concurrency rules
 // are decided from the requests' durations when the trace has them, and

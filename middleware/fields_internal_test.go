@@ -7,14 +7,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/valyala/fasthttp"
+
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/httpedge"
 )
 
 // bothFields reads one raw request (lines ending in \n) as net/http and as
 // the edge server do; ok is false when either refuses it.
-func bothFields(t testing.TB, head string) (mw *fields, fast edge.Fields, ok bool) {
+func bothFields(t testing.TB, head string) (mw *fields, fast decision.Fields, ok bool) {
 	t.Helper()
 	raw := strings.ReplaceAll(head, "\n", "\r\n")
 	r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw)))
@@ -25,7 +27,7 @@ func bothFields(t testing.TB, head string) (mw *fields, fast edge.Fields, ok boo
 	if err := req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
 		return nil, nil, false
 	}
-	return &fields{&netHTTP{}, r}, edge.FastFields(&req), true
+	return &fields{&netHTTP{}, r}, httpedge.FastFields(&req), true
 }
 
 type lookup func(name string) (first, last []byte, n int)

@@ -33,12 +33,14 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/poplimit/poplimit/clientaddr"
-	"github.com/poplimit/poplimit/edge"
 	"github.com/valyala/fasthttp"
+
+	"github.com/poplimit/poplimit/clientaddr"
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/edge"
 )
 
-// FastHTTP returns next behind e's decision (see edge.Server.Wrap).
+// FastHTTP returns next behind e's decision (see httpedge.Server.Wrap).
 func FastHTTP(e *edge.Edge, next fasthttp.RequestHandler) fasthttp.RequestHandler {
 	return e.Server.Wrap(next)
 }
@@ -74,27 +76,27 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	peer, _ := netip.ParseAddrPort(r.RemoteAddr)
 	sc.f = fields{m, r}
 	defer func() { sc.f = fields{} }()
-	req := edge.Request{Host: edge.HostOnly(bytesOf(r.Host)), Method: bytesOf(r.Method), Path: bytesOf(r.URL.Path),
+	req := decision.Request{Host: decision.HostOnly(bytesOf(r.Host)), Method: bytesOf(r.Method), Path: bytesOf(r.URL.Path),
 		Addr: m.addr.FromHeader(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: time.Now(), Tracked: true}
 	v := m.e.Core.Decide(&req)
 	defer m.e.Core.Finish(v)
 	t := req.Now.UnixNano()
 	h := w.Header()
-	if v.Quota.Rule != nil && (v.Outcome == edge.Allowed || v.Outcome == edge.Limited) {
+	if v.Quota.Rule != nil && (v.Outcome == decision.Allowed || v.Outcome == decision.Limited) {
 		sc.buf = m.setQuota(h, &v.Quota, t, sc.buf)
 	}
 	switch v.Outcome {
-	case edge.Allowed:
+	case decision.Allowed:
 		next.ServeHTTP(w, r)
-	case edge.Limited:
-		ra := edge.RetryAfter(v.Quota.ReleaseAt, t, m.jitter)
+	case decision.Limited:
+		ra := decision.RetryAfter(v.Quota.ReleaseAt, t, m.jitter)
 		h["Retry-After"] = []string{strconv.FormatInt(ra, 10)}
 		h["Content-Type"] = []string{"application/problem+json"}
 		w.WriteHeader(http.StatusTooManyRequests)
-		sc.buf = edge.AppendProblem(sc.buf[:0], &v.Quota, ra)
+		sc.buf = decision.AppendProblem(sc.buf[:0], &v.Quota, ra)
 		w.Write(sc.buf)
-	case edge.Shed:
-		h["Retry-After"] = []string{strconv.FormatInt(edge.RetryAfter(v.Quota.ReleaseAt, t, m.jitter), 10)}
+	case decision.Shed:
+		h["Retry-After"] = []string{strconv.FormatInt(decision.RetryAfter(v.Quota.ReleaseAt, t, m.jitter), 10)}
 		problem(w, http.StatusServiceUnavailable, "the service is overloaded and sheds this class of request; retry later")
 	default:
 		problem(w, http.StatusBadRequest, v.Reason)
@@ -104,11 +106,11 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 // setQuota sets the quota fields of q. net/http keeps each value as a
 // string in a slice of its own: the five slices share one array (capped,
 // so an append by the handler copies), the strings are one each.
-func (m *netHTTP) setQuota(h http.Header, q *edge.Quota, now int64, buf []byte) []byte {
+func (m *netHTTP) setQuota(h http.Header, q *decision.Quota, now int64, buf []byte) []byte {
 	v := make([]string, 5)
-	buf = edge.AppendPolicy(buf[:0], q)
+	buf = decision.AppendPolicy(buf[:0], q)
 	v[0] = string(buf)
-	buf = edge.AppendRateLimit(buf[:0], q, now)
+	buf = decision.AppendRateLimit(buf[:0], q, now)
 	v[1] = string(buf)
 	v[2] = strconv.FormatUint(q.Limit, 10)
 	v[3] = strconv.FormatUint(q.Remaining, 10)
@@ -125,7 +127,7 @@ func problem(w http.ResponseWriter, status int, detail string) {
 }
 
 // fields reads a net/http request's header fields, query parameters and
-// cookies for the core as edge.Fields says, counting every occurrence, as
+// cookies for the core as decision.Fields says, counting every occurrence, as
 // the edge server does, without allocating for names already seen and
 // values without escapes.
 type fields struct {

@@ -11,8 +11,10 @@ import (
 
 	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/kafkaauth"
 	"github.com/poplimit/poplimit/redisstore"
+	"github.com/poplimit/poplimit/rls"
 	"github.com/poplimit/poplimit/shardproxy"
 )
 
@@ -26,9 +28,9 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.StringVar(&o.Listen, "listen", o.Listen, "address for rate-limited traffic")
 	fs.StringVar(&o.Admin, "admin", o.Admin, "address for /metrics, /healthz and /readyz")
 	fs.StringVar(&o.RLSListen, "rls-listen", "", "address for Envoy's rate limit service (gRPC; rules from envoyproxy/ratelimit files: -rules FILE or DIR); default off")
-	fs.StringVar(&o.RLS.Headers, "rls-headers", edge.RLSHeadersDraft, `response_headers_to_add of the rate limit service: "draft" (RateLimit-Policy, RateLimit, Retry-After), "ratelimit" (envoyproxy/ratelimit's RateLimit-Limit/-Remaining/-Reset) or "none"`)
+	fs.StringVar(&o.RLS.Headers, "rls-headers", rls.HeadersDraft, `response_headers_to_add of the rate limit service: "draft" (RateLimit-Policy, RateLimit, Retry-After), "ratelimit" (envoyproxy/ratelimit's RateLimit-Limit/-Remaining/-Reset) or "none"`)
 	fs.BoolVar(&o.RLS.Reflection, "rls-reflection", false, "serve gRPC reflection on the rate limit service")
-	fs.Var(textVar[edge.Mode]{&c.Mode}, "mode", `"decision" (answer 200/429, Envoy ext_authz) or "proxy" (forward allowed requests to -upstream)`)
+	fs.Var(textVar[httpedge.Mode]{&c.Mode}, "mode", `"decision" (answer 200/429, Envoy ext_authz) or "proxy" (forward allowed requests to -upstream)`)
 	fs.StringVar(&c.Upstream, "upstream", c.Upstream, "upstream host:port in proxy mode, or several comma-separated (round-robin among the healthy ones)")
 	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", c.UpstreamTimeout, "bound of a proxied request's whole upstream exchange, streamed response body included (504 past it)")
 	fs.IntVar(&c.UpstreamConns, "upstream-conns", c.UpstreamConns, "connections to each upstream at most")
@@ -39,8 +41,8 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.IntVar(&c.UpstreamHealthThreshold, "upstream-health-threshold", c.UpstreamHealthThreshold, "failed health checks in a row that make an upstream skipped (one pass brings it back)")
 	fs.IntVar(&c.UpstreamRetries, "upstream-retries", c.UpstreamRetries, "times an idempotent request is sent again, to the next upstream, after a connection error (-1: never)")
 	fs.StringVar(&c.UpstreamIdempotencyHeader, "upstream-idempotency-header", c.UpstreamIdempotencyHeader, `header that makes a POST or PATCH retryable ("-": none)`)
-	fs.StringVar(&c.RulesFile, "rules", "", "rules YAML file (or envoyproxy/ratelimit files: one, or a directory of them), reloaded on change and SIGHUP (default: the built-in rule)")
-	fs.StringVar(&c.OverridesFile, "overrides", "", "key → tier overrides YAML file")
+	fs.StringVar(&o.RulesFile, "rules", "", "rules YAML file (or envoyproxy/ratelimit files: one, or a directory of them), reloaded on change and SIGHUP (default: the built-in rule)")
+	fs.StringVar(&o.OverridesFile, "overrides", "", "key → tier overrides YAML file")
 	fs.IntVar(&c.EdgeID, "edge-id", c.EdgeID, "this edge's id in decision events (0-65535)")
 	fs.Func("trusted-proxies", "comma-separated CIDRs whose forwarding headers are believed", func(s string) (err error) {
 		c.TrustedProxies, err = clientaddr.ParsePrefixes(s)

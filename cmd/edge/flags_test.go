@@ -4,7 +4,7 @@ import (
 	"io"
 	"testing"
 
-	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/httpedge"
 )
 
 // The body and connection limits have their flags, whose defaults are
@@ -14,9 +14,9 @@ func TestLimitFlags(t *testing.T) {
 		args            []string
 		body, perClient int
 	}{
-		{nil, edge.DefaultMaxDecisionBody, 1024},
+		{nil, httpedge.DefaultMaxDecisionBody, 1024},
 		{[]string{"-max-decision-body-bytes", "4096", "-max-conns-per-client", "-1"}, 4096, -1},
-		{[]string{"-max-conns-per-client", "64"}, edge.DefaultMaxDecisionBody, 64},
+		{[]string{"-max-conns-per-client", "64"}, httpedge.DefaultMaxDecisionBody, 64},
 	} {
 		o, _, err := parseFlags(tc.args, io.Discard)
 		if err != nil {

@@ -36,7 +36,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 
@@ -377,7 +377,7 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	if *phase < 0 || phaseSet && *origin != "" {
 		return errors.New("loadtest offline: -phase D: at least 0, and not with -origin (it sets the origin)")
 	}
-	rs, err := edge.LoadFiles(*rulesPath, *overrides) // the edge's own loader: same files, same built-in rule
+	rs, err := decision.LoadFiles(*rulesPath, *overrides) // the edge's own loader: same files, same built-in rule
 	if err != nil {
 		return fmt.Errorf("loadtest offline: %w", err)
 	}

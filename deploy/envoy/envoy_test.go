@@ -17,14 +17,16 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/edge/edgetest"
-	"github.com/poplimit/poplimit/rules/envoyconf"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
+
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/rls"
+	"github.com/poplimit/poplimit/rules/envoyconf"
 )
 
 // config is envoy.yaml decoded: the bootstrap and the parts the tests
@@ -198,7 +200,7 @@ func TestDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Unix(1_800_000_010, 0) // 10 s into a minute, on the hour
-	rls, err := edge.NewRLS(e.Core, edge.RLSConfig{Now: func() time.Time { return now }}, edgetest.Discard, nil)
+	rls, err := rls.New(e.Core, rls.Config{Now: func() time.Time { return now }}, edgetest.Discard, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func New(tb testing.TB, rulesYAML string, o edge.Options) *edge.Edge {
 		if err := os.WriteFile(f, []byte(rulesYAML), 0o644); err != nil {
 			tb.Fatal(err)
 		}
-		o.Server.RulesFile = f
+		o.RulesFile = f
 	}
 	if o.Server.RetryJitter == 0 {
 		o.Server.RetryJitter = time.Nanosecond

@@ -98,7 +98,7 @@
 // reload. IsEnvoy tells these files from poplimit's own rules files;
 // ReadFiles, LoadPath and Stamp read a file or a directory of them, as
 // ratelimit reads its runtime directory. The rate limit service itself is
-// edge.RLS.
+// rls.Service.
 //
 // # Concurrency
 //

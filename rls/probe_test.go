@@ -1,4 +1,4 @@
-package edge_test
+package rls_test
 
 import (
 	"math"
@@ -8,11 +8,13 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/shardproxy"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/rls"
+	"github.com/poplimit/poplimit/shardproxy"
 )
 
 // otherCaller is a second Envoy calling the same RLS as h over a
@@ -84,7 +86,7 @@ func TestRLSOversizedHitsDoNotLockOut(t *testing.T) {
 	} {
 		t.Run(tc.ext, func(t *testing.T) {
 			hostile := startRLS(t, inline("domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 5, "+tc.ext+"}\n"),
-				edge.RLSConfig{}, edge.Options{})
+				rls.Config{}, edge.Options{})
 			other := otherCaller(t, hostile)
 			lim := func(code rlspb.RateLimitResponse_Code, rem uint32) st {
 				return st{code: code, rpu: 5, unit: minute, remaining: rem, reset: 50}
@@ -118,7 +120,7 @@ func TestRLSOversizedHitsDoNotLockOut(t *testing.T) {
 // counts for a ceiling far above it, so only the front end's check keeps
 // one call from filling the shared counter.
 func TestRLSOversizedHitsOverride(t *testing.T) {
-	hostile := startRLS(t, fixtures(t, "readme/ex2.yaml"), edge.RLSConfig{}, edge.Options{})
+	hostile := startRLS(t, fixtures(t, "readme/ex2.yaml"), rls.Config{}, edge.Options{})
 	other := otherCaller(t, hostile)
 	lim := func(code rlspb.RateLimitResponse_Code, rem uint32) st {
 		return st{code: code, rpu: 5, unit: minute, remaining: rem, reset: 50}
@@ -148,8 +150,8 @@ func TestRLSOversizedHitsTwoEdges(t *testing.T) {
 	o.Limiter.StoreTimeout = time.Second
 	files := fixtures(t, "readme/ex2.yaml") // to_number: 100 a day
 	clock := newClock(rlsBase)
-	hostile := startRLS(t, files, edge.RLSConfig{Now: clock.Now}, o)
-	other := startRLS(t, files, edge.RLSConfig{Now: clock.Now}, o)
+	hostile := startRLS(t, files, rls.Config{Now: clock.Now}, o)
+	other := startRLS(t, files, rls.Config{Now: clock.Now}, o)
 	lim := func(code rlspb.RateLimitResponse_Code, rem uint32) st {
 		return st{code: code, rpu: 100, unit: day, remaining: rem, reset: 57590}
 	}
@@ -172,7 +174,7 @@ func TestRLSOversizedHitsTwoEdges(t *testing.T) {
 // nothing either.
 func TestRLSOversizedHitsShadow(t *testing.T) {
 	h := startRLS(t, inline("domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n    shadow_mode: true\n"),
-		edge.RLSConfig{}, edge.Options{})
+		rls.Config{}, edge.Options{})
 	lim := func(rem uint32) st { return st{code: ok, rpu: 5, unit: minute, remaining: rem, reset: 50} }
 	checkResp(t, "the oversized call", h.ask(t, "s", math.MaxUint32, desc("k", "a")), ok, lim(0))
 	checkResp(t, "an ordinary call", h.ask(t, "s", 0, desc("k", "a")), ok, lim(4))
@@ -186,7 +188,7 @@ func TestRLSZeroLimitCountsNothing(t *testing.T) {
 	for _, mode := range []string{"sync", "async"} {
 		t.Run(mode, func(t *testing.T) {
 			h := startRLS(t, inline("domain: z\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 0, mode: "+mode+"}\n"),
-				edge.RLSConfig{}, edge.Options{})
+				rls.Config{}, edge.Options{})
 			lim := func(code rlspb.RateLimitResponse_Code) st { return st{code: code, rpu: 0, unit: second, reset: 1} }
 			checkResp(t, "a hit", h.ask(t, "z", 0, desc("ip", "a")), over, lim(over))
 			checkResp(t, "hits_addend 2^64-1", h.ask(t, "z", 0, withHits(desc("ip", "a"), math.MaxUint64)), over, lim(over))

@@ -1,4 +1,4 @@
-package edge
+package httpedge
 
 import (
 	"bytes"
@@ -12,9 +12,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/rules"
-	"github.com/valyala/fasthttp"
 )
 
 // Proxy mode is a reverse proxy in the sense of RFC 9110 §7.6:

@@ -1,4 +1,4 @@
-package edge
+package httpedge
 
 import (
 	"bytes"
@@ -9,17 +9,17 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/poplimit/poplimit/clientaddr"
-	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/rules/envoyconf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+
+	"github.com/poplimit/poplimit/clientaddr"
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/rules"
 )
 
 // Deps are the parts a Server uses besides its Core.
@@ -39,14 +39,11 @@ type Deps struct {
 // use.
 type Server struct {
 	cfg  Config
-	core *Core
+	core *decision.Core
 	deps Deps
 	log  *slog.Logger
 	m    *serverMetrics
 	addr *clientaddr.Resolver
-
-	// reloadMu serializes reloads.
-	reloadMu sync.Mutex
 
 	srv      *fasthttp.Server
 	rm       *readMetrics // requests the HTTP reader refused (bodylimit.go)
@@ -54,21 +51,19 @@ type Server struct {
 	upstream *upstreamPool
 	certs    *certs    // nil without TLS
 	scratch  sync.Pool // *scratch
-	// loaded and loadedTLS stamp the files as of the server's building,
-	// so a change made before WatchFiles starts is not missed.
-	loaded, loadedTLS string
+
 }
 
 // scratch is per-request working space of the front end, pooled.
 type scratch struct {
 	buf  []byte
 	hops clientaddr.Hops
-	v    Verdict // the request's, decided into (one pool for both)
+	v    decision.Verdict // the request's, decided into (one pool for both)
 }
 
 // NewServer returns the fasthttp front end of core. It does not listen:
 // call Serve.
-func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
+func NewServer(cfg Config, core *decision.Core, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -98,7 +93,6 @@ func NewServer(cfg Config, core *Core, deps Deps) (*Server, error) {
 			return nil, err
 		}
 	}
-	s.loaded, s.loadedTLS = s.rulesStamp(), s.tlsStamp()
 	if cfg.Mode == Proxy {
 		if s.upstream, err = newUpstreamPool(&cfg, deps.Registerer, s.log); err != nil {
 			return nil, err
@@ -146,38 +140,23 @@ func (s *Server) warn(rs *rules.Rules) {
 }
 
 // Core returns the server's decision core.
-func (s *Server) Core() *Core { return s.core }
+func (s *Server) Core() *decision.Core { return s.core }
 
 // Rules returns the rules in force.
 func (s *Server) Rules() *rules.Rules { return s.core.Rules() }
 
-// rulesStamp identifies the rules and overrides files' versions (every
-// file of a rules directory).
-func (s *Server) rulesStamp() string {
-	var b []byte
-	for _, f := range []string{s.cfg.RulesFile, s.cfg.OverridesFile} {
-		if f != "" {
-			b = append(b, envoyconf.Stamp(f)...)
-		}
-	}
-	return string(b)
-}
-
-func (s *Server) tlsStamp() string {
+// TLSStamp identifies the versions of the certificate and key files; ""
+// without TLS.
+func (s *Server) TLSStamp() string {
 	if s.certs == nil {
 		return ""
 	}
 	return s.certs.stamp()
 }
 
-// SetRules swaps in new rules (see Core.SetRules).
-func (s *Server) SetRules(rs *rules.Rules) error {
-	if err := s.core.SetRules(rs); err != nil {
-		return err
-	}
-	s.warn(rs)
-	return nil
-}
+// CheckRules logs what of rs this front end will not apply; a front end's
+// owner calls it when rules are swapped in (see Core.SetRules).
+func (s *Server) CheckRules(rs *rules.Rules) { s.warn(rs) }
 
 // Serve serves the edge on ln until Shutdown, over TLS when configured,
 // with each client's connections capped (Config.MaxConnsPerClient); an
@@ -284,7 +263,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
 	addr, trusted := s.client(ctx, &sc.hops)
-	req := Request{Host: HostOnly(ctx.Host()), Method: ctx.Method(), Path: path,
+	req := decision.Request{Host: decision.HostOnly(ctx.Host()), Method: ctx.Method(), Path: path,
 		Addr: addr, Fields: fastFields{&ctx.Request}, Now: s.now(),
 		Tracked: s.cfg.Mode == Proxy || next != nil}
 	if trusted && s.cfg.Mode == Decision && s.cfg.ForwardedMethodHeader != "" {
@@ -303,14 +282,14 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	defer s.core.Done(d)
 	t := req.Now.UnixNano()
 	switch d.Outcome {
-	case Limited:
+	case decision.Limited:
 		sc.buf = writeRefusal(ctx, &d.Quota, t, s.cfg.RetryJitter, sc.buf)
 		return
-	case Shed:
-		ctx.Response.Header.SetCanonical(hRetryAfter, strconv.AppendInt(sc.buf[:0], RetryAfter(d.Quota.ReleaseAt, t, s.cfg.RetryJitter), 10))
+	case decision.Shed:
+		ctx.Response.Header.SetCanonical(decision.HeaderRetryAfter, strconv.AppendInt(sc.buf[:0], decision.RetryAfter(d.Quota.ReleaseAt, t, s.cfg.RetryJitter), 10))
 		writeProblem(ctx, fasthttp.StatusServiceUnavailable, "Service Unavailable", "the service is overloaded and sheds this class of request; retry later")
 		return
-	case Denied, Undecidable:
+	case decision.Denied, decision.Undecidable:
 		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", d.Reason)
 		return
 	}
@@ -323,32 +302,13 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	}
 	if d.Quota.Rule != nil {
-		sc.buf = setQuotaHeaders(&ctx.Response.Header, &d.Quota, t, sc.buf)
+		sc.buf = d.Quota.SetFields(&ctx.Response.Header, t, sc.buf)
 	}
 }
 
 // proxy forwards the request to an upstream and leaves its response in
 // ctx (see forward, in proxy.go).
 func (s *Server) proxy(ctx *fasthttp.RequestCtx) { s.forward(ctx) }
-
-// HostOnly returns host as rules match it: without its port and brackets,
-// and without one trailing dot. A fully qualified name ends in a dot
-// (api.example.com.) and names the same host as the name without it; DNS
-// resolves both and proxies route both to one server, so both must meet
-// the same rules. Rules compare hosts under ASCII case folding. It slices
-// h and does not allocate.
-func HostOnly(h []byte) []byte {
-	if i := bytes.LastIndexByte(h, ':'); i >= 0 && bytes.IndexByte(h[i:], ']') < 0 {
-		h = h[:i]
-	}
-	if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
-		return h[1 : len(h)-1]
-	}
-	if len(h) > 1 && h[len(h)-1] == '.' {
-		h = h[:len(h)-1]
-	}
-	return h
-}
 
 // StripPrefix removes prefix from path when path is prefix or prefix/…, as
 // the edge does with its check prefix in decision mode.
@@ -373,110 +333,6 @@ func (s *Server) Ready() bool {
 		return true
 	}
 	return !s.core.FailsClosed() || s.deps.StoreHealthy()
-}
-
-// LoadFiles parses the configured rules and overrides files.
-//
-// The rules path may also name envoyproxy/ratelimit configuration: a file
-// with a top-level domain, or a directory of such files (every *.yaml and
-// *.yml, as ratelimit reads its runtime directory), for Envoy's rate limit
-// service; overrides do not apply to those.
-func LoadFiles(rulesFile, overridesFile string) (*rules.Rules, error) {
-	data := []byte(DefaultRules)
-	if rulesFile != "" {
-		st, err := os.Stat(rulesFile)
-		if err != nil {
-			return nil, fmt.Errorf("edge: rules: %w", err)
-		}
-		if !st.IsDir() {
-			if data, err = os.ReadFile(rulesFile); err != nil {
-				return nil, fmt.Errorf("edge: rules: %w", err)
-			}
-		}
-		if st.IsDir() || envoyconf.IsEnvoy(data) {
-			if overridesFile != "" {
-				return nil, fmt.Errorf("edge: %s: envoyproxy/ratelimit files take no overrides file (%s)", rulesFile, overridesFile)
-			}
-			rs, err := envoyconf.LoadPath(rulesFile)
-			if err != nil {
-				return nil, fmt.Errorf("edge: %s: %w", rulesFile, err)
-			}
-			return rs, nil
-		}
-	}
-	rs, err := rules.ParseRules(data)
-	if err != nil {
-		return nil, fmt.Errorf("edge: %s: %w", nameOr(rulesFile, "built-in rules"), err)
-	}
-	if overridesFile != "" {
-		data, err := os.ReadFile(overridesFile)
-		if err != nil {
-			return nil, fmt.Errorf("edge: overrides: %w", err)
-		}
-		if rs.Overrides, err = rules.ParseOverrides(data); err != nil {
-			return nil, fmt.Errorf("edge: %s: %w", overridesFile, err)
-		}
-	}
-	return rs, nil
-}
-
-func nameOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
-// Reload reads the rules and overrides files again and swaps them in. A bad
-// file is rejected with every error listed, the running rules stay, and the
-// failure is logged and counted.
-func (s *Server) Reload() error {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
-	rs, err := LoadFiles(s.cfg.RulesFile, s.cfg.OverridesFile)
-	if err == nil {
-		err = s.SetRules(rs)
-	}
-	if err != nil {
-		s.m.reloads.WithLabelValues("rejected").Inc()
-		s.m.reloadOK.Set(0)
-		s.log.Error("edge: reload rejected; the running rules stay", "err", err)
-		return err
-	}
-	s.m.reloads.WithLabelValues("applied").Inc()
-	s.m.reloadOK.Set(1)
-	s.log.Info("edge: rules reloaded", "rules", len(rs.Rules), "file", s.cfg.RulesFile)
-	return nil
-}
-
-// WatchFiles reloads when the rules or overrides file changes (polled every
-// ReloadPoll) or when hup receives, until ctx ends.
-func (s *Server) WatchFiles(ctx context.Context, hup <-chan os.Signal) {
-	stamp, tlsStamp := s.rulesStamp, s.tlsStamp
-	s.reloadMu.Lock()
-	last, lastTLS := s.loaded, s.loadedTLS // as of the files this server was built from
-	s.reloadMu.Unlock()
-	t := time.NewTicker(s.cfg.ReloadPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-			last, lastTLS = stamp(), tlsStamp()
-			s.Reload()
-			s.ReloadTLS()
-		case <-t.C:
-			if cur := stamp(); cur != last {
-				last = cur
-				s.Reload()
-			}
-			if cur := tlsStamp(); cur != lastTLS {
-				lastTLS = cur
-				s.ReloadTLS()
-			}
-		}
-	}
 }
 
 // authorized reports whether the request carries the decision endpoint's

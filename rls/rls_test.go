@@ -1,4 +1,4 @@
-package edge_test
+package rls_test
 
 import (
 	"context"
@@ -16,12 +16,6 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/edge/edgetest"
-	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/rules/envoyconf"
-	"github.com/poplimit/poplimit/shardproxy"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -29,6 +23,14 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/rls"
+	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/rules/envoyconf"
+	"github.com/poplimit/poplimit/shardproxy"
 )
 
 // rlsBase is the time every RLS test starts at unless it moves its clock:
@@ -54,7 +56,7 @@ func (c *fakeClock) Add(d time.Duration) { c.ns.Add(int64(d)) }
 // port, and a client of it.
 type rlsHarness struct {
 	e      *edge.Edge
-	rls    *edge.RLS
+	rls    *rls.Service
 	client rlspb.RateLimitServiceClient
 	conn   *grpc.ClientConn
 	clock  *fakeClock
@@ -89,7 +91,7 @@ func envoyRules(t testing.TB, files map[string][]byte) *rules.Rules {
 // startRLS starts an edge (options o), swaps in the envoyproxy/ratelimit
 // files, and serves an RLS with cfg over its core (clock: a fake one at
 // rlsBase unless cfg.Now is set).
-func startRLS(t testing.TB, files map[string][]byte, cfg edge.RLSConfig, o edge.Options) *rlsHarness {
+func startRLS(t testing.TB, files map[string][]byte, cfg rls.Config, o edge.Options) *rlsHarness {
 	t.Helper()
 	e := edgetest.Start(t, placeholderRules, o)
 	if err := e.Core.SetRules(envoyRules(t, files)); err != nil {
@@ -98,7 +100,7 @@ func startRLS(t testing.TB, files map[string][]byte, cfg edge.RLSConfig, o edge.
 	return serveRLS(t, e, cfg)
 }
 
-func serveRLS(t testing.TB, e *edge.Edge, cfg edge.RLSConfig) *rlsHarness {
+func serveRLS(t testing.TB, e *edge.Edge, cfg rls.Config) *rlsHarness {
 	t.Helper()
 	h := &rlsHarness{e: e}
 	if cfg.Now == nil {
@@ -106,7 +108,7 @@ func serveRLS(t testing.TB, e *edge.Edge, cfg edge.RLSConfig) *rlsHarness {
 		cfg.Now = h.clock.Now
 	}
 	var err error
-	if h.rls, err = edge.NewRLS(e.Core, cfg, edgetest.Discard, e.Registry); err != nil {
+	if h.rls, err = rls.New(e.Core, cfg, edgetest.Discard, e.Registry); err != nil {
 		t.Fatalf("NewRLS: %v", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -250,7 +252,7 @@ const (
 // served RLS.
 func TestRLSReadmeExamples(t *testing.T) {
 	h := startRLS(t, fixtures(t, "readme/ex1.yaml", "readme/ex2.yaml", "readme/ex3.yaml", "readme/ex4b.yaml", "readme/ex5.yaml",
-		"readme/ex6.yaml", "readme/ex7.yaml", "readme/ex8.yaml", "readme/ex9b.yaml", "readme/ex10a.yaml", "readme/ex11a.yaml"), edge.RLSConfig{}, edge.Options{})
+		"readme/ex6.yaml", "readme/ex7.yaml", "readme/ex8.yaml", "readme/ex9b.yaml", "readme/ex10a.yaml", "readme/ex11a.yaml"), rls.Config{}, edge.Options{})
 
 	t.Run("1: 500 per second per database", func(t *testing.T) {
 		resp := h.ask(t, "mongo_cps", 500, desc("database", "users"))
@@ -331,7 +333,7 @@ func TestRLSReadmeExamples(t *testing.T) {
 // TestRLSWindows checks that the counts start again with each aligned
 // window, and duration_until_reset counts down to it.
 func TestRLSWindows(t *testing.T) {
-	h := startRLS(t, fixtures(t, "readme/ex2.yaml"), edge.RLSConfig{}, edge.Options{})
+	h := startRLS(t, fixtures(t, "readme/ex2.yaml"), rls.Config{}, edge.Options{})
 	d := func() *rlcommon.RateLimitDescriptor { return desc("message_type", "marketing", "to_number", "1") }
 	checkResp(t, "5 at once", h.ask(t, "messaging", 5, d()), ok, st{code: ok, rpu: 5, unit: day, reset: 57590})
 	h.clock.Add(57589 * time.Second)
@@ -347,7 +349,7 @@ func TestRLSHitsAddend(t *testing.T) {
 descriptors:
   - key: k
     rate_limit: {unit: minute, requests_per_unit: 10}
-`), edge.RLSConfig{}, edge.Options{})
+`), rls.Config{}, edge.Options{})
 	lim := func(code rlspb.RateLimitResponse_Code, rem uint32) st {
 		return st{code: code, rpu: 10, unit: minute, remaining: rem, reset: 50}
 	}
@@ -388,7 +390,7 @@ func TestRLSCheckOnly(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.ext, func(t *testing.T) {
-			h := startRLS(t, inline("domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3, "+tt.ext+"}\n"), edge.RLSConfig{}, edge.Options{})
+			h := startRLS(t, inline("domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3, "+tt.ext+"}\n"), rls.Config{}, edge.Options{})
 			check := func() *rlcommon.RateLimitDescriptor { return withHits(desc("k", "a"), 0) }
 			lim := func(code rlspb.RateLimitResponse_Code, rem uint32) st {
 				return st{code: code, rpu: 3, unit: minute, remaining: rem, reset: 50}
@@ -406,7 +408,7 @@ func TestRLSCheckOnly(t *testing.T) {
 
 // TestRLSOverride checks descriptors that carry their own limit.
 func TestRLSOverride(t *testing.T) {
-	h := startRLS(t, fixtures(t, "readme/ex2.yaml"), edge.RLSConfig{}, edge.Options{})
+	h := startRLS(t, fixtures(t, "readme/ex2.yaml"), rls.Config{}, edge.Options{})
 	d := func() *rlcommon.RateLimitDescriptor {
 		return withLimit(desc("custom", "x"), 3, typev3.RateLimitUnit_MINUTE)
 	}
@@ -427,7 +429,7 @@ func TestRLSOverride(t *testing.T) {
 // TestRLSUnknown checks unknown domains and descriptors: OK, one status
 // per descriptor, nothing counted.
 func TestRLSUnknown(t *testing.T) {
-	h := startRLS(t, fixtures(t, "readme/ex2.yaml"), edge.RLSConfig{}, edge.Options{})
+	h := startRLS(t, fixtures(t, "readme/ex2.yaml"), rls.Config{}, edge.Options{})
 	checkResp(t, "unknown domain", h.ask(t, "nope", 0, desc("to_number", "1"), desc("a", "b")), ok, noLimit, noLimit)
 	if resp := h.ask(t, "nope", 0, desc("to_number", "1")); len(resp.ResponseHeadersToAdd) != 0 {
 		t.Errorf("unknown domain: headers %v, want none", resp.ResponseHeadersToAdd)
@@ -444,7 +446,7 @@ func TestRLSUnknown(t *testing.T) {
 // TestRLSErrors checks what is answered with an error, with ratelimit's
 // texts.
 func TestRLSErrors(t *testing.T) {
-	h := startRLS(t, fixtures(t, "readme/ex2.yaml"), edge.RLSConfig{MaxDescriptors: 2}, edge.Options{})
+	h := startRLS(t, fixtures(t, "readme/ex2.yaml"), rls.Config{MaxDescriptors: 2}, edge.Options{})
 	tests := []struct {
 		name   string
 		domain string
@@ -493,7 +495,7 @@ descriptors:
     rate_limit: {window: 90s, requests_per_unit: 7}
 `)
 	t.Run("draft", func(t *testing.T) {
-		h := startRLS(t, files, edge.RLSConfig{}, edge.Options{})
+		h := startRLS(t, files, rls.Config{}, edge.Options{})
 		resp := h.ask(t, "h", 0, desc("big", "a"), desc("k", "a"))
 		// The descriptor with the least remaining: k (4 of 5 left).
 		wantHeaders(t, "allowed", resp, map[string]string{"RateLimit-Policy": `"h.k";q=5;w=60`, "RateLimit": `"h.k";r=4;t=50`})
@@ -515,19 +517,19 @@ descriptors:
 		}
 	})
 	t.Run("ratelimit", func(t *testing.T) {
-		h := startRLS(t, files, edge.RLSConfig{Headers: edge.RLSHeadersRatelimit}, edge.Options{})
+		h := startRLS(t, files, rls.Config{Headers: rls.HeadersRatelimit}, edge.Options{})
 		resp := h.ask(t, "h", 0, desc("k", "a"), desc("big", "a"))
 		wantHeaders(t, "allowed", resp, map[string]string{"RateLimit-Limit": "5", "RateLimit-Remaining": "4", "RateLimit-Reset": "50"})
 		resp = h.ask(t, "h", 0, desc("big", "a"), withHits(desc("k", "a"), 5))
 		wantHeaders(t, "refused", resp, map[string]string{"RateLimit-Limit": "5", "RateLimit-Remaining": "0", "RateLimit-Reset": "50"})
 	})
 	t.Run("none", func(t *testing.T) {
-		h := startRLS(t, files, edge.RLSConfig{Headers: edge.RLSHeadersNone}, edge.Options{})
+		h := startRLS(t, files, rls.Config{Headers: rls.HeadersNone}, edge.Options{})
 		if resp := h.ask(t, "h", 9, desc("k", "a")); len(resp.ResponseHeadersToAdd) != 0 || resp.OverallCode != over {
 			t.Errorf("none: headers %v, overall %v; want none, OVER_LIMIT", resp.ResponseHeadersToAdd, resp.OverallCode)
 		}
 	})
-	if _, err := edge.NewRLS(edgetest.New(t, placeholderRules, edge.Options{}).Core, edge.RLSConfig{Headers: "x-ratelimit", MaxDescriptors: -1}, nil, nil); err == nil ||
+	if _, err := rls.New(edgetest.New(t, placeholderRules, edge.Options{}).Core, rls.Config{Headers: "x-ratelimit", MaxDescriptors: -1}, nil, nil); err == nil ||
 		!strings.Contains(err.Error(), `Headers "x-ratelimit"`) || !strings.Contains(err.Error(), "MaxDescriptors -1") {
 		t.Errorf("NewRLS(bad config) = %v, want both bad fields named with their values", err)
 	}
@@ -556,7 +558,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)
 	t.Run("shadow", func(t *testing.T) {
-		h := startRLS(t, files, edge.RLSConfig{ShadowMode: true}, edge.Options{})
+		h := startRLS(t, files, rls.Config{ShadowMode: true}, edge.Options{})
 		resp := h.ask(t, "g", 2, desc("a", "x"))
 		checkResp(t, "over, globally shadowed", resp, ok, st{code: over, rpu: 1, unit: minute, reset: 50})
 		if _, ok := header(resp, "Retry-After"); ok {
@@ -564,7 +566,7 @@ descriptors:
 		}
 	})
 	t.Run("quota descriptor", func(t *testing.T) {
-		h := startRLS(t, files, edge.RLSConfig{}, edge.Options{})
+		h := startRLS(t, files, rls.Config{}, edge.Options{})
 		checkResp(t, "quota within alone", h.ask(t, "g", 0, desc("q", "x")), ok, st{code: ok, rpu: 1, unit: minute, reset: 50})
 		checkResp(t, "quota over alone", h.ask(t, "g", 0, desc("q", "x")), over, st{code: over, rpu: 1, unit: minute, reset: 50})
 		checkResp(t, "quota over, another quota within", h.ask(t, "g", 0, desc("q", "x"), desc("q", "y")), ok,
@@ -574,7 +576,7 @@ descriptors:
 			st{code: over, rpu: 1, unit: minute, reset: 50}, st{code: ok, rpu: 1, unit: minute, reset: 50})
 	})
 	t.Run("global quota", func(t *testing.T) {
-		h := startRLS(t, files, edge.RLSConfig{QuotaMode: true}, edge.Options{})
+		h := startRLS(t, files, rls.Config{QuotaMode: true}, edge.Options{})
 		checkResp(t, "one within", h.ask(t, "g", 0, desc("a", "x")), ok, st{code: ok, rpu: 1, unit: minute, reset: 50})
 		checkResp(t, "one over, one within", h.ask(t, "g", 0, desc("a", "x"), desc("a", "y")), ok,
 			st{code: over, rpu: 1, unit: minute, reset: 50}, st{code: ok, rpu: 1, unit: minute, reset: 50})
@@ -606,7 +608,7 @@ func TestRLSReload(t *testing.T) {
 	if err := e.Core.SetRules(load(5)); err != nil {
 		t.Fatal(err)
 	}
-	h := serveRLS(t, e, edge.RLSConfig{})
+	h := serveRLS(t, e, rls.Config{})
 	checkResp(t, "3 of 5", h.ask(t, "r", 3, desc("k", "a")), ok, st{code: ok, rpu: 5, unit: minute, remaining: 2, reset: 50})
 	if err := e.Core.SetRules(load(10)); err != nil {
 		t.Fatal(err)
@@ -623,7 +625,7 @@ func TestRLSReload(t *testing.T) {
 func TestRLSHealth(t *testing.T) {
 	var ready atomic.Bool
 	ready.Store(true)
-	hs := startRLS(t, fixtures(t, "readme/ex1.yaml"), edge.RLSConfig{Ready: ready.Load, HealthInterval: 10 * time.Millisecond}, edge.Options{})
+	hs := startRLS(t, fixtures(t, "readme/ex1.yaml"), rls.Config{Ready: ready.Load, HealthInterval: 10 * time.Millisecond}, edge.Options{})
 	hc := healthpb.NewHealthClient(hs.conn)
 	check := func(want healthpb.HealthCheckResponse_ServingStatus) {
 		t.Helper()
@@ -679,10 +681,10 @@ func TestRLSReflection(t *testing.T) {
 		return out, nil
 	}
 	files := fixtures(t, "readme/ex1.yaml")
-	if _, err := list(startRLS(t, files, edge.RLSConfig{}, edge.Options{})); status.Code(err) != codes.Unimplemented {
+	if _, err := list(startRLS(t, files, rls.Config{}, edge.Options{})); status.Code(err) != codes.Unimplemented {
 		t.Errorf("reflection by default: %v, want Unimplemented", err)
 	}
-	got, err := list(startRLS(t, files, edge.RLSConfig{Reflection: true}, edge.Options{}))
+	got, err := list(startRLS(t, files, rls.Config{Reflection: true}, edge.Options{}))
 	if err != nil || !strings.Contains(strings.Join(got, ","), rlspb.RateLimitService_ServiceDesc.ServiceName) {
 		t.Errorf("reflection on: services %v, %v; want the rate limit service listed", got, err)
 	}
@@ -700,8 +702,8 @@ func TestRLSTwoEdgesShareMemcached(t *testing.T) {
 	o.Limiter.StoreTimeout = time.Second
 	files := fixtures(t, "readme/ex2.yaml")
 	clock := newClock(rlsBase)
-	a := startRLS(t, files, edge.RLSConfig{Now: clock.Now}, o)
-	b := startRLS(t, files, edge.RLSConfig{Now: clock.Now}, o)
+	a := startRLS(t, files, rls.Config{Now: clock.Now}, o)
+	b := startRLS(t, files, rls.Config{Now: clock.Now}, o)
 	for i := 0; i < 30; i++ {
 		h := a
 		if i%2 == 1 {
@@ -742,7 +744,7 @@ func TestRLSConcurrent(t *testing.T) {
 descriptors:
   - key: worker
     rate_limit: {unit: hour, requests_per_unit: 150}
-`), edge.RLSConfig{}, edge.Options{})
+`), rls.Config{}, edge.Options{})
 	const workers, calls = 8, 200
 	errs := make(chan error, workers)
 	for w := 0; w < workers; w++ {
@@ -785,7 +787,7 @@ func TestRLSStopIsGraceful(t *testing.T) {
 	if err := e.Core.SetRules(envoyRules(t, fixtures(t, "readme/ex1.yaml"))); err != nil {
 		t.Fatal(err)
 	}
-	h := serveRLS(t, e, edge.RLSConfig{})
+	h := serveRLS(t, e, rls.Config{})
 	h.ask(t, "mongo_cps", 0, desc("database", "users"))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -811,7 +813,7 @@ func rlsBenchRequest() *rlspb.RateLimitRequest {
 
 // newBareRLS builds an RLS over an edge with the in-memory store (or o's)
 // and no listener, for calling the handler directly.
-func newBareRLS(tb testing.TB, files map[string][]byte, cfg edge.RLSConfig, o ...edge.Options) *edge.RLS {
+func newBareRLS(tb testing.TB, files map[string][]byte, cfg rls.Config, o ...edge.Options) *rls.Service {
 	tb.Helper()
 	var opts edge.Options
 	if len(o) > 0 {
@@ -821,7 +823,7 @@ func newBareRLS(tb testing.TB, files map[string][]byte, cfg edge.RLSConfig, o ..
 	if err := e.Core.SetRules(envoyRules(tb, files)); err != nil {
 		tb.Fatal(err)
 	}
-	r, err := edge.NewRLS(e.Core, cfg, edgetest.Discard, nil)
+	r, err := rls.New(e.Core, cfg, edgetest.Discard, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -859,7 +861,7 @@ func TestRLSHandlerDoesNotAllocate(t *testing.T) {
 	if edgetest.Race {
 		t.Skip("the race detector makes sync.Pool drop items: allocation counts are checked without -race")
 	}
-	r := newBareRLS(t, roomyFiles, edge.RLSConfig{})
+	r := newBareRLS(t, roomyFiles, rls.Config{})
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
@@ -907,7 +909,7 @@ func BenchmarkRLSHandler(b *testing.B) {
 				_, addrs := testenv.Shards(b, 1)
 				o.Memcache.Servers = []shardproxy.Server{{Addr: addrs[0]}}
 			}
-			r := newBareRLS(b, bc.files, edge.RLSConfig{}, o)
+			r := newBareRLS(b, bc.files, rls.Config{}, o)
 			req := rlsBenchRequest()
 			ctx := context.Background()
 			b.ReportAllocs()
@@ -930,7 +932,7 @@ func BenchmarkRLSGRPC(b *testing.B) {
 	if err := e.Core.SetRules(envoyRules(b, roomyFiles)); err != nil {
 		b.Fatal(err)
 	}
-	h := serveRLS(b, e, edge.RLSConfig{Now: time.Now})
+	h := serveRLS(b, e, rls.Config{Now: time.Now})
 	req := rlsBenchRequest()
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -953,7 +955,7 @@ func TestRLSThroughBuild(t *testing.T) {
 	}
 	write(2)
 	o := edge.Options{RLSListen: "127.0.0.1:0"}
-	o.Server.RulesFile, o.Server.ReloadPoll = dir, 20*time.Millisecond
+	o.RulesFile, o.ReloadPoll = dir, 20*time.Millisecond
 	e := edgetest.Start(t, "", o)
 	conn, err := grpc.NewClient(e.RLSAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -1,4 +1,4 @@
-package edge
+package httpedge
 
 import (
 	"bufio"
@@ -8,9 +8,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/poplimit/poplimit/clientaddr"
-	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
+
+	"github.com/poplimit/poplimit/clientaddr"
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/rules"
 )
 
 // addrServer is a Server with only what clientIP reads.
@@ -187,7 +189,7 @@ rules:
 	var req fasthttp.Request
 	req.Header.Set("X-K", "k")
 	key := func(r *rules.Rule, ip netip.Addr) string {
-		k, ok := AppendKey(nil, fastFields{&req}, r, ip)
+		k, ok := decision.AppendKey(nil, fastFields{&req}, r, ip)
 		if !ok {
 			t.Fatalf("AppendKey(%s, %s) missing", r.Name, ip)
 		}
@@ -209,7 +211,7 @@ rules:
 	if key(net64, v4) != "203.0.113.5" {
 		t.Errorf("IPv4 key = %q, want the address", key(net64, v4))
 	}
-	fa, fb := AppendFallbackKey(nil, net64, a), AppendFallbackKey(nil, net64, b)
+	fa, fb := decision.AppendFallbackKey(nil, net64, a), decision.AppendFallbackKey(nil, net64, b)
 	if !bytes.Equal(fa, fb) {
 		t.Errorf("fallback keys of one /64 differ: %q %q", fa, fb)
 	}

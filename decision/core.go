@@ -1,4 +1,4 @@
-package edge
+package decision
 
 import (
 	"context"
@@ -11,10 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // BlockCache is what the core needs of a cache of blocked keys (package

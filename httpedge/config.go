@@ -1,12 +1,13 @@
-package edge
+package httpedge
 
 import (
 	"errors"
 	"fmt"
-	"github.com/poplimit/poplimit/clientaddr"
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/poplimit/poplimit/clientaddr"
 
 	"github.com/poplimit/poplimit/rules"
 )
@@ -118,15 +119,9 @@ type Config struct {
 	// refused clients do not all come back at once.
 	RetryJitter time.Duration // default 2s
 
-	// RulesFile and OverridesFile are watched and reloaded on change and
-	// on SIGHUP. Empty RulesFile means DefaultRules.
-	RulesFile     string
-	OverridesFile string
-	ReloadPoll    time.Duration // default 2s
-
 	// TLSCert and TLSKey, both set, serve the traffic listener over TLS
 	// (1.2 and 1.3 only, AEAD suites); the pair is reloaded when either
-	// file changes (polled every ReloadPoll, and on SIGHUP) without
+	// file changes (polled every edge.Options.ReloadPoll, and on SIGHUP) without
 	// dropping connections, and a pair that does not load keeps the old
 	// one and is counted.
 	TLSCert, TLSKey string
@@ -138,8 +133,8 @@ type Config struct {
 	DecideToken string
 }
 
-// minTokenLen is the shortest bearer token accepted.
-const minTokenLen = 16
+// MinTokenLen is the shortest bearer token accepted.
+const MinTokenLen = 16
 
 // DefaultMaxDecisionBody is Config.MaxDecisionBody's default: a decide
 // request's key of maxJSONKey bytes escaped as \uXXXX (6 bytes each, as
@@ -150,14 +145,11 @@ const DefaultMaxDecisionBody = 32 << 10
 // maxDecisionBodyLimit is the largest MaxDecisionBody accepted.
 const maxDecisionBodyLimit = 4 << 20
 
-// DefaultRules is the built-in rule of an edge started without a rules
-// file: 100 requests per minute per client IP.
-const DefaultRules = `
-rules:
-  - name: default-per-client
-    limit: 100
-    window: 1m
-`
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
 
 func (c *Config) setDefaults() {
 	if c.Mode == "" {
@@ -217,16 +209,13 @@ func (c *Config) setDefaults() {
 	if c.RetryJitter == 0 {
 		c.RetryJitter = 2 * time.Second
 	}
-	if c.ReloadPoll == 0 {
-		c.ReloadPoll = 2 * time.Second
-	}
 }
 
 // Validate reports every invalid field with its name and value.
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(field string, value any, reason string) {
-		errs = append(errs, fmt.Errorf("edge: %s %v: %s", field, value, reason))
+		errs = append(errs, fmt.Errorf("httpedge: %s %v: %s", field, value, reason))
 	}
 	switch c.Mode {
 	case "", Decision:
@@ -256,7 +245,7 @@ func (c Config) Validate() error {
 		bad("CheckPrefix", fmt.Sprintf("%q", c.CheckPrefix), `must start with "/"`)
 	}
 	for name, d := range map[string]time.Duration{"UpstreamTimeout": c.UpstreamTimeout, "ReadTimeout": c.ReadTimeout,
-		"WriteTimeout": c.WriteTimeout, "IdleTimeout": c.IdleTimeout, "RetryJitter": c.RetryJitter, "ReloadPoll": c.ReloadPoll} {
+		"WriteTimeout": c.WriteTimeout, "IdleTimeout": c.IdleTimeout, "RetryJitter": c.RetryJitter} {
 		if d < 0 || d > time.Hour {
 			bad(name, d, "must be between 0 (default) and 1h")
 		}
@@ -279,7 +268,7 @@ func (c Config) Validate() error {
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		bad("TLSCert", fmt.Sprintf("%q and TLSKey %q", c.TLSCert, c.TLSKey), "must be set together")
 	}
-	if c.DecideToken != "" && (len(c.DecideToken) < minTokenLen || strings.ContainsAny(c.DecideToken, " \t\r\n")) {
+	if c.DecideToken != "" && (len(c.DecideToken) < MinTokenLen || strings.ContainsAny(c.DecideToken, " \t\r\n")) {
 		bad("DecideToken", fmt.Sprintf("of %d bytes", len(c.DecideToken)), "must be at least 16 bytes with no white space")
 	}
 	if c.ClientIPHeader != "" && strings.ContainsAny(c.ClientIPHeader, " :\t\r\n") {

@@ -1,4 +1,4 @@
-package edge
+package httpedge
 
 import (
 	"errors"
@@ -11,14 +11,16 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/poplimit/poplimit/rules"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/rules"
 )
 
 // connLimiter caps the connections each client holds open at once
 // (Config.MaxConnsPerClient), counted when the listener accepts them,
 // below TLS and HTTP: the client is the TCP peer address as a rule with
-// the default ipv6_prefix keys it (keyAddr): an IPv6 one by its /64, what
+// the default ipv6_prefix keys it (KeyAddr): an IPv6 one by its /64, what
 // one subscriber is routed, and an address that stands for an IPv4
 // client (IPv4-mapped, a NAT64/SIIT prefix) as that client. Peers in
 // TrustedProxies are not capped: a proxy's connections carry many
@@ -91,7 +93,7 @@ func (l *connLimiter) clientKey(peer net.Addr) (netip.Addr, bool) {
 	if l.trusted != nil && l.trusted(a) {
 		return netip.Addr{}, false
 	}
-	return keyAddr(connClient, a), true
+	return decision.KeyAddr(connClient, a), true
 }
 
 // acquire counts a connection of key, unless key already holds max.
@@ -127,7 +129,7 @@ func (l *connLimiter) wrap(ln net.Listener, answer bool) net.Listener {
 func (l *connLimiter) refusal() []byte {
 	body := `{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"this client holds ` +
 		strconv.Itoa(l.max) + ` connections to the edge already, the most it may; reuse them"}`
-	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: " + ctProblem + "\r\nRetry-After: 1\r\nConnection: close\r\n" +
+	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: " + decision.ContentTypeProblem + "\r\nRetry-After: 1\r\nConnection: close\r\n" +
 		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }
 

@@ -1,4 +1,4 @@
-package edge
+package httpedge
 
 import (
 	"encoding/json"
@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/poplimit/poplimit/decision"
 )
 
 // DecideRequest is the body of POST /_poplimit/decide: may Key do Cost more
@@ -149,24 +151,24 @@ func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 	d := s.core.DecideKey(now, req.Rule, unsafeBytes(req.Key), req.Cost)
 	defer s.core.Finish(d)
 	switch d.Outcome {
-	case Undecidable:
+	case decision.Undecidable:
 		status, title := fasthttp.StatusUnprocessableEntity, "Unprocessable Entity"
 		if d.Quota.Rule == nil {
 			status, title = fasthttp.StatusNotFound, "Not Found"
 		}
 		writeProblem(ctx, status, title, d.Reason)
 		return
-	case Denied:
+	case decision.Denied:
 		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", d.Reason)
 		return
 	}
 	q := &d.Quota
-	resp := DecideResponse{Allowed: d.Outcome == Allowed, Rule: q.Rule.Name, Limit: q.Limit, Remaining: q.Remaining,
+	resp := DecideResponse{Allowed: d.Outcome == decision.Allowed, Rule: q.Rule.Name, Limit: q.Limit, Remaining: q.Remaining,
 		ResetMillis: max(0, (q.ResetAt-t)/int64(time.Millisecond)), FromBlocks: d.FromBlockCache,
 		FallbackUsed: d.Fallback}
-	if d.Outcome == Limited {
+	if d.Outcome == decision.Limited {
 		resp.RetryMillis = max(0, (q.ReleaseAt-t+int64(time.Millisecond)-1)/int64(time.Millisecond))
-		setQuotaHeaders(&ctx.Response.Header, q, t, nil)
+		q.SetFields(&ctx.Response.Header, t, nil)
 		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 	}
 	body, _ := json.Marshal(resp)

@@ -1,59 +1,13 @@
-package edge
+package decision
 
 import (
 	"encoding/binary"
-	"net"
 	"net/netip"
 
-	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/rules"
-	"github.com/valyala/fasthttp"
 )
 
-// client returns the client's address (see clientaddr.Resolver): the TCP
-// peer, or, when the peer is a trusted proxy, what the proxies say in
-// every line of the configured forwarding header, read from the header
-// section only (a client writes the trailers, and a request that
-// announces a forwarding header as a trailer is keyed by its peer); and
-// whether the TCP peer is a trusted proxy. It does not allocate.
-func (s *Server) client(ctx *fasthttp.RequestCtx, h *clientaddr.Hops) (netip.Addr, bool) {
-	peer := peerAddr(ctx)
-	if !s.addr.Trusted(peer) {
-		return peer, false
-	}
-	return s.fromProxies(ctx, peer, h), true
-}
-
-func (s *Server) fromProxies(ctx *fasthttp.RequestCtx, peer netip.Addr, h *clientaddr.Hops) netip.Addr {
-	r := s.addr
-	for k := range ctx.Request.Header.Trailers() {
-		if r.Classify(k) != clientaddr.Other {
-			return peer
-		}
-	}
-	h.Reset()
-	var ipHeader []byte
-	for k, v := range ctx.Request.Header.All() {
-		switch r.Classify(k) {
-		case clientaddr.ForwardingLine:
-			h.AddLine(r.Forwarding(), v)
-		case clientaddr.ClientIPLine:
-			ipHeader = v
-		}
-	}
-	return r.Resolve(peer, ipHeader, h)
-}
-
-func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
-	if a, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			return ip.Unmap()
-		}
-	}
-	return netip.IPv4Unspecified()
-}
-
-// keyAddr is the part of ip that a rule keys on: the address itself for
+// KeyAddr is the part of ip that a rule keys on: the address itself for
 // IPv4, its network of the rule's IPv6Prefix bits for IPv6 (a subscriber
 // holds a whole /64 and can rotate addresses inside it).
 //
@@ -74,7 +28,7 @@ func peerAddr(ctx *fasthttp.RequestCtx) netip.Addr {
 //
 // IPv4-mapped addresses (::ffff:a.b.c.d) are unmapped before any rule
 // sees them, and key as IPv4 here too. It does not allocate.
-func keyAddr(r *rules.Rule, ip netip.Addr) netip.Addr {
+func KeyAddr(r *rules.Rule, ip netip.Addr) netip.Addr {
 	if !ip.Is6() {
 		return ip
 	}
@@ -106,7 +60,7 @@ const FallbackKeyTag = "\x00ip\x00"
 // missing and whose rule falls back to the client IP (or, for IPv6, its
 // network of the rule's IPv6Prefix).
 func AppendFallbackKey(dst []byte, r *rules.Rule, ip netip.Addr) []byte {
-	return keyAddr(r, ip).AppendTo(append(dst, FallbackKeyTag...))
+	return KeyAddr(r, ip).AppendTo(append(dst, FallbackKeyTag...))
 }
 
 // KeyStatus says whether AppendKeyStatus built a key.
@@ -152,10 +106,10 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 		switch p.Source {
 		case rules.KeyIP:
 			if single {
-				return keyAddr(r, ip).AppendTo(dst), KeyBuilt
+				return KeyAddr(r, ip).AppendTo(dst), KeyBuilt
 			}
 			var a [64]byte
-			v, n = keyAddr(r, ip).AppendTo(a[:0]), 1
+			v, n = KeyAddr(r, ip).AppendTo(a[:0]), 1
 		case rules.KeyHeader:
 			if f != nil {
 				v, last, n = f.Header(p.Name)
@@ -195,49 +149,4 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 		return dst, KeyMissing
 	}
 	return dst, KeyBuilt
-}
-
-// FastFields returns the Fields of a fasthttp request, as the edge reads
-// them.
-func FastFields(req *fasthttp.Request) Fields { return fastFields{req} }
-
-// fastFields reads a fasthttp request's fields for the core. One pointer
-// wide, it converts to Fields without allocating.
-type fastFields struct{ r *fasthttp.Request }
-
-// Header counts the lines called name that fasthttp holds, header and
-// trailer sections alike (Peek would answer from a trailer too).
-func (f fastFields) Header(name string) (first, last []byte, n int) {
-	vs := f.r.Header.PeekAll(name)
-	if len(vs) == 0 {
-		return nil, nil, 0
-	}
-	return vs[0], vs[len(vs)-1], len(vs)
-}
-
-// Query counts the pairs of the query that fasthttp parsed (percent- and
-// plus-decoded, names and values).
-func (f fastFields) Query(name string) (first, last []byte, n int) {
-	for k, v := range f.r.URI().QueryArgs().All() {
-		if string(k) == name {
-			if n == 0 {
-				first = v
-			}
-			last, n = v, n+1
-		}
-	}
-	return first, last, n
-}
-
-// Cookie counts the cookies fasthttp parsed from every Cookie line.
-func (f fastFields) Cookie(name string) (first, last []byte, n int) {
-	for k, v := range f.r.Header.Cookies() {
-		if string(k) == name {
-			if n == 0 {
-				first = v
-			}
-			last, n = v, n+1
-		}
-	}
-	return first, last, n
 }

@@ -1,4 +1,4 @@
-package edge
+package httpedge
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/rules"
 )
 
@@ -43,12 +44,12 @@ rules:
 	}
 	for _, tt := range tests {
 		for _, r := range rs.Rules {
-			got, ok := AppendKey(nil, nil, r, netip.MustParseAddr(tt.addr))
+			got, ok := decision.AppendKey(nil, nil, r, netip.MustParseAddr(tt.addr))
 			if !ok || string(got) != tt.want {
 				t.Errorf("rule %s, client %s: key %q, %v; want %q", r.Name, tt.addr, got, ok, tt.want)
 			}
-			if fb := AppendFallbackKey(nil, r, netip.MustParseAddr(tt.addr)); string(fb) != FallbackKeyTag+tt.want {
-				t.Errorf("rule %s, client %s: fallback key %q, want %q", r.Name, tt.addr, fb, FallbackKeyTag+tt.want)
+			if fb := decision.AppendFallbackKey(nil, r, netip.MustParseAddr(tt.addr)); string(fb) != decision.FallbackKeyTag+tt.want {
+				t.Errorf("rule %s, client %s: fallback key %q, want %q", r.Name, tt.addr, fb, decision.FallbackKeyTag+tt.want)
 			}
 		}
 	}
@@ -62,7 +63,7 @@ rules:
 		{"64:ff9b::1:c000:201", "64:ff9b::"},
 		{"64:ff9b:2::c000:201", "64:ff9b:2::"},
 	} {
-		got, _ := AppendKey(nil, nil, rs.Rules[0], netip.MustParseAddr(tt.addr))
+		got, _ := decision.AppendKey(nil, nil, rs.Rules[0], netip.MustParseAddr(tt.addr))
 		if string(got) != tt.want {
 			t.Errorf("client %s: key %q, want %q", tt.addr, got, tt.want)
 		}
@@ -79,7 +80,7 @@ func FuzzKeyAddr(f *testing.F) {
 	rs := keyRules(f, "rules: [{name: net64, limit: 1, window: 1m}]")
 	r := rs.Rules[0]
 	key := func(a netip.Addr) string {
-		k, _ := AppendKey(nil, nil, r, a)
+		k, _ := decision.AppendKey(nil, nil, r, a)
 		return string(k)
 	}
 	f.Fuzz(func(t *testing.T, a4, b4, raw []byte) {
@@ -111,7 +112,7 @@ func FuzzKeyAddr(f *testing.F) {
 }
 
 // reqFields reads a raw request as the edge does.
-func reqFields(t testing.TB, head string) Fields {
+func reqFields(t testing.TB, head string) decision.Fields {
 	t.Helper()
 	return fastFields{&rawCtx(t, "192.0.2.1", head).Request}
 }
@@ -137,31 +138,31 @@ rules:
 	tests := []struct {
 		rule, head string
 		want       string
-		st         KeyStatus
+		st         decision.KeyStatus
 	}{
-		{"refuse", hdr, "", KeyDuplicate},
-		{"first", hdr, "r1", KeyBuilt},
-		{"last", hdr, "real", KeyBuilt},
-		{"refuse", "GET / HTTP/1.1\nHost: x\nX-API-Key: real\n\n", "real", KeyBuilt},
-		{"refuse", "GET / HTTP/1.1\nHost: x\nX-API-Key:\nX-API-Key: real\n\n", "", KeyDuplicate},
-		{"q-refuse", query, "", KeyDuplicate},
-		{"q-refuse", "GET /?key&key=real HTTP/1.1\nHost: x\n\n", "", KeyDuplicate},
-		{"q-last", query, "real", KeyBuilt},
-		{"q-refuse", "GET /?key=%72eal HTTP/1.1\nHost: x\n\n", "real", KeyBuilt}, // query: percent-decoded
-		{"c-refuse", cookie, "", KeyDuplicate},
-		{"c-last", cookie, "real", KeyBuilt},
-		{"c-refuse", "GET / HTTP/1.1\nHost: x\nCookie: sid=%72eal\n\n", "%72eal", KeyBuilt}, // cookie: as written
-		{"parts", "GET /?key=a&key=b HTTP/1.1\nHost: x\n\n", "", KeyDuplicate},              // outranks the missing part
-		{"parts", "GET /?key=a HTTP/1.1\nHost: x\n\n", "", KeyMissing},
+		{"refuse", hdr, "", decision.KeyDuplicate},
+		{"first", hdr, "r1", decision.KeyBuilt},
+		{"last", hdr, "real", decision.KeyBuilt},
+		{"refuse", "GET / HTTP/1.1\nHost: x\nX-API-Key: real\n\n", "real", decision.KeyBuilt},
+		{"refuse", "GET / HTTP/1.1\nHost: x\nX-API-Key:\nX-API-Key: real\n\n", "", decision.KeyDuplicate},
+		{"q-refuse", query, "", decision.KeyDuplicate},
+		{"q-refuse", "GET /?key&key=real HTTP/1.1\nHost: x\n\n", "", decision.KeyDuplicate},
+		{"q-last", query, "real", decision.KeyBuilt},
+		{"q-refuse", "GET /?key=%72eal HTTP/1.1\nHost: x\n\n", "real", decision.KeyBuilt}, // query: percent-decoded
+		{"c-refuse", cookie, "", decision.KeyDuplicate},
+		{"c-last", cookie, "real", decision.KeyBuilt},
+		{"c-refuse", "GET / HTTP/1.1\nHost: x\nCookie: sid=%72eal\n\n", "%72eal", decision.KeyBuilt}, // cookie: as written
+		{"parts", "GET /?key=a&key=b HTTP/1.1\nHost: x\n\n", "", decision.KeyDuplicate},              // outranks the missing part
+		{"parts", "GET /?key=a HTTP/1.1\nHost: x\n\n", "", decision.KeyMissing},
 	}
 	for _, tt := range tests {
 		r := rs.Lookup(tt.rule)
-		got, st := AppendKeyStatus(nil, reqFields(t, tt.head), r, netip.MustParseAddr("192.0.2.1"))
-		if st != tt.st || st == KeyBuilt && string(got) != tt.want {
+		got, st := decision.AppendKeyStatus(nil, reqFields(t, tt.head), r, netip.MustParseAddr("192.0.2.1"))
+		if st != tt.st || st == decision.KeyBuilt && string(got) != tt.want {
 			t.Errorf("rule %s, %q: key %q, status %d; want %q, %d", tt.rule, tt.head, got, st, tt.want, tt.st)
 		}
-		if _, ok := AppendKey(nil, reqFields(t, tt.head), r, netip.MustParseAddr("192.0.2.1")); ok != (tt.st == KeyBuilt) {
-			t.Errorf("rule %s, %q: AppendKey ok = %v, want %v", tt.rule, tt.head, ok, tt.st == KeyBuilt)
+		if _, ok := decision.AppendKey(nil, reqFields(t, tt.head), r, netip.MustParseAddr("192.0.2.1")); ok != (tt.st == decision.KeyBuilt) {
+			t.Errorf("rule %s, %q: AppendKey ok = %v, want %v", tt.rule, tt.head, ok, tt.st == decision.KeyBuilt)
 		}
 	}
 }
@@ -181,9 +182,9 @@ rules:
 	dst := make([]byte, 0, 256)
 	var got []byte
 	n := testing.AllocsPerRun(1000, func() {
-		var st KeyStatus
-		got, st = AppendKeyStatus(dst[:0], f, rs.Rules[0], ip)
-		if st != KeyBuilt {
+		var st decision.KeyStatus
+		got, st = decision.AppendKeyStatus(dst[:0], f, rs.Rules[0], ip)
+		if st != decision.KeyBuilt {
 			t.Fatalf("status %d", st)
 		}
 	})
@@ -196,7 +197,7 @@ rules:
 		}
 	}
 	wkp := netip.MustParseAddr("64:ff9b::192.0.2.1")
-	if n := testing.AllocsPerRun(1000, func() { keyAddr(rs.Rules[0], wkp) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { decision.KeyAddr(rs.Rules[0], wkp) }); n != 0 {
 		t.Errorf("keyAddr: %v allocs/op, want 0", n)
 	}
 	if !strings.Contains(string(got), "real") {

@@ -1,4 +1,4 @@
-package edge
+package rls
 
 import (
 	"context"
@@ -15,9 +15,6 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/rules/envoyconf"
-	"github.com/poplimit/poplimit/window"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -28,18 +25,23 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/rules/envoyconf"
+	"github.com/poplimit/poplimit/window"
 )
 
-// The values of RLSConfig.Headers.
+// The values of Config.Headers.
 const (
-	RLSHeadersDraft     = "draft"     // RateLimit-Policy, RateLimit, Retry-After (draft-ietf-httpapi-ratelimit-headers)
-	RLSHeadersRatelimit = "ratelimit" // envoyproxy/ratelimit's RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset
-	RLSHeadersNone      = "none"
+	HeadersDraft     = "draft"     // RateLimit-Policy, RateLimit, Retry-After (draft-ietf-httpapi-ratelimit-headers)
+	HeadersRatelimit = "ratelimit" // envoyproxy/ratelimit's RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset
+	HeadersNone      = "none"
 )
 
-// RLSConfig configures an RLS. The zero value of each field means the
+// Config configures a Service. The zero value of each field means the
 // default written beside it; validate reports every bad field.
-type RLSConfig struct {
+type Config struct {
 	// Headers says what response_headers_to_add carries, for the
 	// descriptor envoyproxy/ratelimit would choose (the last one over its
 	// limit, else the one with the least remaining):
@@ -81,9 +83,9 @@ type RLSConfig struct {
 	Now func() time.Time
 }
 
-func (c *RLSConfig) setDefaults() {
+func (c *Config) setDefaults() {
 	if c.Headers == "" {
-		c.Headers = RLSHeadersDraft
+		c.Headers = HeadersDraft
 	}
 	if c.MaxDescriptors == 0 {
 		c.MaxDescriptors = 256
@@ -99,21 +101,21 @@ func (c *RLSConfig) setDefaults() {
 	}
 }
 
-func (c RLSConfig) validate() error {
+func (c Config) validate() error {
 	var errs []error
 	switch c.Headers {
-	case "", RLSHeadersDraft, RLSHeadersRatelimit, RLSHeadersNone:
+	case "", HeadersDraft, HeadersRatelimit, HeadersNone:
 	default:
-		errs = append(errs, fmt.Errorf("edge: RLSConfig.Headers %q: must be draft, ratelimit or none", c.Headers))
+		errs = append(errs, fmt.Errorf("rls: Config.Headers %q: must be draft, ratelimit or none", c.Headers))
 	}
 	if c.RetryJitter < 0 || c.RetryJitter > time.Hour {
-		errs = append(errs, fmt.Errorf("edge: RLSConfig.RetryJitter %v: must be between 0 and 1h", c.RetryJitter))
+		errs = append(errs, fmt.Errorf("rls: Config.RetryJitter %v: must be between 0 and 1h", c.RetryJitter))
 	}
 	if c.MaxDescriptors < 0 || c.MaxDescriptors > 1<<16 {
-		errs = append(errs, fmt.Errorf("edge: RLSConfig.MaxDescriptors %d: must be between 0 (default 256) and 65536", c.MaxDescriptors))
+		errs = append(errs, fmt.Errorf("rls: Config.MaxDescriptors %d: must be between 0 (default 256) and 65536", c.MaxDescriptors))
 	}
 	if c.HealthInterval < 0 || c.HealthInterval > time.Minute {
-		errs = append(errs, fmt.Errorf("edge: RLSConfig.HealthInterval %v: must be between 0 (default 1s) and 1m", c.HealthInterval))
+		errs = append(errs, fmt.Errorf("rls: Config.HealthInterval %v: must be between 0 (default 1s) and 1m", c.HealthInterval))
 	}
 	return errors.Join(errs...)
 }
@@ -129,9 +131,9 @@ var (
 )
 
 // errRulesChanged is internal: a reload swapped the rules during a request.
-var errRulesChanged = errors.New("edge: the rules changed")
+var errRulesChanged = errors.New("rls: the rules changed")
 
-// RLS is Envoy's rate limit service (envoy.service.ratelimit.v3.
+// Service is Envoy's rate limit service (envoy.service.ratelimit.v3.
 // RateLimitService/ShouldRateLimit) over the decision core, answering as
 // envoyproxy/ratelimit answers (rules/envoyconf/SERVICE.md) from the
 // descriptor index of the rules in force (envoyconf.DescriptorsOf), so
@@ -150,11 +152,11 @@ var errRulesChanged = errors.New("edge: the rules changed")
 // response and everything it points to come from a pool and return to it
 // once the gRPC server has marshaled them: ShouldRateLimit allocates
 // nothing of its own.
-type RLS struct {
+type Service struct {
 	rlspb.UnimplementedRateLimitServiceServer
 
-	cfg    RLSConfig
-	core   *Core
+	cfg    Config
+	core   *decision.Core
 	log    *slog.Logger
 	m      *rlsMetrics
 	srv    *grpc.Server
@@ -168,11 +170,11 @@ type RLS struct {
 	wg      sync.WaitGroup // the health watcher
 }
 
-// NewRLS returns the rate limit service over core. It does not listen:
+// New returns the rate limit service over core. It does not listen:
 // call Serve. log nil is slog.Default(); reg nil registers no metrics.
-func NewRLS(core *Core, cfg RLSConfig, log *slog.Logger, reg prometheus.Registerer) (*RLS, error) {
+func New(core *decision.Core, cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Service, error) {
 	if core == nil {
-		return nil, errors.New("edge: NewRLS: no Core")
+		return nil, errors.New("rls: New: no Core")
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -181,7 +183,7 @@ func NewRLS(core *Core, cfg RLSConfig, log *slog.Logger, reg prometheus.Register
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &RLS{cfg: cfg, core: core, log: log, stop: make(chan struct{}), health: health.NewServer()}
+	s := &Service{cfg: cfg, core: core, log: log, stop: make(chan struct{}), health: health.NewServer()}
 	s.pool.New = func() any { return new(rlsScratch) }
 	var err error
 	if s.m, err = newRLSMetrics(reg); err != nil {
@@ -199,7 +201,7 @@ func NewRLS(core *Core, cfg RLSConfig, log *slog.Logger, reg prometheus.Register
 
 // Serve serves the service on ln until Stop; it returns nil after Stop.
 // It may be called for several listeners.
-func (s *RLS) Serve(ln net.Listener) error {
+func (s *Service) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if !s.started && !s.stopped {
 		s.started = true
@@ -208,7 +210,7 @@ func (s *RLS) Serve(ln net.Listener) error {
 	}
 	s.mu.Unlock()
 	if err := s.srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return fmt.Errorf("edge: rls serve %s: %w", ln.Addr(), err)
+		return fmt.Errorf("rls: serve %s: %w", ln.Addr(), err)
 	}
 	return nil
 }
@@ -216,7 +218,7 @@ func (s *RLS) Serve(ln net.Listener) error {
 // Stop says NOT_SERVING on the health service, stops accepting, and waits
 // for the calls in flight to finish within ctx; past ctx it closes every
 // connection and returns ctx's error. It is safe to call more than once.
-func (s *RLS) Stop(ctx context.Context) error {
+func (s *Service) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	if !s.stopped {
 		s.stopped = true
@@ -232,7 +234,7 @@ func (s *RLS) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		s.srv.Stop()
 		<-done
-		err = fmt.Errorf("edge: rls stop: %w", ctx.Err())
+		err = fmt.Errorf("rls: stop: %w", ctx.Err())
 	}
 	s.wg.Wait()
 	return err
@@ -240,11 +242,11 @@ func (s *RLS) Stop(ctx context.Context) error {
 
 // ready is the health service's answer: the edge is ready and the rules in
 // force have a descriptor index.
-func (s *RLS) ready() bool {
+func (s *Service) ready() bool {
 	return s.cfg.Ready() && envoyconf.DescriptorsOf(s.core.Rules()) != nil
 }
 
-func (s *RLS) setHealth(ok bool) {
+func (s *Service) setHealth(ok bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ok {
 		st = healthpb.HealthCheckResponse_SERVING
@@ -254,7 +256,7 @@ func (s *RLS) setHealth(ok bool) {
 }
 
 // watchHealth asks Ready every HealthInterval until Stop.
-func (s *RLS) watchHealth() {
+func (s *Service) watchHealth() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.HealthInterval)
 	defer t.Stop()
@@ -328,12 +330,12 @@ func (sc *rlsScratch) grow(n int) {
 // response headers. Unknown domains and descriptors are answered OK;
 // an empty domain, no descriptors, no envoyproxy/ratelimit rules in force,
 // or a descriptor's limit with an unknown unit are errors.
-func (s *RLS) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (resp *rlspb.RateLimitResponse, err error) {
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (resp *rlspb.RateLimitResponse, err error) {
 	now := s.cfg.Now()
 	defer func() {
 		if p := recover(); p != nil {
 			s.m.errPanic.Inc()
-			s.log.Error("edge: rls: panic", "panic", p)
+			s.log.Error("rls: panic", "panic", p)
 			resp, err = nil, errRLSPanic
 		}
 	}()
@@ -368,7 +370,7 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) 
 }
 
 // decide answers req into sc.resp from the rules in force.
-func (s *RLS) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.Time) error {
+func (s *Service) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.Time) error {
 	rs := s.core.Rules()
 	idx := envoyconf.DescriptorsOf(rs)
 	if idx == nil {
@@ -443,20 +445,20 @@ func (s *RLS) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.Time)
 			continue
 		}
 		v := s.core.DecideRule(now, rs, ds.m.Rule, sc.keys[ds.koff:ds.koff+ds.klen], ds.hits)
-		if v.Outcome == Undecidable {
+		if v.Outcome == decision.Undecidable {
 			s.core.Finish(v)
 			return errRulesChanged
 		}
 		rpu := uint64(ds.m.RequestsPerUnit)
 		switch {
 		case ds.m.Answer == rules.DescriptorCounted:
-			ds.over = v.Outcome != Allowed
+			ds.over = v.Outcome != decision.Allowed
 			ds.remaining = uint32(min(v.Quota.Remaining, rpu))
 		case v.Fallback: // an override when the store failed: the fail policy answers
-			ds.over = v.Outcome != Allowed
+			ds.over = v.Outcome != decision.Allowed
 		default: // an override: the rule counts, the request's limit decides
 			after := r.Limit - min(v.Quota.Remaining, r.Limit)
-			ds.over = v.Outcome != Allowed || after > rpu
+			ds.over = v.Outcome != decision.Allowed || after > rpu
 			if !ds.over {
 				ds.remaining = uint32(rpu - after)
 			}
@@ -542,7 +544,7 @@ func untilReset(now time.Time, w time.Duration) time.Duration {
 
 // answer fills sc.resp from the decided descriptors: statuses, overall
 // code, headers.
-func (s *RLS) answer(sc *rlsScratch, n int, now time.Time) {
+func (s *Service) answer(sc *rlsScratch, n int, now time.Time) {
 	resp := &sc.resp
 	resp.Statuses = sc.statuses[:n]
 	resp.ResponseHeadersToAdd, resp.RequestHeadersToAdd, resp.RawBody, resp.DynamicMetadata, resp.Quota = nil, nil, nil, nil, nil
@@ -613,7 +615,7 @@ func (s *RLS) answer(sc *rlsScratch, n int, now time.Time) {
 	} else {
 		s.m.respOK.Inc()
 	}
-	if chosen >= 0 && s.cfg.Headers != RLSHeadersNone {
+	if chosen >= 0 && s.cfg.Headers != HeadersNone {
 		s.headers(sc, &sc.ds[chosen], over, retryAt, now)
 	}
 }
@@ -630,7 +632,7 @@ const (
 
 // headers writes the response headers of descriptor ds into sc.resp. Their
 // values are views of sc.hbuf, which lives as long as the response.
-func (s *RLS) headers(sc *rlsScratch, ds *rlsDesc, over bool, retryAt int64, now time.Time) {
+func (s *Service) headers(sc *rlsScratch, ds *rlsDesc, over bool, retryAt int64, now time.Time) {
 	b := sc.hbuf[:0]
 	k := 0
 	mark := func(start int) {
@@ -639,7 +641,7 @@ func (s *RLS) headers(sc *rlsScratch, ds *rlsDesc, over bool, retryAt int64, now
 	}
 	t := ceilSeconds(int64(ds.reset))
 	var keys [4]string
-	if s.cfg.Headers == RLSHeadersRatelimit {
+	if s.cfg.Headers == HeadersRatelimit {
 		keys = [4]string{hdrRLLimit, hdrRLRemain, hdrRLReset}
 		st := len(b)
 		b = strconv.AppendUint(b, uint64(ds.m.RequestsPerUnit), 10)
@@ -660,7 +662,7 @@ func (s *RLS) headers(sc *rlsScratch, ds *rlsDesc, over bool, retryAt int64, now
 		mark(st)
 		if over {
 			tn := now.UnixNano()
-			ra := max(RetryAfter(retryAt, tn, s.cfg.RetryJitter), t)
+			ra := max(decision.RetryAfter(retryAt, tn, s.cfg.RetryJitter), t)
 			st = len(b)
 			b = strconv.AppendInt(b, ra, 10)
 			mark(st)
@@ -708,7 +710,7 @@ func bytesView(b []byte) string {
 
 // release returns a response ShouldRateLimit made, and its working space,
 // to the pool; resp must not be used after.
-func (s *RLS) release(resp *rlspb.RateLimitResponse) {
+func (s *Service) release(resp *rlspb.RateLimitResponse) {
 	sc := (*rlsScratch)(unsafe.Pointer(resp)) // resp is sc.resp, its first field
 	sc.resp.Statuses, sc.resp.ResponseHeadersToAdd = nil, nil
 	s.pool.Put(sc)
@@ -721,7 +723,7 @@ func (s *RLS) release(resp *rlspb.RateLimitResponse) {
 // the only other reader.
 type rlsCodec struct {
 	base encoding.CodecV2
-	rls  *RLS
+	rls  *Service
 }
 
 func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
@@ -784,8 +786,16 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 	}
 	for _, c := range []prometheus.Collector{reqs, descs, errs, uncounted, m.unknownDomain, m.globalShadow, m.rulesChanged, m.duration} {
 		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("edge: rls metrics: %w", err)
+			return nil, fmt.Errorf("rls: metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// ceilSeconds returns d nanoseconds rounded up to whole seconds, at least 0.
+func ceilSeconds(d int64) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return (d + int64(time.Second) - 1) / int64(time.Second)
 }

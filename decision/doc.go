@@ -1,0 +1,35 @@
+// Package decision is the decision core of a poplimit edge: the one path
+// every front end (the fasthttp server, Envoy's rate limit service, the
+// net/http middleware, the JSON endpoint, the offline simulator) calls to
+// decide a request.
+//
+// A front end turns its request into a Request: host, method, path, the
+// client address (resolved by the front end, see package clientaddr),
+// field lookups (Fields) and the time. Core.Decide then runs every step
+// once:
+//
+//	shed? ─► match rules in order ─► key recipe (missing_key, duplicate_key)
+//	      ─► cost (fixed, or a header within bounds)
+//	      ─► block cache hit? ─► refused from memory, no store, no network
+//	      ─► window.Limiter (rate) or window.Slots (concurrency)
+//	      ─► Verdict, metrics, one decision event per rule decided
+//
+// The first matching rule decides (with match: all, every matching rule in
+// order, the first refusal answering). Shadow rules are decided and counted
+// but never refuse. A refused key stays in the block cache until its exact
+// release time.
+//
+// A Verdict carries an Outcome, the Quota of the rule that answers, and
+// renders itself for any transport: Status is its HTTP status, and
+// Quota.SetFields and Quota.SetRefusal write the RateLimit-Policy,
+// RateLimit, X-RateLimit-* and Retry-After fields
+// (draft-ietf-httpapi-ratelimit-headers) and the RFC 9457 problem body of a
+// refusal onto any FieldSetter. The front end hands the Verdict back with
+// Finish (Done for one it owns) once the request is over: that gives back
+// the concurrency slots it holds.
+//
+// The core reads no clock (the time is Request.Now), keeps none of a
+// Request's bytes after Decide returns, allocates nothing on the request
+// path, and is safe for concurrent use. Every store fallback is counted in
+// poplimit_edge_requests_total{source="fallback"}.
+package decision

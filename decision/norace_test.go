@@ -1,0 +1,5 @@
+//go:build !race
+
+package decision
+
+const raceEnabled = false

@@ -1,0 +1,5 @@
+//go:build !race
+
+package httpedge
+
+const raceEnabled = false

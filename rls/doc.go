@@ -1,0 +1,11 @@
+// Package rls is Envoy's rate limit service (envoy.service.ratelimit.v3,
+// gRPC) over the decision core: a Service answers ShouldRateLimit for the
+// descriptors of envoyproxy/ratelimit's configuration, as that service
+// does (see rules/envoyconf/SERVICE.md for its semantics and where this
+// one differs), deciding each descriptor with decision.Core.DecideRule.
+//
+// The rules and the index of one request come from one rules generation;
+// a descriptor whose hits no limit admits in one call is refused without
+// counting. Responses are pooled and the request path allocates nothing in
+// steady state. Its methods are safe for concurrent use.
+package rls
