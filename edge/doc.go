@@ -14,7 +14,9 @@
 // listener (/metrics, /healthz, /readyz, optionally /debug/pprof/).
 //
 // Close stops the front ends and then closes what Build built, in the
-// reverse order of building: the producer (flushing its events), the
-// block cache, the slots, the limiter (with a last flush of its counts)
-// and the store client.
+// reverse order of building: the slots and the limiter (with a last flush
+// of its counts), the producer (flushing its events), the block cache and
+// the store client. NewStack is the assembly of the decision core alone,
+// which Build and the offline simulator (package loadtest, with a
+// simulated clock and stepped loops) share.
 package edge

@@ -49,6 +49,9 @@ type Options struct {
 	RLSListen string
 	RLS       rls.Config
 
+	// EdgeID names this edge in decision events (0 to 65535).
+	EdgeID int // default 0
+
 	// RulesFile and OverridesFile are watched and reloaded on change
 	// (polled every ReloadPoll) and on SIGHUP, for every front end; a file
 	// that does not load is rejected whole, logged and counted, and the
@@ -57,8 +60,9 @@ type Options struct {
 	OverridesFile string
 	ReloadPoll    time.Duration // default 2s; the TLS files are polled as often
 
-	Server  httpedge.Config // the fasthttp front end: mode, upstream, client addresses, limits, TLS
-	Limiter window.Config   // flush interval, store timeout, key table bounds
+	Server  httpedge.Config    // the fasthttp front end: mode, upstream, client addresses, limits, TLS
+	Limiter window.Config      // flush interval, store timeout, key table bounds
+	Slots   window.SlotsConfig // concurrency rules: renewal; StoreTimeout defaults to Limiter.StoreTimeout
 	// Memcache is the shared store; no Servers means an in-memory store
 	// (one edge alone: limits do not hold across edges). Timeout defaults
 	// to Limiter.StoreTimeout.
@@ -122,6 +126,10 @@ func (o Options) withDefaults() Options {
 	}
 	o.Server = o.Server.WithDefaults()
 	o.Limiter = o.Limiter.WithDefaults()
+	if o.Slots.StoreTimeout == 0 {
+		o.Slots.StoreTimeout = o.Limiter.StoreTimeout
+	}
+	o.Slots = o.Slots.WithDefaults()
 	if o.Memcache.Timeout == 0 {
 		o.Memcache.Timeout = o.Limiter.StoreTimeout
 	}
@@ -238,16 +246,6 @@ func Build(o Options) (e *Edge, err error) {
 	if store == nil {
 		store = window.NewMemStore(nil)
 	}
-	lc := o.Limiter
-	lc.Registerer = reg
-	if e.Limiter, err = window.New(lc, store); err != nil {
-		return e, err
-	}
-	e.Limiter.Start()
-	e.closers = append(e.closers, e.Limiter.Close) // a last flush
-	e.Slots = window.NewSlots(window.SlotsConfig{StoreTimeout: o.Limiter.StoreTimeout}, store)
-	e.Slots.Start(0, nil)
-	e.closers = append(e.closers, func(context.Context) error { e.Slots.Close(); return nil })
 	if e.Blocks, err = blockcache.New(o.BlockCache, reg); err != nil {
 		return e, err
 	}
@@ -263,10 +261,12 @@ func Build(o Options) (e *Edge, err error) {
 		e.closers = append(e.closers, e.producer.Close)
 		events = e.producer
 	}
-	if e.Core, err = decision.NewCore(decision.CoreConfig{EdgeID: o.Server.EdgeID, Upstream: o.Server.Mode == httpedge.Proxy}, rs,
-		decision.CoreDeps{Limiter: e.Limiter, Blocks: e.Blocks, Slots: e.Slots, Events: events, Registerer: reg}); err != nil {
+	st, err := NewStack(o, rs, StackDeps{Store: store, Blocks: e.Blocks, Events: events, Registerer: reg})
+	if err != nil {
 		return e, err
 	}
+	e.closers = append(e.closers, st.Close) // a last flush
+	e.Limiter, e.Slots, e.Core = st.Limiter, st.Slots, st.Core
 	if e.Server, err = httpedge.NewServer(o.Server, e.Core, httpedge.Deps{StoreHealthy: healthy, Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew}); err != nil {
 		return e, err
 	}
@@ -366,9 +366,9 @@ func (e *Edge) Serve(ctx context.Context) error {
 }
 
 // Close stops serving (waiting for requests in flight within ctx), then
-// closes what Build built in reverse order: the producer (flushing its
-// events), the block cache, the slots, the limiter (a last flush of its
-// counts), the store client. It is safe to call more than once and from
+// closes what Build built in reverse order: the slots and the limiter (a
+// last flush of its counts), the producer (flushing its events), the block
+// cache, the store client. It is safe to call more than once and from
 // several goroutines: the first call closes, the others wait for it.
 func (e *Edge) Close(ctx context.Context) error {
 	e.closeOnce.Do(func() { e.closeErr = e.close(ctx) })
@@ -423,7 +423,7 @@ func (e *Edge) LogStart() {
 	}
 	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "rls", cmp.Or(e.RLSAddr(), "off (pass -rls-listen)"), "mode", string(o.Server.Mode),
 		"rules", rulesFrom, "store", store, "events", events, "flush_interval", o.Limiter.FlushInterval,
-		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.Server.EdgeID,
+		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.EdgeID,
 		"concurrency", o.Server.Concurrency, "max_conns_per_client", connCap(o.Server.MaxConnsPerClient),
 		"max_decision_body", decisionBody(&o.Server))
 }

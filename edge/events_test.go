@@ -26,7 +26,7 @@ func TestDecisionEventsReachKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	var opts edge.Options
-	opts.Server.EdgeID = 7
+	opts.EdgeID = 7
 	opts.Events = prod
 	ed := edgetest.Start(t, "rules: [{name: evt, limit: 3, window: 1m}]", opts)
 	for i := 0; i < 6; i++ {

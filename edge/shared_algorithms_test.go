@@ -34,7 +34,7 @@ func twoEdges(t *testing.T, store, rulesYAML string) ([2]string, [2]*edge.Edge) 
 	var edges [2]*edge.Edge
 	for i := range addrs {
 		oi := o
-		oi.Server.EdgeID = i + 1
+		oi.EdgeID = i + 1
 		edges[i] = edgetest.Start(t, rulesYAML, oi)
 		addrs[i] = edges[i].Addr()
 	}

@@ -85,7 +85,7 @@ func newEdge(t testing.TB, s edgeSpec) *inEdge {
 	if s.reg != nil {
 		o.Registry = s.reg
 	}
-	o.Server.EdgeID = s.id
+	o.EdgeID = s.id
 	if o.Server.TrustedProxies == nil {
 		o.Server.TrustedProxies = loopback
 	}

@@ -30,8 +30,6 @@ const (
 type Config struct {
 	Mode Mode // default Decision
 
-	// EdgeID names this edge in decision events (0 to 65535).
-	EdgeID int // default 0
 
 	// Upstream is the origin of Proxy mode: one host:port, or several
 	// separated by commas (at most MaxUpstreams), each request going to
@@ -237,9 +235,6 @@ func (c Config) Validate() error {
 	case "", clientaddr.XForwardedFor, clientaddr.Forwarded:
 	default:
 		bad("Forwarding", fmt.Sprintf("%q", c.Forwarding), `must be "x-forwarded-for" or "forwarded"`)
-	}
-	if c.EdgeID < 0 || c.EdgeID > 65535 {
-		bad("EdgeID", c.EdgeID, "must be between 0 and 65535")
 	}
 	if c.CheckPrefix != "" && c.CheckPrefix[0] != '/' {
 		bad("CheckPrefix", fmt.Sprintf("%q", c.CheckPrefix), `must start with "/"`)

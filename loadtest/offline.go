@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/rules"
@@ -166,18 +167,15 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	for i := range sim.rules {
 		sim.rules[i].keys = map[uint64]*keyStat{}
 	}
+	var o edge.Options
+	o.Limiter.FlushInterval = cfg.FlushInterval
 	var err error
-	store := window.NewMemStore(sim.clock)
-	sim.lim, err = window.New(window.Config{FlushInterval: cfg.FlushInterval, Clock: sim.clock}, store)
+	sim.stack, err = edge.NewStack(o, cfg.Rules, edge.StackDeps{Store: window.NewMemStore(sim.clock), Blocks: sim.blocks,
+		Events: sim, Clock: sim.clock, Observe: sim.observe, Wait: func(time.Duration) {}})
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: offline: %w", err)
 	}
-	sim.slots = window.NewSlots(window.SlotsConfig{}, store)
-	sim.core, err = decision.NewCore(decision.CoreConfig{Observe: sim.observe, Wait: func(time.Duration) {}}, cfg.Rules,
-		decision.CoreDeps{Limiter: sim.lim, Blocks: sim.blocks, Slots: sim.slots, Events: sim})
-	if err != nil {
-		return nil, fmt.Errorf("loadtest: offline: %w", err)
-	}
+	sim.core = sim.stack.Core
 	rep := &OfflineReport{}
 	originSet := !cfg.Origin.IsZero()
 	origin := cfg.Origin
@@ -224,8 +222,7 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 		}
 	}
 	sim.finishUntil(time.Duration(math.MaxInt64))
-	sim.lim.Close(context.Background())
-	sim.slots.Close()
+	sim.stack.Close(context.Background())
 	rep.Origin, rep.Absolute = origin, originSet
 	rep.SpanMs = float64(last) / 1e6
 	for i, r := range cfg.Rules.Rules {
@@ -252,12 +249,9 @@ func (c *simClock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
 type offline struct {
 	cfg       OfflineConfig
 	clock     *simClock
-	lim       *window.Limiter
-	slots     *window.Slots
+	stack     *edge.Stack // the edge's own assembly of its core, on the simulated clock
 	core      *decision.Core
 	blocks    *mapBlocks
-	lastFlush int64
-	lastRenew int64
 	req       fasthttp.Request // scratch, to read paths, queries and cookies as the edge does
 	ub        []byte
 	rules     []ruleStats
@@ -285,14 +279,7 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 	t := now.UnixNano()
 	o.clock.ns.Store(t)
 	o.finishUntil(at)
-	if t-o.lastFlush >= int64(o.cfg.FlushInterval) {
-		o.lim.Flush(context.Background(), now)
-		o.lastFlush = t
-	}
-	if t-o.lastRenew >= int64(time.Second) {
-		o.slots.Renew(context.Background(), now) // as the edge's renewer does
-		o.lastRenew = t
-	}
+	o.stack.Step(context.Background(), now) // the edge's flusher and renewer, as of now
 	req := &o.req
 	req.Reset()
 	path := r.Path

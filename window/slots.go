@@ -56,15 +56,21 @@ type SlotsConfig struct {
 	RenewInterval time.Duration // how often epochs are checked for carrying; default 100ms
 }
 
+// WithDefaults returns c with every unset field at its default.
+func (c SlotsConfig) WithDefaults() SlotsConfig {
+	if c.StoreTimeout <= 0 {
+		c.StoreTimeout = 100 * time.Millisecond
+	}
+	if c.RenewInterval <= 0 {
+		c.RenewInterval = 100 * time.Millisecond
+	}
+	return c
+}
+
 // NewSlots returns Slots over store. Call Start to carry slots across epochs
 // in the background, and Close to stop.
 func NewSlots(cfg SlotsConfig, store Store) *Slots {
-	if cfg.StoreTimeout <= 0 {
-		cfg.StoreTimeout = 100 * time.Millisecond
-	}
-	if cfg.RenewInterval <= 0 {
-		cfg.RenewInterval = 100 * time.Millisecond
-	}
+	cfg = cfg.WithDefaults()
 	return &Slots{store: store, timeout: cfg.StoreTimeout, grace: cfg.RenewInterval + cfg.StoreTimeout,
 		held: make(map[uint64]*heldSlots), done: make(chan struct{})}
 }

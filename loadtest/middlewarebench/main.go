@@ -53,7 +53,7 @@ func run(listen, kind, rulesFile, memcache, redis, brokers string, edgeID int) e
 	var e *edge.Edge
 	if !strings.HasSuffix(kind, "-bare") {
 		o := edge.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-		o.RulesFile, o.Server.EdgeID = rulesFile, edgeID
+		o.RulesFile, o.EdgeID = rulesFile, edgeID
 		if memcache != "" {
 			var err error
 			if o.Memcache.Servers, err = edge.ParseServers(memcache); err != nil {
