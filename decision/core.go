@@ -292,19 +292,12 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 // FailsClosed reports whether some rule in force fails closed.
 func (c *Core) FailsClosed() bool { return c.rules.Load().failHard }
 
-// Decide decides req. The Verdict must be handed back with Finish.
+// Decide decides req. The Verdict must be handed back with Finish, once
+// the request is over when it was Tracked.
 func (c *Core) Decide(req *Request) *Verdict {
-	d := c.pool.Get().(*Verdict)
-	c.DecideInto(req, d)
-	return d
-}
-
-// DecideInto decides req into d, a Verdict the caller owns (a front end
-// that pools its own per-request space); d must be handed back with Done,
-// not Finish. A zero Verdict is ready.
-func (c *Core) DecideInto(req *Request, d *Verdict) {
-	c.reset(d, req.Now)
+	d := c.get(req.Now)
 	c.decideInto(req, d)
+	return d
 }
 
 func (c *Core) decideInto(req *Request, d *Verdict) {
@@ -381,15 +374,22 @@ func (c *Core) decideInto(req *Request, d *Verdict) {
 		}
 	}
 	d.Outcome, d.Quota, d.FromBlockCache = Allowed, best, false
-	if d.Delay > 0 && !c.hold(d) {
-		d.Outcome = Limited
-		d.Quota.ReleaseAt = t + int64(d.Delay)
-	}
+	c.holdAdmitted(d, t)
 }
 
 // duplicateKeyReason is the problem detail of a request refused under
 // duplicate_key: refuse.
 const duplicateKeyReason = "a header, query parameter or cookie of the request's rate-limit key appears more than once; send it once"
+
+// holdAdmitted holds an admitted request for its place in a leaky-bucket
+// queue (action: delay), at t; when MaxDelayed requests already wait, it
+// is refused instead, released when its place would have come.
+func (c *Core) holdAdmitted(d *Verdict, t int64) {
+	if d.Delay > 0 && !c.hold(d) {
+		d.Outcome = Limited
+		d.Quota.ReleaseAt = t + int64(d.Delay)
+	}
+}
 
 // hold waits out an admitted request's place in its leaky-bucket queue,
 // unless MaxDelayed requests already wait: then it reports false.
@@ -409,42 +409,62 @@ func (c *Core) hold(d *Verdict) bool {
 	return true
 }
 
-// DecideKey decides key under the rule named rule directly, as the JSON
-// decision endpoint does: no matching, no key recipe. cost 0 is the
-// rule's cost. Concurrency and shed rules cannot be decided this way:
-// their Verdict is Undecidable with the reason.
-func (c *Core) DecideKey(now time.Time, rule string, key []byte, cost uint64) *Verdict {
-	sn := c.rules.Load()
-	if cost == 0 {
-		if r := sn.rules.Lookup(rule); r != nil {
-			cost = r.Cost
-		}
+// Generation is one generation of the rules in force, with what the core
+// prepared for it. A front end that maps a request to rules itself reads
+// the Generation once per request (Current) and decides every part of
+// the request under it, so a reload never splits a request across two
+// generations. The zero Generation has no rules.
+type Generation struct{ sn *snapshot }
+
+// Current returns the generation in force.
+func (c *Core) Current() Generation { return Generation{c.rules.Load()} }
+
+// Rules returns the generation's rules.
+func (g Generation) Rules() *rules.Rules {
+	if g.sn == nil {
+		return nil
 	}
-	return c.decideKey(sn, now, sn.rules.Lookup(rule), key, cost)
+	return g.sn.rules
 }
 
-// DecideRule decides key under rs.Rules[index] as DecideKey does, for front
-// ends that map their requests to rules themselves (Envoy's rate limit
-// service maps descriptors). cost is taken as it is: 0 checks the key
-// without counting anything. rs must be the Rules the front end looked the
-// rule up in: when a reload swapped them since, the Verdict is
-// Undecidable ("the rules changed"), and the front end asks again.
-func (c *Core) DecideRule(now time.Time, rs *rules.Rules, index int, key []byte, cost uint64) *Verdict {
-	sn := c.rules.Load()
-	if sn.rules != rs || index < 0 || index >= len(rs.Rules) {
+// DecideKey decides key under rule index of g directly, with no matching
+// and no key recipe: the JSON decision endpoint and Envoy's rate limit
+// service, which map their requests to rules themselves. cost is taken as
+// it is: 0 checks the key without counting. limit, when not 0, is the
+// request's own limit over the rule's count (Envoy's per-descriptor
+// override): the rule counts as always, and the Verdict's Outcome and
+// Quota say whether that limit is passed and what of it remains; when the
+// store failed, the rule's failure policy answers. An index outside g's
+// rules, or a concurrency or shed rule (which depend on live requests),
+// is Undecidable with the reason; a cost above the rule's bound is
+// Denied. The Verdict must be handed back with Finish.
+func (c *Core) DecideKey(g Generation, now time.Time, index int, key []byte, cost, limit uint64) *Verdict {
+	if g.sn == nil || index < 0 || index >= len(g.sn.rules.Rules) {
 		d := c.get(now)
-		d.Outcome, d.Reason = Undecidable, "the rules changed"
+		d.Outcome, d.Reason = Undecidable, "no such rule"
 		return d
 	}
-	return c.decideKey(sn, now, rs.Rules[index], key, cost)
+	r := g.sn.rules.Rules[index]
+	d := c.decideKey(g.sn, now, r, key, cost)
+	if limit == 0 || d.Fallback || d.Outcome == Undecidable || d.Outcome == Denied {
+		return d
+	}
+	// The rule counted; the request's limit decides: used is what the
+	// rule's window holds now, this request's units included.
+	used := r.Limit - min(d.Quota.Remaining, r.Limit)
+	d.Quota.Limit = limit
+	switch {
+	case d.Outcome != Allowed || used > limit:
+		d.Outcome, d.Quota.Remaining = Limited, 0
+	default:
+		d.Quota.Remaining = limit - used
+	}
+	return d
 }
 
 func (c *Core) decideKey(sn *snapshot, now time.Time, r *rules.Rule, key []byte, cost uint64) *Verdict {
 	d := c.get(now)
 	switch {
-	case r == nil:
-		d.Outcome, d.Reason = Undecidable, "no such rule"
-		return d
 	case r.Kind != rules.Rate:
 		d.Outcome, d.Quota.Rule = Undecidable, r
 		d.Reason = "a " + r.Kind.String() + " rule depends on live requests and cannot be decided for a key"
@@ -457,9 +477,8 @@ func (c *Core) decideKey(sn *snapshot, now time.Time, r *rules.Rule, key []byte,
 	t := d.now.UnixNano()
 	if c.decide(sn, r, d, t, cost) {
 		d.Outcome = Limited
-	} else if d.Delay > 0 && !c.hold(d) {
-		d.Outcome = Limited
-		d.Quota.ReleaseAt = t + int64(d.Delay)
+	} else {
+		c.holdAdmitted(d, t)
 	}
 	return d
 }
@@ -481,19 +500,13 @@ func (c *Core) reset(d *Verdict, now time.Time) {
 // Finish gives back the concurrency slots d holds and returns d to the
 // pool; d must not be used after.
 func (c *Core) Finish(d *Verdict) {
-	c.Done(d)
-	c.pool.Put(d)
-}
-
-// Done gives back the concurrency slots of a Verdict decided with
-// DecideInto; the caller keeps d.
-func (c *Core) Done(d *Verdict) {
 	for i := 0; i < d.nh; i++ {
 		c.deps.Slots.Release(&d.held[i].rule.Policy, d.held[i].key)
 		d.held[i] = heldSlot{}
 	}
 	d.nh = 0
 	d.Quota.Rule = nil
+	c.pool.Put(d)
 }
 
 // BeginUpstream and EndUpstream bracket a proxied request, for the load

@@ -30,7 +30,6 @@ const (
 type Config struct {
 	Mode Mode // default Decision
 
-
 	// Upstream is the origin of Proxy mode: one host:port, or several
 	// separated by commas (at most MaxUpstreams), each request going to
 	// the next healthy one round-robin. Proxy mode streams request and

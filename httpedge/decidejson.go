@@ -148,7 +148,15 @@ func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 	}
 	now := s.now()
 	t := now.UnixNano()
-	d := s.core.DecideKey(now, req.Rule, unsafeBytes(req.Key), req.Cost)
+	g := s.core.Current()
+	index, cost := -1, req.Cost
+	if r := g.Rules().Lookup(req.Rule); r != nil {
+		index = r.Index
+		if cost == 0 {
+			cost = r.Cost // the rule's own cost
+		}
+	}
+	d := s.core.DecideKey(g, now, index, unsafeBytes(req.Key), cost, 0)
 	defer s.core.Finish(d)
 	switch d.Outcome {
 	case decision.Undecidable:

@@ -58,7 +58,6 @@ type Server struct {
 type scratch struct {
 	buf  []byte
 	hops clientaddr.Hops
-	v    decision.Verdict // the request's, decided into (one pool for both)
 }
 
 // NewServer returns the fasthttp front end of core. It does not listen:
@@ -277,9 +276,8 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 			req.Method = m
 		}
 	}
-	d := &sc.v
-	s.core.DecideInto(&req, d)
-	defer s.core.Done(d)
+	d := s.core.Decide(&req)
+	defer s.core.Finish(d)
 	t := req.Now.UnixNano()
 	switch d.Outcome {
 	case decision.Limited:

@@ -301,18 +301,15 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 	v := o.core.Decide(&decision.Request{Host: decision.HostOnly([]byte(r.Host)), Method: []byte(method),
 		Path: httpedge.StripPrefix(req.URI().Path(), o.cfg.CheckPrefix), Addr: r.IP,
 		Fields: httpedge.FastFields(req), Now: now, Tracked: r.Duration > 0})
-	d := OfflineDecision{Index: idx, At: at, Status: 200}
+	d := OfflineDecision{Index: idx, At: at, Status: v.Status()}
 	if v.Quota.Rule != nil {
 		d.Rule = v.Quota.Rule.Name
 	}
-	switch v.Outcome {
-	case decision.Limited:
-		d.Status, d.FromCache = 429, v.FromBlockCache
+	if v.Outcome == decision.Limited {
+		d.FromCache = v.FromBlockCache
 		if v.Quota.ReleaseAt > 0 {
 			d.ReleaseAt = time.Unix(0, v.Quota.ReleaseAt)
 		}
-	case decision.Denied, decision.Undecidable:
-		d.Status = 400
 	}
 	if v.Outcome == decision.Allowed && r.Duration > 0 {
 		heap.Push(&o.pending, pendingReq{end: at + r.Duration, v: v}) // its slots are held until then

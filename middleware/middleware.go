@@ -81,47 +81,64 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	v := m.e.Core.Decide(&req)
 	defer m.e.Core.Finish(v)
 	t := req.Now.UnixNano()
-	h := w.Header()
-	if v.Quota.Rule != nil && (v.Outcome == decision.Allowed || v.Outcome == decision.Limited) {
-		sc.buf = m.setQuota(h, &v.Quota, t, sc.buf)
+	h := netFields{h: w.Header()}
+	if v.Quota.Rule != nil && v.Outcome == decision.Allowed {
+		sc.buf = v.Quota.SetFields(&h, t, sc.buf)
 	}
 	switch v.Outcome {
 	case decision.Allowed:
 		next.ServeHTTP(w, r)
 	case decision.Limited:
-		ra := decision.RetryAfter(v.Quota.ReleaseAt, t, m.jitter)
-		h["Retry-After"] = []string{strconv.FormatInt(ra, 10)}
-		h["Content-Type"] = []string{"application/problem+json"}
-		w.WriteHeader(http.StatusTooManyRequests)
-		sc.buf = decision.AppendProblem(sc.buf[:0], &v.Quota, ra)
+		sc.buf = v.Quota.SetRefusal(&h, t, decision.RetryAfter(v.Quota.ReleaseAt, t, m.jitter), sc.buf)
+		h.h["Content-Type"] = []string{decision.ContentTypeProblem}
+		w.WriteHeader(v.Status())
 		w.Write(sc.buf)
 	case decision.Shed:
-		h["Retry-After"] = []string{strconv.FormatInt(decision.RetryAfter(v.Quota.ReleaseAt, t, m.jitter), 10)}
-		problem(w, http.StatusServiceUnavailable, "the service is overloaded and sheds this class of request; retry later")
+		sc.buf = strconv.AppendInt(sc.buf[:0], decision.RetryAfter(v.Quota.ReleaseAt, t, m.jitter), 10)
+		h.SetCanonical(decision.HeaderRetryAfter, sc.buf)
+		problem(w, v.Status(), "the service is overloaded and sheds this class of request; retry later")
 	default:
-		problem(w, http.StatusBadRequest, v.Reason)
+		problem(w, v.Status(), v.Reason)
 	}
 }
 
-// setQuota sets the quota fields of q. net/http keeps each value as a
-// string in a slice of its own: the five slices share one array (capped,
-// so an append by the handler copies), the strings are one each.
-func (m *netHTTP) setQuota(h http.Header, q *decision.Quota, now int64, buf []byte) []byte {
-	v := make([]string, 5)
-	buf = decision.AppendPolicy(buf[:0], q)
-	v[0] = string(buf)
-	buf = decision.AppendRateLimit(buf[:0], q, now)
-	v[1] = string(buf)
-	v[2] = strconv.FormatUint(q.Limit, 10)
-	v[3] = strconv.FormatUint(q.Remaining, 10)
-	v[4] = strconv.FormatInt((q.ResetAt+int64(time.Second)-1)/int64(time.Second), 10)
-	h["Ratelimit-Policy"], h["Ratelimit"] = v[0:1:1], v[1:2:2]
-	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = v[2:3:3], v[3:4:4], v[4:5:5]
-	return buf
+// netFields sets a response's quota fields on a net/http Header, under
+// net/http's canonical names. net/http keeps each value as a string in a
+// slice of its own: the slices share one array (capped, so an append by
+// the handler copies), the strings are one each.
+type netFields struct {
+	h http.Header
+	v []string
+}
+
+func (n *netFields) SetCanonical(name, value []byte) {
+	if n.v == nil {
+		n.v = make([]string, 0, 6)
+	}
+	n.v = append(n.v, string(value))
+	i := len(n.v)
+	n.h[netName(name)] = n.v[i-1 : i : i]
+}
+
+// netName is the net/http canonical form of a quota field's name.
+func netName(name []byte) string {
+	switch string(name) {
+	case "RateLimit-Policy":
+		return "Ratelimit-Policy"
+	case "RateLimit":
+		return "Ratelimit"
+	case "X-RateLimit-Limit":
+		return "X-Ratelimit-Limit"
+	case "X-RateLimit-Remaining":
+		return "X-Ratelimit-Remaining"
+	case "X-RateLimit-Reset":
+		return "X-Ratelimit-Reset"
+	}
+	return http.CanonicalHeaderKey(string(name))
 }
 
 func problem(w http.ResponseWriter, status int, detail string) {
-	w.Header()["Content-Type"] = []string{"application/problem+json"}
+	w.Header()["Content-Type"] = []string{decision.ContentTypeProblem}
 	w.WriteHeader(status)
 	w.Write([]byte(`{"type":"about:blank","title":"` + http.StatusText(status) + `","status":` + strconv.Itoa(status) + `,"detail":"` + detail + `"}`))
 }

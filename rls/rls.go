@@ -130,9 +130,6 @@ var (
 	errRLSPanic         = errors.New("internal error")
 )
 
-// errRulesChanged is internal: a reload swapped the rules during a request.
-var errRulesChanged = errors.New("rls: the rules changed")
-
 // Service is Envoy's rate limit service (envoy.service.ratelimit.v3.
 // RateLimitService/ShouldRateLimit) over the decision core, answering as
 // envoyproxy/ratelimit answers (rules/envoyconf/SERVICE.md) from the
@@ -141,14 +138,14 @@ var errRulesChanged = errors.New("rls: the rules changed")
 // standard health service beside it, and the reflection service when
 // configured. Its methods are safe for concurrent use.
 //
-// Each descriptor is decided by the core under its rule (Core.DecideRule),
-// the counter key being ratelimit's (domain_k1_v1_k2_v2_), except one
-// whose hits exceed what its limit admits in one call (admitsAtMost): it
-// is answered OVER_LIMIT and counts nothing, so that no single call can
-// refuse the other callers of a shared descriptor; the rules and
-// the index are read once per request from one Rules, so a reload never
-// mixes generations (a request that meets a reload is decided again from
-// the new rules, and its earlier descriptors are then counted twice). A
+// Each descriptor is decided by the core under its rule
+// (decision.Core.DecideKey, with the descriptor's own limit when it
+// overrides the rule's), the counter key being ratelimit's
+// (domain_k1_v1_k2_v2_), except one whose hits exceed what its limit
+// admits in one call (admitsAtMost): it is answered OVER_LIMIT and counts
+// nothing, so that no single call can refuse the other callers of a
+// shared descriptor. A request reads one rules generation and decides
+// every descriptor under it, so a reload never splits a request. A
 // response and everything it points to come from a pool and return to it
 // once the gRPC server has marshaled them: ShouldRateLimit allocates
 // nothing of its own.
@@ -351,27 +348,19 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitReque
 		return nil, errRLSTooMany
 	}
 	sc := s.pool.Get().(*rlsScratch)
-	for attempt := 0; ; attempt++ {
-		err = s.decide(sc, req, now)
-		if err != errRulesChanged || attempt == 2 {
-			break
-		}
-		s.m.rulesChanged.Inc()
-	}
-	if err != nil {
+	if err = s.decide(sc, req, now); err != nil {
 		s.pool.Put(sc)
-		if err == errRulesChanged {
-			err = errRLSNoConfig // three reloads in one request
-		}
 		return nil, err
 	}
 	s.m.duration.Observe(time.Since(now).Seconds())
 	return &sc.resp, nil
 }
 
-// decide answers req into sc.resp from the rules in force.
+// decide answers req into sc.resp from the rules in force: one generation
+// for the whole request, whatever reload comes meanwhile.
 func (s *Service) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.Time) error {
-	rs := s.core.Rules()
+	g := s.core.Current()
+	rs := g.Rules()
 	idx := envoyconf.DescriptorsOf(rs)
 	if idx == nil {
 		s.m.errNoConfig.Inc()
@@ -444,24 +433,14 @@ func (s *Service) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.T
 			}
 			continue
 		}
-		v := s.core.DecideRule(now, rs, ds.m.Rule, sc.keys[ds.koff:ds.koff+ds.klen], ds.hits)
-		if v.Outcome == decision.Undecidable {
-			s.core.Finish(v)
-			return errRulesChanged
+		var limit uint64 // an override: the rule counts, the request's limit decides
+		if ds.m.Answer == rules.DescriptorOverride {
+			limit = uint64(ds.m.RequestsPerUnit)
 		}
-		rpu := uint64(ds.m.RequestsPerUnit)
-		switch {
-		case ds.m.Answer == rules.DescriptorCounted:
-			ds.over = v.Outcome != decision.Allowed
-			ds.remaining = uint32(min(v.Quota.Remaining, rpu))
-		case v.Fallback: // an override when the store failed: the fail policy answers
-			ds.over = v.Outcome != decision.Allowed
-		default: // an override: the rule counts, the request's limit decides
-			after := r.Limit - min(v.Quota.Remaining, r.Limit)
-			ds.over = v.Outcome != decision.Allowed || after > rpu
-			if !ds.over {
-				ds.remaining = uint32(rpu - after)
-			}
+		v := s.core.DecideKey(g, now, ds.m.Rule, sc.keys[ds.koff:ds.koff+ds.klen], ds.hits, limit)
+		ds.over = v.Outcome != decision.Allowed
+		if !ds.over && (limit == 0 || !v.Fallback) { // a failed override: the fail policy answered
+			ds.remaining = uint32(min(v.Quota.Remaining, uint64(ds.m.RequestsPerUnit)))
 		}
 		if ds.over {
 			ds.remaining = 0
@@ -744,7 +723,7 @@ type rlsMetrics struct {
 	descReplaced                                  prometheus.Counter
 	errEmptyDomain, errNoDescriptors, errNoConfig prometheus.Counter
 	errTooMany, errBadOverride, errPanic          prometheus.Counter
-	unknownDomain, globalShadow, rulesChanged     prometheus.Counter
+	unknownDomain, globalShadow                   prometheus.Counter
 	uncountedHits, uncountedZero                  prometheus.Counter
 	duration                                      prometheus.Histogram
 }
@@ -775,8 +754,6 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 			Help: "Requests to a domain no file names, answered OK (ratelimit's domain_not_found)."}),
 		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "global_shadow_mode_total",
 			Help: "OVER_LIMIT answers turned OK by the global shadow mode."}),
-		rulesChanged: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "reload_retries_total",
-			Help: "Requests decided again because a reload swapped the rules while they were decided."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "request_duration_seconds",
 			Help:    "Time to decide a ShouldRateLimit call, from its arrival in the handler to its answer, in seconds.",
 			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1}}),
@@ -784,7 +761,7 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{reqs, descs, errs, uncounted, m.unknownDomain, m.globalShadow, m.rulesChanged, m.duration} {
+	for _, c := range []prometheus.Collector{reqs, descs, errs, uncounted, m.unknownDomain, m.globalShadow, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rls: metrics: %w", err)
 		}
