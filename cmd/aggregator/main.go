@@ -1,50 +1,39 @@
 // Command aggregator measures how accurate the edge tier's rate limiting
-// really is. It consumes the decision events that every edge streams to
-// Kafka, as a member of a consumer group, judges each decision against the
-// exact sliding-window truth (package judge beside it: per rule and key, in
-// event-time order across edges, with a watermark and an allowed lateness),
-// and publishes what it found: Prometheus metrics on /metrics (namespace
-// poplimit, subsystem aggregator, with the consumer's under subsystem
-// pipeline) and a JSON report on /report that the load-test tool reads at
-// the end of a replay (GET /report?flush=1 first judges what still waits for
-// the watermark). /healthz answers 200 while it runs.
+// really is. It consumes the decision events every edge streams to Kafka,
+// as a member of a consumer group, judges each decision against the exact
+// reference of its rule's own algorithm (package judge: per rule and key,
+// in event-time order across edges, with a watermark and an allowed
+// lateness), and publishes what it found: Prometheus metrics on /metrics
+// (namespace poplimit, subsystems aggregator and, for its consumer,
+// pipeline) and a JSON report on /report, which loadtest replay reads at
+// its end (GET /report?flush=1 first judges what still waits for the
+// watermark). /healthz answers 200 while it runs.
 //
 // With no -brokers it serves an embedded Kafka-protocol broker (franz-go's
 // kfake) on a loopback address, default 127.0.0.1:9392, with the topic
-// created (-partitions), and logs the address for the edges' -brokers. So
-// `go run ./cmd/aggregator` works alone, and logs every default it took.
-// The embedded broker keeps its log and the group's offsets in memory
-// unless -embedded-data-dir names a directory: without one, its events and
-// offsets end with the process. With -brokers it joins that cluster, where
-// the topic must exist.
+// created (-partitions), so `go run ./cmd/aggregator` works alone and logs
+// every default it took. The embedded broker keeps its log and offsets in
+// memory unless -embedded-data-dir names a directory. With -brokers it
+// joins that cluster, where the topic must exist.
 //
-// # Stopping, restarting and crashing
+// On SIGTERM or SIGINT it stops consuming after the batch in hand, which
+// is committed, judges every event still buffered, stops serving and, last,
+// stops the embedded broker; a successor in the same group resumes from
+// the committed offsets, so across a graceful stop every event is judged
+// exactly once. A batch is committed once the judge has taken it, so a
+// crash loses what waited for the watermark (about -lateness of events, at
+// most -max-buffered) and may judge one uncommitted batch twice. A
+// restarted aggregator lacks each key's earlier history: each key's first
+// window after it is judged against partial history.
 //
-// On SIGTERM or SIGINT it stops consuming after the batch in hand, which the
-// consumer commits; then it judges every event still buffered for the
-// watermark; then it stops serving and, last, stops the embedded broker. A
-// new aggregator in the same group resumes from the committed offsets, so
-// across a graceful stop every event is judged exactly once. A crash (kill
-// -9, power loss) is different: the consumer commits a batch once the judge
-// has taken it, before it is judged, so what a crash loses is what was
-// buffered for the watermark at that moment — about the allowed lateness's
-// worth of events (-lateness, at most -max-buffered events) — and, since a
-// batch applied but not yet committed is replayed, it may judge one batch
-// twice. A restarted aggregator also lacks each key's history from before
-// it started, so each key's first window after a restart is judged against
-// partial history.
-//
-// Its wall clock bounds the event times it trusts: an event stamped more
-// than -lateness plus -max-clock-skew after it, or more than
-// -max-event-age before it, is counted in
-// poplimit_aggregator_invalid_events_total{reason="future"|"past"} and
-// not judged, so that one edge whose clock jumped cannot move the
-// watermark (see package judge).
-//
-// When no event has arrived for -idle-flush, it judges everything buffered,
-// so that a quiet stream (the end of a replay) is fully judged without new
-// events to move the watermark; events that arrive later and older than
-// what it judged are counted as late.
+// Its clock bounds the event times it trusts: an event stamped more than
+// -lateness plus -max-clock-skew after it, or more than -max-event-age
+// before it, is counted in
+// poplimit_aggregator_invalid_events_total{reason="future"|"past"} and not
+// judged, so one edge whose clock jumped cannot move the watermark. After
+// -idle-flush without events it judges everything buffered, so a quiet
+// stream (the end of a replay) is judged whole; events arriving later and
+// older than what it judged are counted as late.
 package main
 
 import (
