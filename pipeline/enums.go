@@ -68,9 +68,9 @@ type Algorithm uint8
 const (
 	AlgorithmSlidingWindow Algorithm = iota // "sliding_window": counters of two fixed windows, weighted; shared by the PoP
 	AlgorithmFixedWindow                    // "fixed_window": one counter per window; shared by the PoP
-	AlgorithmTokenBucket                    // "token_bucket": Limit per window refill, Burst capacity; per edge
-	AlgorithmLeakyBucket                    // "leaky_bucket": leaks Limit per window, Burst capacity; per edge
-	AlgorithmSlidingLog                     // "sliding_log": exact log of the window; per edge
+	AlgorithmTokenBucket                    // "token_bucket": Limit per window refill, Burst capacity; shared by the PoP
+	AlgorithmLeakyBucket                    // "leaky_bucket": leaks Limit per window, Burst capacity; shared by the PoP
+	AlgorithmSlidingLog                     // "sliding_log": exact log of the window; shared by the PoP
 )
 
 var algorithmNames = [...]string{"sliding_window", "fixed_window", "token_bucket", "leaky_bucket", "sliding_log"}
