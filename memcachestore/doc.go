@@ -1,6 +1,6 @@
 // Package memcachestore keeps the limiter's shared state in memcached
-// shards: it adapts a shardproxy.Client to the interfaces package window
-// declares, so that neither of those two packages imports the other.
+// shards: its Store adapts a shardproxy.Client to window.Store, so that
+// neither of those two packages imports the other.
 //
 // Counters (sliding and fixed windows) are memcached counters, sent as
 // the window's ops: incr, with add when a counter is new. Algorithm state

@@ -8,14 +8,17 @@ import (
 	"github.com/poplimit/poplimit/window"
 )
 
-// Store is a window.Store, window.StateStore and window.Placer over the
-// memcached shards of a shardproxy.Client. The zero value with Client set
+var _ window.Store = (*Store)(nil)
+
+// Store is a window.Store over the memcached shards of a
+// shardproxy.Client: counters (Do), states (DoState), the shards' health
+// and the shard of each key (Parts, Place). The zero value with Client set
 // works; New also registers its metrics. Its methods are safe for
 // concurrent use.
 type Store struct {
 	Client  *shardproxy.Client
 	ops     sync.Pool     // *[]shardproxy.Op
-	metrics *stateMetrics // nil: counted unregistered (NewStore registers them)
+	metrics *stateMetrics // nil: counted unregistered (New registers them)
 }
 
 // Do performs ops on the memcached shards.

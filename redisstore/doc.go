@@ -1,7 +1,7 @@
-// Package redisstore is poplimit's counter store over Redis or Redis
+// Package redisstore is poplimit's shared store over Redis or Redis
 // Cluster, for operators who run Redis instead of memcached: Store
 // implements window.Store, so a Limiter (and the edge) runs over it
-// unchanged, and it adds two scripted algorithms whose state is not a
+// unchanged: counters, and two scripted algorithms whose state is not a
 // counter, the leaky bucket as a meter (GCRA) and the exact sliding log.
 //
 // # Keys
@@ -72,7 +72,7 @@
 // Both take now from the caller, as window does: the edges' clocks, not
 // the server's, decide.
 //
-// DoState makes the Store a window.StateStore: a window.StateOp of kind
+// DoState is window.Store's method for states: a window.StateOp of kind
 // StateGCRA is a call of the GCRA script, one of kind StateLog a call of
 // the sliding-log script (its Limit at most window.MaxSharedLogLimit, as
 // StateOp.Validate checks), every op of a call, of both kinds, in one

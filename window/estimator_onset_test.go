@@ -13,12 +13,12 @@ import (
 // answered from a block cache until its ReleaseAt, and the edge flushes
 // every 5 ms. It returns the largest number of admitted requests in any
 // trailing window, judged exactly by a SlidingLog, over the limit.
-func onsetWorst(t *testing.T, mode Mode, phase time.Duration) float64 {
+func onsetWorst(t *testing.T, mode Mode, phase time.Duration, hp histParams) float64 {
 	t.Helper()
 	const limit = 100
 	w := 10 * time.Second
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(t, clock, NewMemStore(clock), Config{hist: hp})
 	pol := &Policy{Limit: limit, Window: w, Mode: mode}
 	key := uint64(0x5eed)
 	judge := SlidingLog{Limit: limit, Window: w}
@@ -61,7 +61,7 @@ func TestMidWindowOnset(t *testing.T) {
 	for _, mode := range []Mode{Async, Sync} {
 		for _, ph := range []time.Duration{5 * time.Second, 2500 * time.Millisecond, 7500 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%v/phase=%v", mode, ph), func(t *testing.T) {
-				got := onsetWorst(t, mode, ph)
+				got := onsetWorst(t, mode, ph, histParams{})
 				t.Logf("worst trailing window: %.2f × the limit", got)
 				if got > 1.10 {
 					t.Errorf("worst trailing window %.2f × the limit, want ≤ 1.10", got)
@@ -71,10 +71,8 @@ func TestMidWindowOnset(t *testing.T) {
 	}
 	// The scenario discriminates: without histograms (the side table has
 	// no room, so every key keeps the uniform estimate) it fails.
-	defer func(d int) { histKeysDiv = d }(histKeysDiv)
-	histKeysDiv = 0
 	for _, mode := range []Mode{Async, Sync} {
-		if got := onsetWorst(t, mode, 5*time.Second); got <= 1.10 {
+		if got := onsetWorst(t, mode, 5*time.Second, histParams{keysDiv: -1}); got <= 1.10 {
 			t.Errorf("%v, uniform estimate: worst trailing window %.2f × the limit; the test no longer tells the estimators apart", mode, got)
 		} else {
 			t.Logf("%v, uniform estimate: worst trailing window %.2f × the limit", mode, got)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,9 +22,10 @@ type replayConfig struct {
 	window time.Duration
 	phase  time.Duration // offset 0 this far past a window boundary
 	flush  time.Duration
-	edges  int  // limiters on one store, requests dealt round-robin (default 1)
-	pinned bool // with edges: each client to one edge, by a hash of its address
-	diag   bool // classify the wrongly allowed decisions
+	edges  int        // limiters on one store, requests dealt round-robin (default 1)
+	pinned bool       // with edges: each client to one edge, by a hash of its address
+	diag   bool       // classify the wrongly allowed decisions
+	hist   histParams // the estimator's histograms (zero: the defaults)
 }
 
 type replayResult struct {
@@ -74,7 +76,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 	store := &opStore{Store: NewMemStore(clock)}
 	edges := make([]*Limiter, max(c.edges, 1))
 	for i := range edges {
-		l, err := New(Config{FlushInterval: c.flush, Clock: clock}, store)
+		l, err := New(Config{FlushInterval: c.flush, Clock: clock, hist: c.hist}, store)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,15 +205,16 @@ func envDuration(t testing.TB, name string, def time.Duration) time.Duration {
 // package's), POPLIMIT_FLUSH flush intervals, POPLIMIT_EDGES deals the
 // requests round-robin to that many limiters on one store (each with its
 // own block cache; POPLIMIT_SPREAD=client pins each client to one edge),
-// POPLIMIT_INTERP and POPLIMIT_ONSET_SHIFT set histInterp and
-// histOnsetShift, POPLIMIT_DIAG=1 classifies the wrongly admitted decisions.
+// POPLIMIT_INTERP (last, even or ends) and POPLIMIT_ONSET_SHIFT set the
+// histograms' placement of a bucket's units and onset (histParams),
+// POPLIMIT_DIAG=1 classifies the wrongly admitted decisions.
 func TestEstimatorTraceReplay(t *testing.T) {
 	path := os.Getenv("POPLIMIT_TRACE")
 	if path == "" {
 		t.Skip("POPLIMIT_TRACE not set")
 	}
 	lines := loadTrace(t, path)
-	ks := []int{histBuckets}
+	ks := []int{histParams{}.withDefaults().buckets}
 	if v := os.Getenv("POPLIMIT_K"); v != "" {
 		ks = nil
 		for _, f := range strings.Split(v, ",") {
@@ -233,12 +236,20 @@ func TestEstimatorTraceReplay(t *testing.T) {
 			flushes = append(flushes, d)
 		}
 	}
-	defer func(k, i, o int) { histBuckets, histInterp, histOnsetShift = k, i, o }(histBuckets, histInterp, histOnsetShift)
+	var hp histParams
 	if v := os.Getenv("POPLIMIT_ONSET_SHIFT"); v != "" {
-		histOnsetShift, _ = strconv.Atoi(v)
+		sh, err := strconv.Atoi(v)
+		if err != nil || sh < 1 {
+			t.Fatalf("POPLIMIT_ONSET_SHIFT %q: want a shift of at least 1", v)
+		}
+		hp.onsetShift = uint(sh)
 	}
 	if v := os.Getenv("POPLIMIT_INTERP"); v != "" {
-		histInterp, _ = strconv.Atoi(v)
+		i := slices.Index([]string{"last", "even", "ends"}, v)
+		if i < 0 {
+			t.Fatalf("POPLIMIT_INTERP %q: want last, even or ends", v)
+		}
+		hp.interp = histInterp(i)
 	}
 	w := envDuration(t, "POPLIMIT_WINDOW", 10*time.Second)
 	edges := 1
@@ -247,10 +258,10 @@ func TestEstimatorTraceReplay(t *testing.T) {
 	}
 	for _, fl := range flushes {
 		for _, k := range ks {
-			histBuckets = k
+			hp.buckets = k
 			worst, worstKey := 0.0, 0.0
 			for p := range 4 {
-				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: w * time.Duration(p) / 4, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != ""})
+				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: w * time.Duration(p) / 4, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != "", hist: hp})
 				worst, worstKey = max(worst, r.wrong()), max(worstKey, r.worst)
 				t.Logf("edges=%d k=%d flush=%v phase=%v: %d decisions, wrongly allowed %d, wrongly limited %d, wrong %.3f%%, worst key %.2f×, store ops/request %.4f, histograms %d",
 					edges, k, fl, w*time.Duration(p)/4, r.decisions, r.wrongAllowed, r.wrongLimited, 100*r.wrong(), r.worst, float64(r.storeOps)/float64(r.requests), r.hists)

@@ -42,9 +42,9 @@ import (
 // so increments that reach the view after the roll (late flushes of other
 // edges, the read of the previous window) scale the shape, as prev does.
 // Within a bucket of n units from first to last, one is taken to be at last
-// and n − 1 spread evenly over [first, last] (histInterp 1; measured best of
-// three placements). Decisions compare it exactly, in 128-bit integers, and
-// a refusal's ReleaseAt is the first instant the same estimate admits
+// and n − 1 spread evenly over [first, last] (interpLast). Decisions
+// compare it exactly, in 128-bit integers, and a refusal's ReleaseAt is
+// the first instant the same estimate admits
 // (releaseShaped): exact to the nanosecond, as Release is. Keys without a
 // histogram, and every window the histogram did not see, keep the uniform
 // estimate and Release.
@@ -56,19 +56,38 @@ import (
 // still two counters per key and window, still one increment per dirty key
 // per flush, and cold keys' entries are still 64 bytes.
 
-// The histograms' parameters, for tests and measurements (window's
-// estimator_replay_test.go compares them on traces); they are not
-// configuration. New reads histBuckets and histKeysDiv; the others are read
-// as decisions are made, so change them only while no Limiter runs.
-var (
-	histBuckets    = 32 // k: buckets per window
-	histOnsetShift = 4  // a view reaching ⌈L/2^histOnsetShift⌉ starts recording
-	histKeysDiv    = 16 // at most MaxKeys/histKeysDiv histograms
-	// histInterp places a bucket's n units within [first, last], as the
-	// mass after u in [first, last): 0, evenly, n·(l − u)/D; 1, one at
-	// last and the rest evenly, 1 + (n − 1)·(l − u)/D; 2, one at each end
-	// and the rest evenly, 1 + (n − 2)·(l − u)/D.
-	histInterp = 1
+// histParams are the window-shape histograms' parameters. They are not
+// operator configuration: Config.hist carries them, unexported, so that the
+// package's tests can compare estimators; a zero field takes its default.
+type histParams struct {
+	buckets    int        // k, buckets per window (rounded down to even); default 32
+	onsetShift uint       // a view reaching ⌈L/2^onsetShift⌉ starts recording; default 4
+	keysDiv    int        // at most MaxKeys/keysDiv histograms in all; default 16; negative: none
+	interp     histInterp // how a bucket's units are placed over it; default interpLast
+}
+
+func (p histParams) withDefaults() histParams {
+	if p.buckets == 0 {
+		p.buckets = 32
+	}
+	if p.onsetShift == 0 {
+		p.onsetShift = 4
+	}
+	if p.keysDiv == 0 {
+		p.keysDiv = 16
+	}
+	return p
+}
+
+// histInterp places a bucket's n units over its instants [first, last],
+// as the mass after u in [first, last): c0 + c1·(last − u)/(last − first)
+// (shape.place).
+type histInterp uint8
+
+const (
+	interpLast histInterp = iota // one at last, n − 1 evenly: c0 = 1, c1 = n − 1
+	interpEven                   // n evenly: c0 = 0, c1 = n
+	interpEnds                   // one at each end, n − 2 evenly: c0 = 1, c1 = n − 2
 )
 
 // maxHistWindow bounds the windows that get histograms, so that the
@@ -102,7 +121,7 @@ type histHalf struct {
 // window's, told apart by their start.
 type histRec struct {
 	owner uint32 // slab index of the entry
-	thr   uint32 // ⌈L/2^histOnsetShift⌉: a window whose view ends below it is not kept
+	thr   uint32 // the threshold of L: a window whose view ends below it is not kept
 	cap   uint32 // a new half's bucket capacity, ⌈L/k⌉
 	last  uint32 // the window's last quantum
 	q     int64  // the quantum, histQuantum(window)
@@ -112,12 +131,14 @@ type histRec struct {
 // hists is a shard's histogram slab. Its fields are protected by the
 // shard's mutex.
 type hists struct {
-	k    int
-	max  int
-	recs []histRec
-	bk   []histBucket // 2k per record
-	free []uint32
-	used int
+	k      int
+	max    int
+	shift  uint       // histParams.onsetShift
+	interp histInterp // histParams.interp
+	recs   []histRec
+	bk     []histBucket // 2k per record
+	free   []uint32
+	used   int
 }
 
 // histQuantum is the resolution of a histogram's instants in a window of w
@@ -142,17 +163,18 @@ func firstShift(w int64) uint { return uint(max(0, bits.Len64(uint64(w))-15)) }
 // histOK reports whether windows of w ns get histograms.
 func histOK(w int64, k int) bool { return k >= 2 && w > 0 && w <= maxHistWindow }
 
-// histThreshold is the view at which a key of limit L starts recording.
-func histThreshold(limit uint64) uint64 {
-	sh := uint(histOnsetShift)
+// threshold is the view at which a key of limit L starts recording.
+func (hs *hists) threshold(limit uint64) uint64 {
+	sh := hs.shift
 	return max(1, limit>>sh+min(limit&(1<<sh-1), 1))
 }
 
 // init sizes the slab for a shard of max entries.
-func (hs *hists) init(max, k int) {
-	hs.k = k &^ 1 // merging takes pairs
-	if histKeysDiv > 0 {
-		hs.max = (max + histKeysDiv - 1) / histKeysDiv
+func (hs *hists) init(max int, p histParams) {
+	hs.k = p.buckets &^ 1 // merging takes pairs
+	hs.shift, hs.interp = p.onsetShift, p.interp
+	if p.keysDiv > 0 {
+		hs.max = (max + p.keysDiv - 1) / p.keysDiv
 	}
 }
 
@@ -231,9 +253,9 @@ func (e *entry) setFirst(t int64) {
 }
 
 // histMay reports whether histNote has anything to do for e, whose view
-// grows to view: cheap enough for every decision.
-func (e *entry) histMay(view, limit uint64) bool {
-	return e.hist != 0 || e.flags&flagNoHist == 0 && view >= histThreshold(limit)
+// grows to view: cheap enough for every decision. s.mu must be held.
+func (s *shard) histMay(e *entry, view, limit uint64) bool {
+	return e.hist != 0 || e.flags&flagNoHist == 0 && view >= s.hists.threshold(limit)
 }
 
 // histNote records that entry i's view of its current window grew by n
@@ -246,7 +268,7 @@ func (s *shard) histNote(l *Limiter, i uint32, t int64, n, prev, curr, limit uin
 		return
 	}
 	if e.hist == 0 {
-		if limit == 0 || e.flags&flagNoHist != 0 || prev+curr+n < histThreshold(limit) || !histOK(e.win, s.hists.k) {
+		if limit == 0 || e.flags&flagNoHist != 0 || prev+curr+n < s.hists.threshold(limit) || !histOK(e.win, s.hists.k) {
 			return
 		}
 		id := s.hists.alloc()
@@ -268,7 +290,7 @@ func (s *shard) histNote(l *Limiter, i uint32, t int64, n, prev, curr, limit uin
 		}
 		rec := &s.hists.recs[id-1]
 		k := uint64(s.hists.k)
-		*rec = histRec{owner: i, thr: sat32(histThreshold(limit)), cap: sat32(max(1, (limit+k-1)/k)), last: last, q: q}
+		*rec = histRec{owner: i, thr: sat32(s.hists.threshold(limit)), cap: sat32(max(1, (limit+k-1)/k)), last: last, q: q}
 		base := sat32(curr)
 		rec.h[0] = histHalf{start: e.start, from: from, at: at, base: base, mass: base, cap: rec.cap}
 	}
@@ -325,9 +347,9 @@ func (s *shard) shapes(e *entry, curr uint64) (ps, cs shape) {
 		switch {
 		case h.mass == 0:
 		case h.start == e.start-e.win:
-			ps = shape{h: h, b: s.hists.half(e.hist-1, c)[:h.nb], q: q}
+			ps = shape{h: h, b: s.hists.half(e.hist-1, c)[:h.nb], q: q, interp: s.hists.interp}
 		case h.start == e.start && curr >= uint64(rec.thr):
-			cs = shape{h: h, b: s.hists.half(e.hist-1, c)[:h.nb], q: q}
+			cs = shape{h: h, b: s.hists.half(e.hist-1, c)[:h.nb], q: q, interp: s.hists.interp}
 		}
 	}
 	return ps, cs
@@ -336,9 +358,10 @@ func (s *shard) shapes(e *entry, curr uint64) (ps, cs shape) {
 // shape is the recorded shape of one window of a key's view; h nil means
 // none (the window's units are taken as spread evenly).
 type shape struct {
-	h *histHalf
-	b []histBucket // the buckets in use
-	q int64        // the quantum of their instants
+	h      *histHalf
+	b      []histBucket // the buckets in use
+	q      int64        // the quantum of their instants
+	interp histInterp   // how a bucket's units are placed over it
 }
 
 // seg returns bucket j's segment: its n units, from f to l (Unix ns).
@@ -355,7 +378,7 @@ func (sh *shape) seg(j int) (n uint64, f, l int64) {
 // the segments wholly after u, and the segment [f, l] of n units that
 // holds u, if any (n 0: none). Segments are disjoint and in time order:
 // the base over [from, at], then the buckets. Each segment's units are
-// placed by histInterp (see fits).
+// placed by sh.interp (see fits).
 func (sh *shape) after(u int64) (a, n uint64, f, l int64) {
 	h := sh.h
 	m := uint64(h.mass)
@@ -386,14 +409,14 @@ func (sh *shape) after(u int64) (a, n uint64, f, l int64) {
 	return a, n, f, l
 }
 
-// interp returns how a segment of n units is placed over [f, l]: c0 units
-// at l and c1 spread evenly, so that the mass after u in [f, l) is
+// place returns how a segment of n ≥ 1 units is placed over [f, l]: c0
+// units at l and c1 spread evenly, so that the mass after u in [f, l) is
 // c0 + c1·(l − u)/(l − f).
-func interp(n uint64) (c0, c1 uint64) {
+func (sh *shape) place(n uint64) (c0, c1 uint64) {
 	switch {
-	case histInterp == 1:
+	case sh.interp == interpLast:
 		return 1, n - 1
-	case histInterp == 2 && n >= 2:
+	case sh.interp == interpEnds && n >= 2:
 		return 1, n - 2
 	}
 	return 0, n
@@ -406,7 +429,7 @@ func (sh *shape) fits(p, r, a, n uint64, f, l, u int64) bool {
 	if n == 0 || l == f {
 		return le128(mul128(p, a), mul128(r, m))
 	}
-	c0, c1 := interp(n)
+	c0, c1 := sh.place(n)
 	d := uint64(l - f)
 	x := add128(mul128(a+c0, d), mul128(c1, uint64(l-u)))
 	return le128(mul128x(x, p), mul128x(mul128(r, m), d))
@@ -417,7 +440,7 @@ func (sh *shape) fits(p, r, a, n uint64, f, l, u int64) bool {
 func (sh *shape) prevPart(p, a, n uint64, f, l, u int64) float64 {
 	m := float64(a)
 	if n > 0 && l > f {
-		c0, c1 := interp(n)
+		c0, c1 := sh.place(n)
 		m += float64(c0) + float64(c1)*float64(l-u)/float64(l-f)
 	}
 	return float64(p) * m / float64(sh.h.mass)
@@ -463,7 +486,7 @@ func (sh *shape) within(u0 int64, p, r, a, n uint64, f, l int64) int64 {
 		return max(lo, l)
 	}
 	m := uint64(sh.h.mass)
-	c0, c1 := interp(n)
+	c0, c1 := sh.place(n)
 	d := float64(l - f)
 	guess := l
 	if c1 > 0 {

@@ -25,11 +25,14 @@ func TestEntryStays64Bytes(t *testing.T) {
 // be kept), and two windows on the view is empty.
 func shapedDecideAt(sw SlidingWindow, now int64, prev, curr uint64, ps, cs shape, t int64, cost uint64) bool {
 	var none shape
-	switch sw.Start(t) - sw.Start(now) {
+	var v Verdict
+	switch windowStart(t, int64(sw.Window)) - windowStart(now, int64(sw.Window)) {
 	case 0:
-		return sw.decideShaped(t, prev, curr, cost, &ps, &cs).Allowed
+		sw.decideShaped(&v, t, prev, curr, cost, &ps, &cs)
+		return v.Allowed
 	case int64(sw.Window):
-		return sw.decideShaped(t, curr, 0, cost, &cs, &none).Allowed
+		sw.decideShaped(&v, t, curr, 0, cost, &cs, &none)
+		return v.Allowed
 	}
 	return sw.Decide(t, 0, 0, cost).Allowed
 }
@@ -42,7 +45,6 @@ func shapedDecideAt(sw SlidingWindow, now int64, prev, curr uint64, ps, cs shape
 // before it (scanned whole for the short windows) and admits at it; and
 // the Limiter, asked 1 ns before and at it, agrees.
 func TestShapedReleaseIsExact(t *testing.T) {
-	defer func(i int) { histInterp = i }(histInterp)
 	rng := rand.New(rand.NewPCG(3, 4))
 	checked, scanned := 0, 0
 	trials := 300
@@ -50,14 +52,14 @@ func TestShapedReleaseIsExact(t *testing.T) {
 		trials = 60
 	}
 	for trial := range trials {
-		histInterp = trial % 3
+		interp := histInterp(trial % 3)
 		w := time.Duration(100 + rng.Int64N(100_000))
 		if trial%10 == 0 {
 			w = time.Duration(1+rng.Int64N(60)) * time.Second
 		}
 		limit := 1 + rng.Uint64N(300)
 		clock := newSimClock(t0)
-		l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+		l := newTestLimiter(t, clock, NewMemStore(clock), Config{hist: histParams{interp: interp}})
 		pol := &Policy{Limit: limit, Window: w}
 		key := rng.Uint64()
 		s := l.shardOf(key)
@@ -102,10 +104,10 @@ func TestShapedReleaseIsExact(t *testing.T) {
 			s.mu.Unlock()
 			sw := SlidingWindow{Limit: limit, Window: w}
 			if rel < tt || !shapedDecideAt(sw, tt, prev, curr, ps, cs, rel, cost) {
-				t.Fatalf("trial %d (W %v, L %d, interp %d): refused at %d with ReleaseAt %d, which the estimate does not admit", trial, w, limit, histInterp, tt, rel)
+				t.Fatalf("trial %d (W %v, L %d, interp %d): refused at %d with ReleaseAt %d, which the estimate does not admit", trial, w, limit, interp, tt, rel)
 			}
 			if rel > tt && shapedDecideAt(sw, tt, prev, curr, ps, cs, rel-1, cost) {
-				t.Fatalf("trial %d (W %v, L %d, interp %d): ReleaseAt %d, but the estimate admits 1 ns before", trial, w, limit, histInterp, rel)
+				t.Fatalf("trial %d (W %v, L %d, interp %d): ReleaseAt %d, but the estimate admits 1 ns before", trial, w, limit, interp, rel)
 			}
 			if w <= 100*time.Microsecond && ps.h != nil {
 				for u := tt; u < rel; u++ {
@@ -291,13 +293,13 @@ func hotKey(l *Limiter, clock *simClock, r *Policy, key uint64, late bool) {
 	ctx := context.Background()
 	w := int64(r.Window)
 	start := windowStart(clock.Now().UnixNano(), w) + w
-	k := uint64(histBuckets)
+	k := uint64(l.shards[0].hists.k)
 	per, from, span := r.Limit/k, start, w
 	if late {
 		per, from, span = (r.Limit+k-1)/k, start+w/2, w/2
 	}
-	for j := range histBuckets {
-		clock.t.Store(from + int64(j)*span/int64(histBuckets))
+	for j := range k {
+		clock.t.Store(from + int64(j)*span/int64(k))
 		l.Decide(ctx, clock.Now(), r, key, r.Limit, per)
 	}
 	for late && l.Decide(ctx, clock.Now(), r, key, r.Limit, 1).Allowed {
@@ -331,10 +333,8 @@ func BenchmarkDecideAsyncHot(b *testing.B) {
 func BenchmarkDecideAsyncHotRefused(b *testing.B) {
 	for _, k := range []int{16, 32, 64} {
 		b.Run(fmt.Sprintf("k=%d", k), func(b *testing.B) {
-			defer func(k int) { histBuckets = k }(histBuckets)
-			histBuckets = k
 			clock := newSimClock(t0)
-			l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+			l := newTestLimiter(b, clock, NewMemStore(clock), Config{hist: histParams{buckets: k}})
 			r := &Policy{Limit: 100, Window: time.Minute}
 			hotKey(l, clock, r, 7, true)
 			now := clock.Now()

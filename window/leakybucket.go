@@ -18,9 +18,11 @@ import (
 // (TAT − now) × Rate / Per, so a request fits when TAT − now + n·Per/Rate ≤
 // Capacity·Per/Rate. As a meter the leaky bucket admits exactly what a token
 // bucket with Burst = Capacity admits (the level is the token bucket's
-// debt); the two are kept apart because GCRA stores one instant instead of a
-// level and a time, and because the queue form (LeakyQueue) shares this
-// vocabulary.
+// debt), and the Limiter runs token_bucket rules as this meter with
+// Capacity = Burst: GCRA stores one instant instead of a level and a time.
+// A leaky_bucket rule's delay action is the queue form: the same meter of
+// Capacity Burst + 1, a request admitted waiting until the units before it
+// have leaked.
 //
 // Arithmetic is exact: TAT carries its fraction of a nanosecond in units of
 // 1/Rate ns, so a rate such as 3 per second drifts by nothing. Capacity × Per
@@ -184,130 +186,18 @@ func (LeakyBucket) releaseInvalid(now, n int64) int64 {
 	return math.MaxInt64
 }
 
-// LeakyQueue is the leaky bucket as a queue (nginx's limit_req
-// without nodelay): requests wait in a FIFO backlog and leave it at a
-// constant rate, one every Per/Rate, so the output never exceeds Rate per
-// Per however bursty the input. A request that arrives when the backlog
-// already holds Backlog waiting requests is refused.
-//
-// Enqueue does not hold requests: it returns the instant the request will be
-// served, and the caller delays it until then. The state is the earliest
-// instant at which the next request may be served, exact to a fraction of a
-// nanosecond as in LeakyBucket; (Backlog+1) × Per must fit in an int64, which
-// Validate checks.
-//
-// A LeakyQueue is configuration: a small value, safe to copy and to share
-// between goroutines. Per-key state lives in a LeakyQueueState that the
-// caller owns; the methods read no clock (now is a parameter, in Unix
-// nanoseconds), allocate nothing and do no I/O.
-type LeakyQueue struct {
-	// Rate is the number of requests served per Per. Rate ≤ 0 refuses
-	// every request.
-	Rate int64
-	// Per is the period of Rate, e.g. time.Second. Per ≤ 0 refuses every
-	// request.
-	Per time.Duration
-	// Backlog is the most requests that may be waiting (enqueued, not yet
-	// served) at once. 0 admits a request only when it can be served at
-	// once: a pure spacing of Per/Rate between requests, no queue.
-	// Negative is treated as 0.
-	Backlog int64
+// algCeilDiv returns ⌈a/b⌉ for b > 0 and any a.
+func algCeilDiv(a, b int64) int64 {
+	q := a / b // truncated toward zero: already the ceiling when a ≤ 0
+	if a%b > 0 {
+		q++
+	}
+	return q
 }
 
-// LeakyQueueState is one key's queue under a LeakyQueue. It is 16 bytes and is
-// meant to be stored by value, one per key.
-//
-// The zero value is an idle queue at any instant ≥ 0. A LeakyQueueState is not
-// safe for concurrent use: the caller serializes the calls that pass the
-// same state.
-type LeakyQueueState struct {
-	// Next is the whole-nanosecond part of the earliest instant at which the
-	// next request may be served, Unix nanoseconds: the last admitted
-	// request's service instant plus Per/Rate.
-	Next int64
-	// Frac is the fractional part of Next in units of 1/Rate ns, 0 ≤ Frac < Rate.
-	Frac int64
-}
-
-// Validate reports every problem with the configuration, each naming the
-// field and its bad value, or nil when there is none.
-func (lq LeakyQueue) Validate() error {
-	var errs []error
-	if lq.Rate <= 0 {
-		errs = append(errs, fmt.Errorf("window: LeakyQueue.Rate %d: must be > 0", lq.Rate))
-	}
-	if lq.Per <= 0 {
-		errs = append(errs, fmt.Errorf("window: LeakyQueue.Per %v: must be > 0", lq.Per))
-	}
-	if lq.Backlog < 0 {
-		errs = append(errs, fmt.Errorf("window: LeakyQueue.Backlog %d: must be ≥ 0", lq.Backlog))
-	}
-	if lq.Rate > 0 && lq.Per > 0 && lq.Backlog >= 0 &&
-		(lq.Backlog == math.MaxInt64 || !algMulAddFits(lq.Backlog+1, int64(lq.Per), lq.Rate)) {
-		errs = append(errs, fmt.Errorf("window: LeakyQueue.Backlog %d × Per %v overflows int64 nanoseconds: state a shorter Per", lq.Backlog, lq.Per))
-	}
-	return errors.Join(errs...)
-}
-
-func (lq LeakyQueue) valid() bool { return lq.Rate > 0 && lq.Per > 0 }
-
-func (lq LeakyQueue) backlog() int64 { return max(lq.Backlog, 0) }
-
-// idle reports whether a request arriving at now is served at once.
-func (LeakyQueue) idle(s LeakyQueueState, now int64) bool {
-	return s.Next < now || (s.Next == now && s.Frac == 0)
-}
-
-// Enqueue admits a request arriving at now into the queue *s and returns the
-// instant it will be served, in Unix nanoseconds (≥ now; the exact service
-// instant rounded up to a whole nanosecond), with ok true. Requests are
-// served in arrival order, one every Per/Rate. When Backlog requests are
-// already waiting it changes nothing and returns ok false with at, the
-// earliest instant an Enqueue would succeed (math.MaxInt64 for an invalid
-// configuration).
-//
-// Enqueue does not allocate.
-func (lq LeakyQueue) Enqueue(s *LeakyQueueState, now int64) (at int64, ok bool) {
-	if !lq.valid() {
-		return math.MaxInt64, false
-	}
-	next, frac := s.Next, s.Frac
-	if lq.idle(*s, now) {
-		next, frac = now, 0
-	} else if lq.waiting(*s, now) >= lq.backlog() {
-		// Waiting drops to Backlog − 1 once (Next + Frac/Rate − t)·Rate ≤
-		// Backlog·Per.
-		return max(now, s.Next+algCeilDiv(s.Frac-lq.backlog()*int64(lq.Per), lq.Rate)), false
-	}
-	at = next
-	if frac > 0 {
-		at++
-	}
-	total := frac + int64(lq.Per)
-	s.Next, s.Frac = next+total/lq.Rate, total%lq.Rate
-	return at, true
-}
-
-// Waiting returns the number of admitted requests not yet served at now:
-// those whose service instant is after now. It does not modify s.
-func (lq LeakyQueue) Waiting(s LeakyQueueState, now int64) int64 {
-	if !lq.valid() {
-		return 0
-	}
-	return lq.waiting(s, now)
-}
-
-func (lq LeakyQueue) waiting(s LeakyQueueState, now int64) int64 {
-	if lq.idle(s, now) {
-		return 0
-	}
-	// Service instants are Next − k·Per/Rate for k = 1, 2, …; those after
-	// now number ⌈(Next − now)·Rate / Per⌉ − 1.
-	d := s.Next - now
-	if d > (math.MaxInt64-s.Frac)/lq.Rate {
-		return math.MaxInt64 // a clock far behind the queue: treat as full
-	}
-	return algCeilDiv(d*lq.Rate+s.Frac, int64(lq.Per)) - 1
+// algMulFits reports whether a × b fits in an int64, for a, b > 0.
+func algMulFits(a, b int64) bool {
+	return a <= math.MaxInt64/b
 }
 
 // algMulAddFits reports whether a × b + c fits in an int64, for a, b, c > 0.

@@ -3,7 +3,6 @@ package window_test
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -122,41 +121,6 @@ func TestLeakyBucketAllow(t *testing.T) {
 	}
 }
 
-// TestLeakyBucketMatchesTokenBucket checks the meter against the token bucket
-// (itself checked against an exact rational model) on random sequences: as a
-// meter the leaky bucket of Capacity C is the token bucket of Burst C.
-func TestLeakyBucketMatchesTokenBucket(t *testing.T) {
-	rng := rand.New(rand.NewPCG(0x1eaf, 1))
-	pers := []time.Duration{time.Second, 100 * time.Millisecond, 3 * time.Second, time.Minute, 7}
-	for trial := range 400 {
-		rate, per, capacity := 1+rng.Int64N(50), pers[rng.IntN(len(pers))], 1+rng.Int64N(30)
-		lb := window.LeakyBucket{Rate: rate, Per: per, Capacity: capacity}
-		tb := window.TokenBucket{Rate: rate, Per: per, Burst: capacity}
-		interval := max(1, int64(per)/rate)
-		var ls window.LeakyBucketState
-		var ts window.TokenBucketState
-		now := int64(0)
-		for range 300 {
-			now += algGap(rng, interval, capacity)
-			n := 1 + rng.Int64N(3)
-			lok, lrem, lrel := lb.Allow(&ls, now, n)
-			tok, trem, trel := tb.Allow(&ts, now, n)
-			if lok != tok || lrem != trem || lrel != trel {
-				t.Fatalf("trial %d %+v: Allow(%d, %d) = (%v, %d, %d), token bucket (%v, %d, %d)",
-					trial, lb, now, n, lok, lrem, lrel, tok, trem, trel)
-			}
-			if lrel != math.MaxInt64 {
-				if probe := ls; !algOK(lb.Allow(&probe, lrel, n)) {
-					t.Fatalf("trial %d %+v: Allow(%d) at release %d from %+v refused", trial, lb, n, lrel, ls)
-				}
-				if probe := ls; lrel > now && algOK(lb.Allow(&probe, lrel-1, n)) {
-					t.Fatalf("trial %d %+v: Allow(%d) at release−1 %d from %+v admitted", trial, lb, n, lrel-1, ls)
-				}
-			}
-		}
-	}
-}
-
 func TestLeakyBucketValidate(t *testing.T) {
 	tests := []struct {
 		lb   window.LeakyBucket
@@ -204,193 +168,15 @@ func TestLeakyBucketInvalidDoesNotPanic(t *testing.T) {
 	}
 }
 
-func TestLeakyQueueEnqueue(t *testing.T) {
-	ms := int64(time.Millisecond)
-	type step struct {
-		now    int64
-		wantAt int64
-		wantOK bool
-	}
-	tests := []struct {
-		name  string
-		lq    window.LeakyQueue
-		steps []step
-	}{
-		{
-			name: "backlog of 3 at 10/s",
-			lq:   window.LeakyQueue{Rate: 10, Per: time.Second, Backlog: 3},
-			steps: []step{
-				{0, 0, true},                // served at once
-				{0, 100 * ms, true},         // waiting: 1
-				{0, 200 * ms, true},         // waiting: 2
-				{0, 300 * ms, true},         // waiting: 3, full
-				{0, 100 * ms, false},        // retry when the 100 ms one has left
-				{99 * ms, 100 * ms, false},  // still full a millisecond before
-				{100 * ms, 400 * ms, true},  // 200 and 300 ms waiting: room for one
-				{100 * ms, 200 * ms, false}, // full again
-				{1000 * ms, 1000 * ms, true},
-			},
-		},
-		{
-			name: "no backlog: spacing only",
-			lq:   window.LeakyQueue{Rate: 10, Per: time.Second},
-			steps: []step{
-				{0, 0, true},
-				{50 * ms, 100 * ms, false},
-				{100 * ms, 100 * ms, true},
-				{150 * ms, 200 * ms, false},
-				{250 * ms, 250 * ms, true},
-			},
-		},
-		{
-			name: "3 per second: service instants ⌈k/3 s⌉ with no drift",
-			lq:   window.LeakyQueue{Rate: 3, Per: time.Second, Backlog: 5},
-			steps: []step{
-				{0, 0, true},
-				{0, 333_333_334, true},
-				{0, 666_666_667, true},
-				{0, 1_000_000_000, true},
-				{0, 1_333_333_334, true},
-				{0, 1_666_666_667, true},
-				{0, 333_333_334, false}, // 5 waiting; room once the first of them is served
-			},
-		},
-	}
-	for _, tt := range tests {
-		var st window.LeakyQueueState
-		for i, s := range tt.steps {
-			at, ok := tt.lq.Enqueue(&st, s.now)
-			if at != s.wantAt || ok != s.wantOK {
-				t.Errorf("%s, step %d: Enqueue(%v) = (%v, %v), want (%v, %v)", tt.name, i,
-					time.Duration(s.now), time.Duration(at), ok, time.Duration(s.wantAt), s.wantOK)
-			}
-		}
-	}
-}
-
-func TestLeakyQueueWaiting(t *testing.T) {
-	lq := window.LeakyQueue{Rate: 10, Per: time.Second, Backlog: 10}
-	var st window.LeakyQueueState
-	for range 4 {
-		lq.Enqueue(&st, 0) // served at 0, 100, 200, 300 ms
-	}
-	ms := int64(time.Millisecond)
-	for _, tt := range []struct{ now, want int64 }{{0, 3}, {99 * ms, 3}, {100 * ms, 2}, {299 * ms, 1}, {300 * ms, 0}, {5000 * ms, 0}} {
-		if got := lq.Waiting(st, tt.now); got != tt.want {
-			t.Errorf("Waiting(%v) = %d, want %d", time.Duration(tt.now), got, tt.want)
-		}
-	}
-}
-
-// TestLeakyQueueProperties runs seeded random arrival sequences through random
-// queues and checks each against a model in exact scaled integers, and that
-// the output never exceeds the leak rate: any k+1 consecutive services span
-// at least k·Per/Rate.
-func TestLeakyQueueProperties(t *testing.T) {
-	rng := rand.New(rand.NewPCG(0x9ee, 2))
-	pers := []time.Duration{time.Second, 100 * time.Millisecond, 3 * time.Second, time.Minute, 7}
-	for trial := range 300 {
-		lq := window.LeakyQueue{Rate: 1 + rng.Int64N(50), Per: pers[rng.IntN(len(pers))], Backlog: rng.Int64N(20)}
-		interval := max(1, int64(lq.Per)/lq.Rate)
-		var st window.LeakyQueueState
-		// The model, in units of 1/Rate ns: each service instant is
-		// max(arrival, previous + Per).
-		var served []int64 // scaled service instants of admitted requests
-		var at []int64     // what Enqueue returned for them
-		now := int64(0)
-		for range 300 {
-			now += algGap(rng, interval, lq.Backlog+1)
-			scaledNow := now * lq.Rate
-			next := scaledNow
-			if len(served) > 0 {
-				next = max(next, served[len(served)-1]+int64(lq.Per))
-			}
-			waiting := int64(0)
-			for k := len(served) - 1; k >= 0 && served[k] > scaledNow; k-- {
-				waiting++
-			}
-			wantOK := next == scaledNow || waiting < lq.Backlog
-			if got := lq.Waiting(st, now); got != waiting {
-				t.Fatalf("trial %d %+v: Waiting(%d) = %d, model %d", trial, lq, now, got, waiting)
-			}
-			gotAt, ok := lq.Enqueue(&st, now)
-			if ok != wantOK {
-				t.Fatalf("trial %d %+v: Enqueue(%d) ok = %v, model %v (waiting %d)", trial, lq, now, ok, wantOK, waiting)
-			}
-			if !ok {
-				// The retry instant is exact: refused a nanosecond before, admitted at it.
-				if probe := st; gotAt <= now || !algEnqueued(lq.Enqueue(&probe, gotAt)) {
-					t.Fatalf("trial %d %+v: refused at %d, retry %d is not admitted", trial, lq, now, gotAt)
-				}
-				if probe := st; gotAt-1 > now && algEnqueued(lq.Enqueue(&probe, gotAt-1)) {
-					t.Fatalf("trial %d %+v: refused at %d, admitted at retry−1 %d", trial, lq, now, gotAt-1)
-				}
-				continue
-			}
-			if wantAt := (next + lq.Rate - 1) / lq.Rate; gotAt != wantAt {
-				t.Fatalf("trial %d %+v: Enqueue(%d) at = %d, model %d", trial, lq, now, gotAt, wantAt)
-			}
-			served, at = append(served, next), append(at, gotAt)
-			if w := lq.Waiting(st, now); w > lq.Backlog {
-				t.Fatalf("trial %d %+v: %d waiting after Enqueue(%d), Backlog %d", trial, lq, w, now, lq.Backlog)
-			}
-		}
-		// The output rate: k services after the i-th span at least k·Per/Rate,
-		// less under a nanosecond of rounding up each instant.
-		exact := int64(lq.Per)%lq.Rate == 0
-		for i := range at {
-			for j := i + 1; j < len(at); j++ {
-				span, k := at[j]-at[i], int64(j-i)
-				if exact && k*int64(lq.Per) > lq.Rate*span || !exact && k*int64(lq.Per) > lq.Rate*(span+1)-1 {
-					t.Fatalf("trial %d %+v: %d services in %d ns (from %d to %d), faster than the leak rate",
-						trial, lq, k+1, span, at[i], at[j])
-				}
-			}
-		}
-	}
-}
-
-func algEnqueued(_ int64, ok bool) bool { return ok }
-
-func TestLeakyQueueValidate(t *testing.T) {
-	tests := []struct {
-		lq   window.LeakyQueue
-		want []string
-	}{
-		{window.LeakyQueue{Rate: 10, Per: time.Second, Backlog: 5}, nil},
-		{window.LeakyQueue{Rate: 10, Per: time.Second}, nil},
-		{window.LeakyQueue{Rate: 0, Per: time.Second}, []string{"LeakyQueue.Rate 0"}},
-		{window.LeakyQueue{Rate: 1, Per: -time.Minute}, []string{"LeakyQueue.Per -1m0s"}},
-		{window.LeakyQueue{Rate: 1, Per: time.Second, Backlog: -2}, []string{"LeakyQueue.Backlog -2"}},
-		{window.LeakyQueue{Rate: 1, Per: time.Hour, Backlog: math.MaxInt64}, []string{"Backlog 9223372036854775807 × Per 1h0m0s overflows"}},
-	}
-	for _, tt := range tests {
-		algCheckProblems(t, fmt.Sprintf("%+v", tt.lq), tt.lq.Validate(), tt.want)
-	}
-}
-
-func TestLeakyQueueInvalidDoesNotPanic(t *testing.T) {
-	for _, lq := range []window.LeakyQueue{{}, {Rate: 1}, {Per: time.Second}, {Rate: -1, Per: -1, Backlog: -1}} {
-		var st window.LeakyQueueState
-		if at, ok := lq.Enqueue(&st, 1); ok || at != math.MaxInt64 || lq.Waiting(st, 1) != 0 {
-			t.Errorf("%+v.Enqueue(1) = (%d, %v), want (MaxInt64, false)", lq, at, ok)
-		}
-	}
-}
-
 func TestLeakyAllocs(t *testing.T) {
 	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
-	lq := window.LeakyQueue{Rate: 10, Per: time.Second, Backlog: 20}
 	var bs window.LeakyBucketState
-	var qs window.LeakyQueueState
 	now := algWall(10, 0, 0)
 	allocs := testing.AllocsPerRun(1000, func() {
 		now += int64(time.Millisecond)
 		lb.Allow(&bs, now, 1)
 		lb.Remaining(bs, now)
 		lb.Release(bs, now, 1)
-		lq.Enqueue(&qs, now)
-		lq.Waiting(qs, now)
 	})
 	if allocs != 0 {
 		t.Errorf("allocs per call round = %v, want 0", allocs)
@@ -429,27 +215,6 @@ func BenchmarkLeakyBucketRelease(b *testing.B) {
 	}
 }
 
-func BenchmarkLeakyQueueEnqueue(b *testing.B) {
-	lq := window.LeakyQueue{Rate: 100, Per: time.Second, Backlog: 50}
-	var st window.LeakyQueueState
-	now := algWall(10, 0, 0)
-	b.ReportAllocs()
-	for b.Loop() {
-		now += 1000
-		lq.Enqueue(&st, now)
-	}
-}
-
-func BenchmarkLeakyQueueWaiting(b *testing.B) {
-	lq := window.LeakyQueue{Rate: 100, Per: time.Second, Backlog: 50}
-	st := window.LeakyQueueState{Next: algWall(10, 0, 0) + int64(300*time.Millisecond)}
-	now := algWall(10, 0, 0)
-	b.ReportAllocs()
-	for b.Loop() {
-		lq.Waiting(st, now)
-	}
-}
-
 // A meter: 10 per second with room for a burst of 20, nothing queued.
 func ExampleLeakyBucket_Allow() {
 	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
@@ -473,33 +238,9 @@ func ExampleLeakyBucket_Allow() {
 	// bucket empty at: 2s
 }
 
-// A queue: a burst is smoothed to one request every 100 ms, with at most 3
-// waiting.
-func ExampleLeakyQueue_Enqueue() {
-	lq := window.LeakyQueue{Rate: 10, Per: time.Second, Backlog: 3}
-	var st window.LeakyQueueState // one per key; zero is an idle queue
-
-	for range 5 {
-		at, ok := lq.Enqueue(&st, 0)
-		if ok {
-			fmt.Println("serve at", time.Duration(at))
-		} else {
-			fmt.Println("queue full, retry at", time.Duration(at))
-		}
-	}
-	// Output:
-	// serve at 0s
-	// serve at 100ms
-	// serve at 200ms
-	// serve at 300ms
-	// queue full, retry at 100ms
-}
-
-// FuzzLeakyBucket drives a meter, the token bucket of the same shape and a
-// queue with arbitrary configurations (valid or not) and instants: nothing
-// panics, release instants are never before now, and for valid
-// configurations the meter and the token bucket agree and a release instant
-// admits.
+// FuzzLeakyBucket drives a meter with arbitrary configurations (valid or
+// not) and instants: nothing panics, release instants are never before
+// now, and for valid configurations a release instant admits.
 func FuzzLeakyBucket(f *testing.F) {
 	f.Add(int64(10), int64(time.Second), int64(20), []byte{0, 1, 1, 1, 2, 25})
 	f.Add(int64(3), int64(time.Second), int64(1), []byte{0, 0, 1, 200, 0, 1})
@@ -507,12 +248,8 @@ func FuzzLeakyBucket(f *testing.F) {
 	f.Add(int64(1), int64(math.MaxInt64), int64(math.MaxInt64), []byte{7, 7, 7})
 	f.Fuzz(func(t *testing.T, rate, per, capacity int64, ops []byte) {
 		lb := window.LeakyBucket{Rate: rate, Per: time.Duration(per), Capacity: capacity}
-		tb := window.TokenBucket{Rate: rate, Per: time.Duration(per), Burst: capacity}
-		lq := window.LeakyQueue{Rate: rate, Per: time.Duration(per), Backlog: capacity}
-		valid := lb.Validate() == nil && tb.Validate() == nil
+		valid := lb.Validate() == nil
 		var ls window.LeakyBucketState
-		var ts window.TokenBucketState
-		var qs window.LeakyQueueState
 		now := int64(0)
 		for i := 0; i+1 < len(ops); i += 2 {
 			now += int64(ops[i]) * min(max(1, per/200), 1<<40)
@@ -521,17 +258,11 @@ func FuzzLeakyBucket(f *testing.F) {
 			}
 			n := int64(ops[i+1]%8) - 1
 			lok, lrem, lrel := lb.Allow(&ls, now, n)
-			tok, trem, trel := tb.Allow(&ts, now, n)
-			at, qok := lq.Enqueue(&qs, now)
-			if lrel < now || trel < now || at < now || lrem < 0 || trem < 0 || lq.Waiting(qs, now) < 0 {
-				t.Fatalf("%+v at %d, n %d: meter (%v, %d, %d), bucket (%v, %d, %d), queue (%d, %v)",
-					lb, now, n, lok, lrem, lrel, tok, trem, trel, at, qok)
+			if lrel < now || lrem < 0 {
+				t.Fatalf("%+v at %d, n %d: (%v, %d, %d)", lb, now, n, lok, lrem, lrel)
 			}
 			if !valid {
 				continue
-			}
-			if lok != tok || lrem != trem || lrel != trel {
-				t.Fatalf("%+v at %d, n %d: meter (%v, %d, %d), token bucket (%v, %d, %d)", lb, now, n, lok, lrem, lrel, tok, trem, trel)
 			}
 			if probe := ls; lrel != math.MaxInt64 && !algOK(lb.Allow(&probe, lrel, n)) {
 				t.Fatalf("%+v at %d: Allow(%d) at release %d refused", lb, now, n, lrel)

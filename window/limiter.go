@@ -59,6 +59,10 @@ type Config struct {
 	Clock Clock // default SystemClock
 	// Registerer receives the limiter's metrics; nil registers none.
 	Registerer prometheus.Registerer
+
+	// hist holds the window-shape histograms' parameters, defaults when
+	// zero (hist.go): not configuration, a hook for the package's tests.
+	hist histParams
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -152,20 +156,14 @@ type Limiter struct {
 	mask   uint64
 	grace  int64 // ns after a window starts before its previous window is read
 
-	// health is the store's own opinion, when it has one (shardproxy does).
-	health interface{ Healthy() bool }
-	// state holds the shared token buckets, leaky buckets and sliding
-	// logs, when the store has one (all of this module's do); without
-	// it those algorithms run per edge.
-	state StateStore
-
 	ops  sync.Pool // *[]Op for flushes and sync decisions
 	sops sync.Pool // *[]StateOp likewise
-	// sync queues the sync decisions that wait for a store call, one
-	// queue per part of a Placer store (syncbatch.go); none: a call each.
-	sync   []combiner
-	placer Placer
-	// syncMu makes the sync decisions of one key take turns (shared.go).
+	// sync queues the counters' sync decisions that wait for a store call,
+	// one queue per part of the store (syncbatch.go); none when the store
+	// does not place its keys: a call each.
+	sync []combiner
+	// syncMu makes the sync state decisions of one key take turns
+	// (shared.go).
 	syncMu [syncStripes]sync.Mutex
 	// stateRTT is the recent duration of a flush batch of state ops, ns.
 	stateRTT atomic.Int64
@@ -210,11 +208,10 @@ func New(cfg Config, store Store) (*Limiter, error) {
 		poke:   make(chan struct{}, 1),
 	}
 	l.park.poke = l.poke
-	l.health, _ = store.(interface{ Healthy() bool })
-	l.state, _ = store.(StateStore)
 	perShard := (cfg.MaxKeys + n - 1) / n
+	hp := cfg.hist.withDefaults()
 	for i := range l.shards {
-		l.shards[i].init(perShard, histBuckets, &l.park)
+		l.shards[i].init(perShard, hp, &l.park)
 	}
 	l.ops.New = func() any { s := make([]Op, 0, 64); return &s }
 	l.sops.New = func() any { s := make([]StateOp, 0, 16); return &s }
@@ -357,82 +354,117 @@ func (l *Limiter) shardOf(key uint64) *shard { return &l.shards[key&l.mask] }
 // Decide decides one request of cost units for the key whose hash (Rule.Hash)
 // is key, under rule r with the given limit (Rules.LimitFor), at now.
 //
-// Shared algorithms in async mode decide from the local view and never touch
-// the network; sync mode does one store round trip (two for a refused
-// throttle, which takes its increment back). Other algorithms decide from
-// per-edge state. A throttle counts the request only if admitted; a block
-// counts it either way and, when refused, sets ReleaseAt to now + r.Timeout.
-// A shadow rule is decided and counted like any other: not refusing is the
-// caller's part.
+// In async mode a decision reads the local view and never touches the
+// network, except that a request of a key whose shared count or state this
+// edge does not know yet (or, for a bucket, one past this edge's share of
+// it) waits for the store's reply, within Config.NewKeyWait. Sync mode,
+// and every sliding log, does one store round trip (two for a refused
+// throttle of a counter, which takes its increment back, or a refused
+// block of a state, which pours the attempt). A throttle counts the
+// request only if admitted; a block counts it either way and, when
+// refused, sets ReleaseAt to now + r.Timeout. A decision made while the
+// store fails follows r.Fail and says so in Fallback. A shadow rule is
+// decided and counted like any other: not refusing is the caller's part.
 func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, limit, cost uint64) Decision {
 	t := now.UnixNano()
-	if !r.Algorithm.Shared() {
-		if l.state != nil {
-			return l.decideState(ctx, t, r, key, limit, cost)
+	counter := r.Algorithm.IsCounter()
+	if r.Mode == Sync || r.Algorithm == SlidingLogAlgorithm {
+		var d Decision
+		var failed bool
+		if counter {
+			d, failed = l.counterSync(ctx, t, r, key, limit, cost)
+		} else {
+			d, failed = l.stateSync(ctx, t, r, key, limit, cost)
 		}
-		return l.decideLocal(t, r, key, limit, cost)
-	}
-	if r.Mode == Sync {
-		return l.decideSync(ctx, t, r, key, limit, cost)
-	}
-	if r.Fail == FailClosed && l.health != nil && !l.health.Healthy() {
-		l.m.fallbackClosed.Inc()
-		return l.closed(t, r, limit)
-	}
-	// A key new here whose shared count is not known yet: a request that
-	// would be admitted waits for the read (once), then is decided again.
-	// Not while the store is down: no read would come.
-	mayWait := l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load()
-	var waitedAt int64 // when a wait for the store's read ended
-	s := l.shardOf(key)
-	for {
-		s.mu.Lock()
-		i, fresh := s.get(l, key, t, r)
-		e := &s.slab[i]
-		prev, curr := e.view()
-		var v Verdict
-		sw := SlidingWindow{Limit: limit, Window: r.Window}
-		switch {
-		case r.Algorithm == FixedWindowCounter:
-			v = sw.decideFixed(t, curr, cost)
-		case e.hist != 0:
-			ps, cs := s.shapes(e, curr)
-			v = sw.decideShaped(t, prev, curr, cost, &ps, &cs)
-		default:
-			v = sw.Decide(t, prev, curr, cost)
-		}
-		failed := e.flags&flagFailed != 0
-		if mayWait && v.Allowed && !failed && !fresh && e.flags&flagNeedCurr != 0 {
-			s.mu.Unlock()
-			select {
-			case l.poke <- struct{}{}:
-			default: // a flush is already due
-			}
-			l.awaitRead(ctx, key)
-			mayWait = false
-			t = max(t, l.cfg.Clock.Now().UnixNano())
-			waitedAt = t
-			continue
-		}
-		if v.Allowed || r.Action == Block {
-			s.count(i, t, cost)
-			if r.Algorithm == SlidingWindowCounter && e.histMay(prev+curr+cost, limit) {
-				s.histNote(l, i, t, cost, prev, curr, limit)
-			}
-		}
-		s.mu.Unlock()
-		d := Decision{Verdict: v, Limit: limit, At: waitedAt}
 		if failed {
-			// Decided on a view the store could not refresh.
-			if d = l.fellBack(t, r, d); d.Fallback == FallbackClosed {
-				return d
-			}
-		}
-		if !v.Allowed && r.Action == Block {
-			d.ReleaseAt = t + int64(r.Timeout)
+			l.m.storeErrors.Inc()
+			return l.fellBack(t, r, d)
 		}
 		return d
 	}
+	if r.Fail == FailClosed && !l.store.Healthy() {
+		l.m.fallbackClosed.Inc()
+		return l.closed(t, r, limit)
+	}
+	w := waits{may: l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load()}
+	s := l.shardOf(key)
+	var d Decision
+	for {
+		var st step
+		s.mu.Lock()
+		if counter {
+			st = s.counterStep(l, &w, t, r, key, limit, cost, &d)
+		} else {
+			st = s.stateStep(l, &w, t, r, key, limit, cost, &d)
+		}
+		s.mu.Unlock()
+		if st == stepWait {
+			t = l.waitForStore(ctx, &w, t, key, counter)
+			continue
+		}
+		if w.waited() {
+			d.At = t
+		}
+		if st == stepFellBack {
+			// Decided on a view the store could not refresh.
+			return l.fellBack(t, r, d)
+		}
+		return d
+	}
+}
+
+// step is what one look at a key's view under its shard's lock came to.
+// A strategy writes its decision into the Decision it is given, field by
+// field, and asks for a wait through the decision's waits.
+type step uint8
+
+const (
+	stepDecided  step = iota // decided on the view
+	stepFellBack             // decided on a view the store could not refresh
+	stepWait                 // wait for the store's reply (waits.ask), then look again
+)
+
+// waits is what an async decision has spent waiting for the store, and
+// the wait its last step asked for.
+type waits struct {
+	may      bool      // another wait is allowed
+	deadline time.Time // when every wait of the decision ends; zero: none yet
+
+	// The wait asked for. again lets a decision wait again after a reply
+	// that still leaves it waiting, until its deadline; without it a
+	// decision waits once.
+	again  bool
+	poke   bool          // wake the flusher at once for the reply
+	budget time.Duration // the decision's waits in all, taken from the first
+	seq    uint32        // state views: the reply awaited follows reply seq
+}
+
+func (w *waits) waited() bool { return !w.deadline.IsZero() }
+
+// ask records the wait a step asks for.
+func (w *waits) ask(again, poke bool, budget time.Duration, seq uint32) {
+	w.again, w.poke, w.budget, w.seq = again, poke, budget, seq
+}
+
+// waitForStore makes the wait w asks for and returns the time to decide
+// at after it: the limiter clock's, if later than t, so that decisions
+// keep the order of their times. The wait ends with the reply, the
+// decision's deadline, its context or the limiter's close; only a reply
+// lets a decision that may wait again do so.
+func (l *Limiter) waitForStore(ctx context.Context, w *waits, t int64, key uint64, counter bool) int64 {
+	if w.poke {
+		select {
+		case l.poke <- struct{}{}:
+		default: // a flush is already due
+		}
+	}
+	now := time.Now()
+	if w.deadline.IsZero() {
+		w.deadline = now.Add(w.budget)
+	}
+	replied := l.await(ctx, w.deadline.Sub(now), key, counter, w.seq)
+	w.may = w.again && replied && time.Now().Before(w.deadline)
+	return max(t, l.cfg.Clock.Now().UnixNano())
 }
 
 // wake tells the requests waiting for a read that a flush batch has been
@@ -445,18 +477,10 @@ func (l *Limiter) wake() {
 	close(*l.flushed.Swap(&ch))
 }
 
-// awaitRead waits, at most NewKeyWait, until key's view holds the shared
-// count of its current window, its store operations fail, or it is gone.
-func (l *Limiter) awaitRead(ctx context.Context, key uint64) {
-	l.await(ctx, l.cfg.NewKeyWait, func(s *shard) bool {
-		e := s.lookup(key)
-		return e != nil && e.flags&(flagNeedCurr|flagFailed) == flagNeedCurr
-	}, key)
-}
-
-// await waits, at most wait, while cold reports (under key's shard's lock)
-// that key still waits for the store.
-func (l *Limiter) await(ctx context.Context, wait time.Duration, cold func(*shard) bool, key uint64) {
+// await waits, at most wait, while key's view still waits for the store
+// (awaiting, under the shard's lock), and reports whether that ended: the
+// reply came, the key's store operations failed, or its view is gone.
+func (l *Limiter) await(ctx context.Context, wait time.Duration, key uint64, counter bool, seq uint32) (replied bool) {
 	tm, _ := l.timers.Get().(*time.Timer)
 	if tm == nil {
 		tm = time.NewTimer(wait)
@@ -469,26 +493,39 @@ func (l *Limiter) await(ctx context.Context, wait time.Duration, cold func(*shar
 	for {
 		ch := *l.flushed.Load() // before looking, so no wake-up is missed
 		s.mu.Lock()
-		c := cold(s)
+		c := s.awaiting(key, counter, seq)
 		s.mu.Unlock()
 		if !c {
 			l.m.newKeyRead.Inc()
-			return
+			return true
 		}
 		select {
 		case <-ch:
 		case <-tm.C:
 			l.m.newKeyTimeout.Inc()
-			return
+			return false
 		case <-ctx.Done():
 			l.m.newKeyTimeout.Inc()
-			return
+			return false
 		case <-l.done:
-			return
+			return false
 		}
 	}
 }
 
+// awaiting reports whether key's view still waits for the store: a
+// counter's for the read of its current window, a state's for the reply
+// after reply seq. s.mu must be held.
+func (s *shard) awaiting(key uint64, counter bool, seq uint32) bool {
+	if counter {
+		e := s.lookup(key)
+		return e != nil && e.flags&(flagNeedCurr|flagFailed) == flagNeedCurr
+	}
+	v := s.views[key]
+	return v != nil && v.seq == seq && v.flags&bvFailed == 0
+}
+
+// closed is the decision of a fail-closed rule whose store failed.
 func (l *Limiter) closed(t int64, r *Policy, limit uint64) Decision {
 	w := int64(r.Window)
 	// Retry after one flush and store timeout: the soonest the store's
@@ -496,136 +533,34 @@ func (l *Limiter) closed(t int64, r *Policy, limit uint64) Decision {
 	return Decision{Verdict: Verdict{ReleaseAt: t + l.grace, ResetAt: windowStart(t, w) + w}, Limit: limit, Fallback: FallbackClosed}
 }
 
-// Record counts cost units for key under r at now without deciding: the
-// requests of a blocked key that the edge answered from its block cache. In
-// async mode the units join the coalesced flush, so a blocked client never
-// reaches the store on the request path, yet its real rate stays visible.
-func (l *Limiter) Record(now time.Time, r *Policy, key, cost uint64) {
-	if !r.Algorithm.Shared() {
-		if l.state != nil {
-			l.recordState(now.UnixNano(), r, key, cost)
-			return
-		}
-		l.recordLocal(now.UnixNano(), r, key, cost)
-		return
+// fellBack applies r's failure policy to d, decided without the store's
+// word (on a view the store could not refresh, or, in sync mode, the
+// strategy's admission when the store failed): fail-closed rules refuse,
+// fail-open ones keep d, marked, and both are counted.
+func (l *Limiter) fellBack(t int64, r *Policy, d Decision) Decision {
+	if r.Fail == FailClosed {
+		l.m.fallbackClosed.Inc()
+		return l.closed(t, r, d.Limit)
 	}
+	l.m.fallbackOpen.Inc()
+	d.Fallback = FallbackOpen
+	return d
+}
+
+// Record counts cost units for key under r at now without deciding: the
+// requests of a blocked key that the edge answered from its block cache.
+// The units join the next flush, so a blocked client never reaches the
+// store on the request path, yet its real rate stays visible.
+func (l *Limiter) Record(now time.Time, r *Policy, key, cost uint64) {
 	t := now.UnixNano()
 	s := l.shardOf(key)
 	s.mu.Lock()
-	i, _ := s.get(l, key, t, r)
-	e := &s.slab[i]
-	prev, curr := e.view()
-	s.count(i, t, cost)
-	if r.Algorithm == SlidingWindowCounter && e.histMay(prev+curr+cost, r.Limit) {
-		s.histNote(l, i, t, cost, prev, curr, r.Limit)
+	if r.Algorithm.IsCounter() {
+		s.counterRecord(l, t, r, key, cost)
+	} else {
+		s.stateRecord(l, t, r, key, cost)
 	}
 	s.mu.Unlock()
-}
-
-// decideSync increments the shared counter on the request path and decides
-// on the reply.
-func (l *Limiter) decideSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) Decision {
-	w := int64(r.Window)
-	start := windowStart(t, w)
-	s := l.shardOf(key)
-	s.mu.Lock()
-	i, _ := s.get(l, key, t, r)
-	e := &s.slab[i]
-	needPrev := e.flags&flagPrevKnown == 0
-	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
-	s.mu.Unlock()
-
-	opsp := l.ops.Get().(*[]Op)
-	ops := (*opsp)[:0]
-	ops = append(ops, Op{Key: key, Start: start / 1e6, Delta: int64(cost), TTL: 2 * r.Window})
-	if needPrev {
-		ops = append(ops, Op{Key: key, Start: (start - w) / 1e6})
-	}
-	l.syncDo(ctx, ops) // at most StoreTimeout, in a call shared with others of its part waiting
-	l.m.storeOps.Add(float64(len(ops)))
-	inc := ops[0]
-	prev := prevLocal
-	prevOK := false
-	if needPrev && ops[1].Err == nil {
-		prev, prevOK = max(prevLocal, ops[1].Value), true
-	}
-	defer func() { *opsp = ops[:0]; l.ops.Put(opsp) }()
-	if inc.Err != nil {
-		l.m.storeErrors.Inc()
-		s.mu.Lock()
-		if e := s.lookup(key); e != nil {
-			e.flags |= flagFailed
-		}
-		s.mu.Unlock()
-		if r.Fail == FailClosed {
-			l.m.fallbackClosed.Inc()
-			return l.closed(t, r, limit)
-		}
-		l.m.fallbackOpen.Inc()
-		return Decision{Verdict: Verdict{Allowed: true, ResetAt: start + w}, Limit: limit, Fallback: FallbackOpen}
-	}
-	// The reply counts this request: decide on the count before it, with
-	// the shape of the previous window as this edge saw it (hist.go).
-	before := inc.Value - min(inc.Value, cost)
-	sw := SlidingWindow{Limit: limit, Window: r.Window}
-	var v Verdict
-	s.mu.Lock()
-	i, ok := s.idx.get(key)
-	e = nil
-	if ok && s.slab[i].start == start {
-		e = &s.slab[i]
-	}
-	switch {
-	case r.Algorithm == FixedWindowCounter:
-		v = sw.decideFixed(t, before, cost)
-	case e != nil && e.hist != 0:
-		ps, cs := s.shapes(e, before)
-		v = sw.decideShaped(t, prev, before, cost, &ps, &cs)
-	default:
-		v = sw.Decide(t, prev, before, cost)
-	}
-	seen := inc.Value
-	if !v.Allowed && r.Action == Throttle {
-		seen = before // ours is taken back below: it was never admitted
-	}
-	if e != nil {
-		if old := uint64(e.curr); seen > old && r.Algorithm == SlidingWindowCounter {
-			// The view grows by what the reply shows: this request, if
-			// it counts, and the other edges' since the last reply.
-			e.noteFirst(t)
-			s.histNote(l, i, t, seen-old, prev, old, limit)
-		}
-		e.curr = sat32(max(uint64(e.curr), seen))
-		// The reply is the global count: the flusher need not read it.
-		e.flags &^= flagFailed | flagNeedCurr
-		if prevOK {
-			e.prev = sat32(max(uint64(e.prev), prev))
-			// Within the grace after the window started, other edges'
-			// increments for the previous window may still be on their
-			// way (a refused one's decrement too): read it again with
-			// the next decision, in the same round trip as its increment
-			// (or, if none comes, the flusher reads it once the grace is
-			// over, as it does for async keys).
-			if t >= start+l.grace {
-				e.flags |= flagPrevKnown
-			}
-		}
-	}
-	s.mu.Unlock()
-	if !v.Allowed && r.Action == Throttle {
-		// A throttle counts admitted requests only: take ours back.
-		ops = append(ops[:0], Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
-		l.syncDo(context.WithoutCancel(ctx), ops)
-		l.m.storeOps.Inc()
-		if ops[0].Err != nil {
-			l.m.storeErrors.Inc()
-		}
-	}
-	d := Decision{Verdict: v, Limit: limit}
-	if !v.Allowed && r.Action == Block {
-		d.ReleaseAt = t + int64(r.Timeout)
-	}
-	return d
 }
 
 // FlushStats counts what one Flush sent.

@@ -471,7 +471,11 @@ func BenchmarkDecideAsyncParallel(b *testing.B) {
 	})
 }
 
-func TestLimiterPerEdgeAlgorithms(t *testing.T) {
+// TestLimiterStateAlgorithms: token and leaky buckets and sliding logs
+// admit their burst at one instant and release a refusal after now, and
+// their state is the store's: after a flush the store's bucket (or log)
+// has no room left, and no window counter was touched.
+func TestLimiterStateAlgorithms(t *testing.T) {
 	clock := newSimClock(t0)
 	store := &countingStore{Store: NewMemStore(clock)}
 	l := newTestLimiter(t, clock, store, Config{})
@@ -514,10 +518,15 @@ rules:
 		if last.ReleaseAt <= clock.Now().UnixNano() {
 			t.Errorf("%s: refusal released at %d, not after now", tc.rule, last.ReleaseAt)
 		}
+		l.Flush(context.Background(), clock.Now())
+		ops := []StateOp{{Kind: stateKind(r.Algorithm), Key: key, Bucket: bucketOf(&r.Policy, r.Limit), Log: logOf(&r.Policy, r.Limit), Now: clock.Now().UnixNano()}}
+		store.DoState(context.Background(), ops)
+		if ops[0].Err != nil || ops[0].Remaining != 0 {
+			t.Errorf("%s: the store's state after a flush: room %d, err %v; want 0, nil", tc.rule, ops[0].Remaining, ops[0].Err)
+		}
 	}
-	l.Flush(context.Background(), clock.Now())
 	if n := store.incrs.Load() + store.reads.Load(); n != 0 {
-		t.Errorf("per-edge algorithms sent %d store operations, want 0", n)
+		t.Errorf("buckets and logs sent %d counter operations, want 0", n)
 	}
 }
 

@@ -6,10 +6,11 @@ import (
 	"time"
 )
 
-// MemStore is a Store in process memory, for a single edge (the edge's
-// embedded default) and for tests. Counters expire at their TTL like
-// memcached's; expired counters are swept as new ones are made, so memory is
-// bounded by the counters live within their TTL. Safe for concurrent use.
+// MemStore is a Store in process memory, counters and states, for a
+// single edge (the edge's embedded default) and for tests. Counters expire
+// at their TTL like memcached's; expired counters are swept as new ones are
+// made, so memory is bounded by the counters live within their TTL. Safe
+// for concurrent use.
 type MemStore struct {
 	clock Clock
 
@@ -45,6 +46,9 @@ func (s *MemStore) Parts() int { return 1 }
 
 // Place is 0 for every key (Placer).
 func (s *MemStore) Place(uint64) int { return 0 }
+
+// Healthy is true: a MemStore always answers.
+func (s *MemStore) Healthy() bool { return true }
 
 // Do performs ops; it never fails.
 func (s *MemStore) Do(_ context.Context, ops []Op) {

@@ -117,6 +117,18 @@ func (hangingStore) Do(ctx context.Context, ops []Op) {
 	}
 }
 
+func (hangingStore) DoState(ctx context.Context, ops []StateOp) {
+	<-ctx.Done()
+	for i := range ops {
+		ops[i].Err = ctx.Err()
+	}
+}
+
+// It cannot tell that it hangs, and does not place its keys.
+func (hangingStore) Healthy() bool    { return true }
+func (hangingStore) Parts() int       { return 0 }
+func (hangingStore) Place(uint64) int { return -1 }
+
 // batchStore records the largest batch it was handed.
 type batchStore struct {
 	Store

@@ -10,10 +10,10 @@ import (
 // Algorithm names a rate-limiting algorithm.
 type Algorithm uint8
 
-// The algorithms a policy can name. SlidingWindowCounter and
-// FixedWindowCounter run over the shared Store and hold across the fleet;
-// the others keep their state on each edge (a per-edge limit), as their
-// state does not fit an increment-only counter.
+// The algorithms a policy can name. Every one holds across the PoP
+// through the Store: SlidingWindowCounter and FixedWindowCounter as window
+// counters (Store.Do), the others as one state per key that each operation
+// reads, updates and writes back atomically (Store.DoState).
 const (
 	SlidingWindowCounter Algorithm = iota // "sliding_window" (default)
 	FixedWindowCounter                    // "fixed_window"
@@ -26,8 +26,16 @@ var algorithmNames = []string{"sliding_window", "fixed_window", "token_bucket", 
 
 func (a Algorithm) String() string { return enumName(algorithmNames, int(a)) }
 
-// Shared reports whether the algorithm counts in the shared Store.
-func (a Algorithm) Shared() bool { return a <= FixedWindowCounter }
+// IsCounter reports whether the algorithm keeps its count in window
+// counters (Store.Do): the sliding and the fixed window. The others keep
+// one state per key (Store.DoState).
+func (a Algorithm) IsCounter() bool { return a <= FixedWindowCounter }
+
+// Shared reports whether the algorithm is a counter.
+//
+// Deprecated: every algorithm is shared through the Store; use IsCounter,
+// which says what this reports.
+func (a Algorithm) Shared() bool { return a.IsCounter() }
 
 // Action is what a policy does with a key over its limit.
 type Action uint8
@@ -56,11 +64,12 @@ func (a Action) String() string { return enumName(actionNames, int(a)) }
 type Mode uint8
 
 const (
-	// Async decides from the local view and flushes increments in the
-	// background: no network on the request path.
+	// Async decides from the local view and flushes what it counted in
+	// the background: no network on the request path.
 	Async Mode = iota
-	// Sync increments the shared counter on the request path and decides on
-	// the reply: exact, one store round trip per request.
+	// Sync updates the store on the request path (a counter's increment, a
+	// state's conditional take) and decides on the reply: exact, one store
+	// round trip per request. Sliding logs always run in sync mode.
 	Sync
 )
 

@@ -56,8 +56,7 @@ type shard struct {
 	sweep  int                    // idle-sweep cursor
 	swept  int64                  // when the idle sweep last ran (Unix ns)
 	max    int                    // entries at most
-	local  map[uint64]*localState // per-edge algorithms' keys (local.go)
-	views  map[uint64]*bucketView // shared buckets' and logs' keys (shared.go)
+	views  map[uint64]*bucketView // state views: buckets' and logs' keys (shared.go)
 	vqueue []uint64               // views with units to send or reads to make
 	vspare []uint64               // the previous vqueue, reused
 	hists  hists                  // hot keys' window shapes (hist.go)
@@ -68,10 +67,10 @@ type shard struct {
 	_ [64]byte     // keep neighbouring shards' locks off this cache line
 }
 
-func (s *shard) init(max, k int, f *flusherPark) {
+func (s *shard) init(max int, hp histParams, f *flusherPark) {
 	s.flusher = f
 	s.max = max
-	s.hists.init(max, k)
+	s.hists.init(max, hp)
 }
 
 // lookup returns key's entry, or nil. s.mu must be held.
@@ -233,16 +232,13 @@ func (s *shard) alloc(l *Limiter) uint32 {
 }
 
 // sweepPerFlush bounds the entries one sweep checks for idleness per shard
-// (in each of its tables: the counters' slab, the per-edge states, the
-// shared views).
+// (in each of its tables: the counters' slab and the state views).
 const sweepPerFlush = 256
 
-// sweepEvery is how often a shard's idle sweep runs at most: a flush
-// every few milliseconds does not need to look for idle entries each time
-// (64 shards × 256 entries × 200 flushes a second: BenchmarkFlush took
-// 99-103 µs a flush with it, 36-39 µs without), and an entry idle for two
-// of its windows (a second at
-// least) is freed within sweepEvery × entries/256 more, the bound on the
+// sweepEvery is how often a shard's idle sweep runs at most, whatever the
+// flush interval, so that a flush's cost does not grow with the keys
+// known. An entry idle for two of its windows (a second at least) is
+// freed within sweepEvery × entries/sweepPerFlush more, the bound on the
 // table (MaxKeys, least recently used out first) holding meanwhile.
 const sweepEvery = int64(100 * time.Millisecond)
 
@@ -330,7 +326,6 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 	if !s.sweepDue(t) {
 		return k, ops
 	}
-	s.sweepLocal(t, sweepPerFlush)
 	s.sweepViews(t, sweepPerFlush)
 	// Free entries idle for two of their windows with nothing in flight.
 	for n := 0; n < sweepPerFlush && len(s.slab) > 0; n++ {

@@ -6,11 +6,14 @@ import (
 	"time"
 )
 
-// Token buckets, leaky buckets and sliding logs across the PoP.
+// The state strategy: token buckets, leaky buckets and sliding logs
+// across the PoP. Decide's skeleton (limiter.go) calls stateStep,
+// stateSync and stateRecord; the flush sends the views' units
+// (flushStates) and folds the replies in (applyView).
 //
 // Their state does not reduce to increment-only counters, so it lives in
-// the store's StateStore as one value per key that each operation reads,
-// updates and writes back atomically (compare-and-swap on memcached, a
+// the store as one value per key that each operation reads, updates and
+// writes back atomically (Store.DoState: compare-and-swap on memcached, a
 // script on Redis).
 //
 // Sync mode does one StateOp per request: the units are taken in the store
@@ -27,9 +30,11 @@ import (
 // estimates the edges spending the key (from how much more than its own
 // units the shared bucket took between two replies, against the share each
 // took); only an edge that no reply has ever shown another edge's units,
-// for a while, takes the whole room. A request past the
-// share waits once for the next reply (at most NewKeyWait, as a new key's
-// request does) and is decided again on it. Other edges' admissions reach
+// for a while, takes the whole room. A request past the share waits for
+// the next reply and is decided again on it, reply after reply, until a
+// deadline long enough for the replies to tell whether other edges spend
+// the key (at least NewKeyWait); still past its share then, it is
+// refused. Other edges' admissions reach
 // the view within one flush interval plus a round trip, so the PoP admits
 // at most Burst + rate·t plus, per other edge, what it admits in that time:
 // rate × (FlushInterval + store round trip) when the key is at its rate,
@@ -157,112 +162,77 @@ func (s *shard) enqueueView(key uint64, v *bucketView) {
 	s.flusher.wake()
 }
 
-// decideState decides a token or leaky bucket or sliding log rule over the
-// StateStore.
-func (l *Limiter) decideState(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) Decision {
-	if r.Mode == Sync || r.Algorithm == SlidingLogAlgorithm {
-		return l.decideStateSync(ctx, t, r, key, limit, cost)
-	}
-	if r.Fail == FailClosed && l.health != nil && !l.health.Healthy() {
-		l.m.fallbackClosed.Inc()
-		return l.closed(t, r, limit)
-	}
+// stateStep is one async look at key's bucket view: it writes the decision
+// into d and counts it, or asks to wait for the store's next reply, for a
+// key new here or a request past this edge's share of the room (again, on
+// each reply that still leaves it past its share, until the deadline).
+// s.mu must be held.
+func (s *shard) stateStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Decision) step {
 	lb := bucketOf(r, limit)
 	n := int64(cost)
-	mayWait := l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load()
-	var deadline time.Time // of the waits for replies, NewKeyWait in all
-	s := l.shardOf(key)
-	for {
-		s.mu.Lock()
-		v, fresh := s.viewGet(l, key, t, r, lb)
-		try := v.view
-		ok, remaining, releaseAt := lb.Allow(&try, t, n)
-		if ok && n > 0 && !fresh && v.flags&bvFailed == 0 {
-			mine := v.pend + v.infl
-			known := v.flags&bvKnown != 0
-			within := known && v.withinShare(t, mine, n)
-			// A key other edges spend too, whose view no reply has
-			// refreshed for two flush intervals (this edge refused it
-			// meanwhile, so sent nothing): the room it shows may be
-			// theirs already.
-			stale := known && !v.alone && t-v.replyAt > 2*int64(l.cfg.FlushInterval)
-			if !within || stale {
-				if mayWait {
-					// A key new here, or past this edge's share of
-					// the room: wait for the next reply and decide
-					// again.
-					seq := v.seq
-					if v.pend == 0 && v.infl == 0 {
-						s.enqueueView(key, v) // a read
-					}
-					s.mu.Unlock()
-					if !known {
-						// A key new here: its first read at once. Past
-						// its share, the next flush is soon enough, and
-						// not hammering the store with reads while
-						// replies tell whether the edge is alone.
-						select {
-						case l.poke <- struct{}{}:
-						default:
-						}
-					}
-					now := time.Now()
-					if deadline.IsZero() {
-						// Long enough to learn from the replies
-						// whether other edges spend the key: the
-						// first reply (a flush and a round trip),
-						// unsure() after it with no other edge's
-						// units, and the reply that shows it.
-						rt := l.cfg.FlushInterval + time.Duration(l.stateRTT.Load())
-						deadline = now.Add(max(l.cfg.NewKeyWait, time.Duration(l.unsure())+2*rt+l.cfg.FlushInterval))
-					}
-					l.awaitView(ctx, key, seq, deadline.Sub(now))
-					mayWait = time.Now().Before(deadline)
-					// Decided, and counted, when decided: after
-					// the requests that went on meanwhile.
-					t = max(t, l.cfg.Clock.Now().UnixNano())
-					continue
+	v, fresh := s.viewGet(l, key, t, r, lb)
+	try := v.view
+	ok, remaining, releaseAt := lb.Allow(&try, t, n)
+	if ok && n > 0 && !fresh && v.flags&bvFailed == 0 {
+		mine := v.pend + v.infl
+		known := v.flags&bvKnown != 0
+		within := known && v.withinShare(t, mine, n)
+		// A key other edges spend too, whose view no reply has
+		// refreshed for two flush intervals (this edge refused it
+		// meanwhile, so sent nothing): the room it shows may be
+		// theirs already.
+		stale := known && !v.alone && t-v.replyAt > 2*int64(l.cfg.FlushInterval)
+		if !within || stale {
+			if w.may {
+				// Wait for the next reply and decide again. A key new
+				// here has its first read at once; past its share, the
+				// next flush is soon enough, and does not hammer the
+				// store with reads while replies tell whether the edge
+				// is alone.
+				if v.pend == 0 && v.infl == 0 {
+					s.enqueueView(key, v) // a read
 				}
-				if known && !within && !deadline.IsZero() {
-					// Past its share, and no reply came in time to
-					// say the room is still there: refuse rather
-					// than spend the other edges' share.
-					ok = false
-					remaining, releaseAt = 0, t+int64(l.cfg.FlushInterval)
-				}
+				// Long enough to learn from the replies whether other
+				// edges spend the key: the first reply (a flush and a
+				// round trip), unsure() after it with no other edge's
+				// units, and the reply that shows it.
+				rt := l.cfg.FlushInterval + time.Duration(l.stateRTT.Load())
+				w.ask(true, !known, max(l.cfg.NewKeyWait, time.Duration(l.unsure())+2*rt+l.cfg.FlushInterval), v.seq)
+				return stepWait
+			}
+			if known && !within && w.waited() {
+				// Past its share, and no reply came in time to say the
+				// room is still there: refuse rather than spend the
+				// other edges' share.
+				ok = false
+				remaining, releaseAt = 0, t+int64(l.cfg.FlushInterval)
 			}
 		}
-		if fresh && v.flags&bvKnown == 0 {
-			s.enqueueView(key, v) // read what the other edges took
-		}
-		var delay time.Duration
-		if ok || r.Action == Block {
-			if ok {
-				delay = queueDelay(r, v.view.TAT, t)
-				v.view = try
-			} else {
-				lb.pour(&v.view, t, n) // a block counts every attempt
-				remaining, releaseAt = 0, lb.Release(v.view, t, n)
-			}
-			if n > 0 {
-				v.pend += n
-				v.at = max(v.at, t)
-				s.enqueueView(key, v)
-			}
-		}
-		failed := v.flags&bvFailed != 0
-		s.mu.Unlock()
-		d := l.stateDecision(t, r, limit, cost, ok, remaining, releaseAt)
-		d.Delay = delay
-		if !deadline.IsZero() {
-			d.At = t
-		}
-		if failed {
-			// Decided on a view the store could not refresh.
-			return l.fellBack(t, r, d)
-		}
-		return d
 	}
+	if fresh && v.flags&bvKnown == 0 {
+		s.enqueueView(key, v) // read what the other edges took
+	}
+	var delay time.Duration
+	if ok || r.Action == Block {
+		if ok {
+			delay = queueDelay(r, v.view.TAT, t)
+			v.view = try
+		} else {
+			lb.pour(&v.view, t, n) // a block counts every attempt
+			remaining, releaseAt = 0, lb.Release(v.view, t, n)
+		}
+		if n > 0 {
+			v.pend += n
+			v.at = max(v.at, t)
+			s.enqueueView(key, v)
+		}
+	}
+	stateDecision(d, t, r, limit, cost, ok, remaining, releaseAt)
+	d.Delay = delay
+	if v.flags&bvFailed != 0 {
+		return stepFellBack
+	}
+	return stepDecided
 }
 
 // withinShare reports whether this edge, having taken mine units since the
@@ -305,8 +275,10 @@ func (l *Limiter) noteRTT(d time.Duration) {
 	l.stateRTT.Store(max(int64(d), old-old/8))
 }
 
-func (l *Limiter) stateDecision(t int64, r *Policy, limit, cost uint64, ok bool, remaining, releaseAt int64) Decision {
-	d := Decision{Limit: limit}
+// stateDecision writes into d the decision on a state's answer: ok,
+// the room left and the release time.
+func stateDecision(d *Decision, t int64, r *Policy, limit, cost uint64, ok bool, remaining, releaseAt int64) {
+	*d = Decision{Limit: limit}
 	d.Allowed = ok
 	d.Remaining = uint64(max(remaining, 0))
 	// The estimate is the level the request was decided on, before its
@@ -326,20 +298,6 @@ func (l *Limiter) stateDecision(t int64, r *Policy, limit, cost uint64, ok bool,
 			d.ReleaseAt = t + int64(r.Timeout)
 		}
 	}
-	return d
-}
-
-// fellBack applies r's failure policy to d, decided on a view the store
-// could not refresh: fail-closed rules refuse, fail-open ones keep d,
-// marked, and both are counted.
-func (l *Limiter) fellBack(t int64, r *Policy, d Decision) Decision {
-	if r.Fail == FailClosed {
-		l.m.fallbackClosed.Inc()
-		return l.closed(t, r, d.Limit)
-	}
-	l.m.fallbackOpen.Inc()
-	d.Fallback = FallbackOpen
-	return d
 }
 
 // syncStripes is the number of locks that make the sync decisions of one
@@ -348,8 +306,10 @@ func (l *Limiter) fellBack(t int64, r *Policy, d Decision) Decision {
 // contends between edges, not between its own requests.
 const syncStripes = 1024
 
-// decideStateSync takes the units in the store on the request path.
-func (l *Limiter) decideStateSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) Decision {
+// stateSync takes the units in the store on the request path, only if
+// they fit. failed reports that the store failed; d is then the admission
+// a fail-open rule makes.
+func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Decision, failed bool) {
 	mu := &l.syncMu[key%syncStripes]
 	mu.Lock()
 	defer mu.Unlock()
@@ -361,26 +321,19 @@ func (l *Limiter) decideStateSync(ctx context.Context, t int64, r *Policy, key, 
 	})
 	*opsp = ops
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
-	l.state.DoState(cctx, ops)
+	l.store.DoState(cctx, ops)
 	cancel()
 	l.m.storeOps.Inc()
 	op := &ops[0]
 	if op.Err != nil {
-		l.m.storeErrors.Inc()
-		if r.Fail == FailClosed {
-			l.m.fallbackClosed.Inc()
-			return l.closed(t, r, limit)
-		}
-		l.m.fallbackOpen.Inc()
-		d := l.stateDecision(t, r, limit, cost, true, 0, t)
-		d.Fallback = FallbackOpen
-		return d
+		stateDecision(&d, t, r, limit, cost, true, 0, t)
+		return d, true
 	}
 	if !op.Allowed && r.Action == Block && cost > 0 {
 		// A block counts every attempt: pour the refused one too.
 		ops[0].Conditional = false
 		cctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
-		l.state.DoState(cctx, ops[:1])
+		l.store.DoState(cctx, ops[:1])
 		cancel()
 		l.m.storeOps.Inc()
 		if ops[0].Err != nil {
@@ -388,20 +341,18 @@ func (l *Limiter) decideStateSync(ctx context.Context, t int64, r *Policy, key, 
 		}
 		ops[0].Allowed = false
 	}
-	d := l.stateDecision(t, r, limit, cost, op.Allowed, op.Remaining, op.ReleaseAt)
+	stateDecision(&d, t, r, limit, cost, op.Allowed, op.Remaining, op.ReleaseAt)
 	if op.Allowed && r.Action == Delay {
 		lb := op.Bucket
 		d.Delay = queueDelay(r, op.TAT-int64(cost)*int64(lb.Per)/lb.Rate, t)
 	}
-	return d
+	return d, false
 }
 
-// recordState counts cost units a blocked key sent (answered from the
-// block cache): they go out with the next flush, unconditionally.
-func (l *Limiter) recordState(t int64, r *Policy, key, cost uint64) {
-	s := l.shardOf(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// stateRecord counts cost units a blocked key sent (answered from the
+// block cache): they go out with the next flush, unconditionally. s.mu
+// must be held.
+func (s *shard) stateRecord(l *Limiter, t int64, r *Policy, key, cost uint64) {
 	lb := bucketOf(r, r.Limit)
 	v, _ := s.viewGet(l, key, t, r, lb)
 	if v.kind == StateGCRA {
@@ -412,22 +363,10 @@ func (l *Limiter) recordState(t int64, r *Policy, key, cost uint64) {
 	s.enqueueView(key, v)
 }
 
-// awaitView waits, at most wait, until key's view has had a reply after
-// seq, its store operations fail, or it is gone.
-func (l *Limiter) awaitView(ctx context.Context, key uint64, seq uint32, wait time.Duration) {
-	l.await(ctx, wait, func(s *shard) bool {
-		v := s.views[key]
-		return v != nil && v.seq == seq && v.flags&bvFailed == 0
-	}, key)
-}
-
 // flushStates sends every queued view's units (and the reads of keys new
 // here) as one StateOp per key, in batches of at most MaxFlushOps, and
 // folds the replies into the views.
 func (l *Limiter) flushStates(ctx context.Context, t int64, st *FlushStats) {
-	if l.state == nil {
-		return
-	}
 	opsp := l.sops.Get().(*[]StateOp)
 	ops := (*opsp)[:0]
 	for i := range l.shards {
@@ -474,7 +413,7 @@ func (l *Limiter) flushStates(ctx context.Context, t int64, st *FlushStats) {
 func (l *Limiter) sendStates(ctx context.Context, t int64, ops []StateOp, st *FlushStats) []StateOp {
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	begin := time.Now()
-	l.state.DoState(cctx, ops)
+	l.store.DoState(cctx, ops)
 	took := time.Since(begin)
 	l.noteRTT(took)
 	l.m.flushSeconds.Observe(took.Seconds())

@@ -35,9 +35,8 @@ type Verdict struct {
 	ResetAt int64
 }
 
-// Start returns the start (Unix ns) of the window that contains now (Unix ns).
-func (s SlidingWindow) Start(now int64) int64 { return windowStart(now, int64(s.Window)) }
-
+// windowStart returns the start (Unix ns) of the window of w ns that
+// contains now (Unix ns): windows start at multiples of w since the epoch.
 func windowStart(now, w int64) int64 {
 	r := now % w
 	if r < 0 {
@@ -46,34 +45,35 @@ func windowStart(now, w int64) int64 {
 	return now - r
 }
 
-// Estimate returns the estimated number of units in the trailing window at
-// now, given the counts of the previous and the current window, where the
-// current window is the one containing now.
-func (s SlidingWindow) Estimate(now int64, prev, curr uint64) float64 {
-	w := int64(s.Window)
-	elapsed := now - windowStart(now, w)
-	return float64(prev)*float64(w-elapsed)/float64(w) + float64(curr)
-}
-
 // Decide decides whether cost more units may pass at now, given the counts
 // of the previous and the current window. It admits iff
-// estimate + cost ≤ Limit, compared exactly in integers (the float Estimate
-// is for reporting). It does not change anything: the caller counts.
+// estimate + cost ≤ Limit, compared exactly in integers; the Verdict's
+// float Estimate, the estimate before this request, is for reporting. It
+// does not change anything: the caller counts.
 func (s SlidingWindow) Decide(now int64, prev, curr, cost uint64) Verdict {
+	var v Verdict
+	s.decide(&v, now, prev, curr, cost)
+	return v
+}
+
+// decide is Decide writing its verdict into v, field by field: the
+// Limiter decides into the Decision it returns.
+func (s SlidingWindow) decide(v *Verdict, now int64, prev, curr, cost uint64) {
 	w := int64(s.Window)
 	start := windowStart(now, w)
 	left := uint64(w - (now - start)) // the previous window's weight × W
-	v := Verdict{Estimate: float64(prev)*float64(left)/float64(w) + float64(curr), ResetAt: start + w}
+	est := float64(prev)*float64(left)/float64(w) + float64(curr)
+	v.Estimate, v.ResetAt = est, start+w
 	// prev×left + (curr+cost)×W ≤ Limit×W
 	if le128(add128(mul128(prev, left), mul128(curr+cost, uint64(w))), mul128(s.Limit, uint64(w))) {
-		v.Allowed = true
-		if r := float64(s.Limit) - v.Estimate - float64(cost); r > 0 {
+		v.Allowed, v.Remaining, v.ReleaseAt = true, 0, 0
+		if r := float64(s.Limit) - est - float64(cost); r > 0 {
 			v.Remaining = uint64(r)
 		}
-		return v
+		return
 	}
+	v.Allowed, v.Remaining = false, 0
 	v.ReleaseAt = s.Release(now, prev, curr, cost)
-	return v
 }
 
 // Release returns the first instant (Unix ns, not before now) at which a
@@ -101,37 +101,36 @@ func (s SlidingWindow) Release(now int64, prev, curr, cost uint64) int64 {
 	return start + 2*w - int64(div128(mul128(room, uint64(w)), curr))
 }
 
-// decideShaped is Decide for a key whose previous window's units are placed
+// decideShaped is decide for a key whose previous window's units are placed
 // by their recorded shape ps (hist.go) instead of spread evenly over it:
 // the previous window weighs prev × (its shape's mass after now − Window) /
 // (its mass). It admits iff that + curr + cost ≤ Limit, exactly in
 // integers. A refusal's ReleaseAt is releaseShaped's, which uses cs, the
 // shape of the current window, for an instant in the next one. A zero
 // shape is the uniform assumption: with both zero this is Decide.
-func (s SlidingWindow) decideShaped(now int64, prev, curr, cost uint64, ps, cs *shape) Verdict {
+func (s SlidingWindow) decideShaped(v *Verdict, now int64, prev, curr, cost uint64, ps, cs *shape) {
 	if ps.h == nil {
-		v := s.Decide(now, prev, curr, cost)
+		s.decide(v, now, prev, curr, cost)
 		if !v.Allowed && cs.h != nil {
 			v.ReleaseAt = s.releaseShaped(now, prev, curr, cost, ps, cs)
 		}
-		return v
+		return
 	}
 	w := int64(s.Window)
 	start := windowStart(now, w)
 	u := now - w
 	a, n, f, l := ps.after(u)
-	v := Verdict{Estimate: ps.prevPart(prev, a, n, f, l, u) + float64(curr), ResetAt: start + w}
+	*v = Verdict{Estimate: ps.prevPart(prev, a, n, f, l, u) + float64(curr), ResetAt: start + w}
 	if cost <= s.Limit && curr <= s.Limit-cost {
 		if prev == 0 || ps.fits(prev, s.Limit-cost-curr, a, n, f, l, u) {
 			v.Allowed = true
 			if r := float64(s.Limit) - v.Estimate - float64(cost); r > 0 {
 				v.Remaining = uint64(r)
 			}
-			return v
+			return
 		}
 	}
 	v.ReleaseAt = s.releaseShaped(now, prev, curr, cost, ps, cs)
-	return v
 }
 
 // releaseShaped is Release under decideShaped's estimate: the first instant
@@ -184,20 +183,19 @@ func div128(a u128, d uint64) uint64 {
 	return q
 }
 
-// decideFixed is Decide for the fixed-window algorithm run over the same
+// decideFixed is decide for the fixed-window algorithm run over the same
 // counters: the estimate is the current window's count alone, and a refused
 // key is released when the window ends.
-func (s SlidingWindow) decideFixed(now int64, curr, cost uint64) Verdict {
+func (s SlidingWindow) decideFixed(v *Verdict, now int64, curr, cost uint64) {
 	w := int64(s.Window)
 	start := windowStart(now, w)
-	v := Verdict{Estimate: float64(curr), ResetAt: start + w}
+	*v = Verdict{Estimate: float64(curr), ResetAt: start + w}
 	if curr+cost <= s.Limit {
 		v.Allowed = true
 		v.Remaining = s.Limit - curr - cost
-		return v
+		return
 	}
 	if cost <= s.Limit {
 		v.ReleaseAt = start + w
 	}
-	return v
 }

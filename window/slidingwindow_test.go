@@ -28,9 +28,9 @@ func TestSlidingWindowEstimateSeedExamples(t *testing.T) {
 	}
 	base := at(1000 * time.Hour) // a multiple of a minute
 	for _, tt := range tests {
-		got := tt.sw.Estimate(base+at(tt.elapsed), tt.prev, tt.curr)
+		got := tt.sw.Decide(base+at(tt.elapsed), tt.prev, tt.curr, 1).Estimate
 		if math.Abs(got-tt.want) > 1e-9 {
-			t.Errorf("%s: Estimate = %v, want %v", tt.name, got, tt.want)
+			t.Errorf("%s: Decide's Estimate = %v, want %v", tt.name, got, tt.want)
 		}
 	}
 	v := minute.Decide(base+at(12*time.Second), 80, 15, 1)
@@ -78,7 +78,7 @@ func TestSlidingWindowReleaseIsExact(t *testing.T) {
 // decideLater decides at t ≥ now for a key with counts prev, curr at now
 // that sends nothing more: in the next window curr has become prev.
 func decideLater(sw SlidingWindow, now int64, prev, curr uint64, t int64, cost uint64) bool {
-	switch sw.Start(t) - sw.Start(now) {
+	switch windowStart(t, int64(sw.Window)) - windowStart(now, int64(sw.Window)) {
 	case 0:
 		return sw.Decide(t, prev, curr, cost).Allowed
 	case int64(sw.Window):

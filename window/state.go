@@ -65,9 +65,9 @@ type StateOp struct {
 	Err       error // nil, or why the op failed (the state is unknown)
 }
 
-// StateStore is the store of the shared states of token buckets, leaky
-// buckets and sliding logs: memcached through compare-and-swap, Redis
-// through scripts, MemStore in one process.
+// StateStore is the part of Store that holds the shared states of token
+// buckets, leaky buckets and sliding logs: memcached through
+// compare-and-swap, Redis through scripts, MemStore in one process.
 //
 // DoState performs every op atomically per op and sets its outputs. Ops fail
 // independently. A sliding log's instants never go back: an op whose Now

@@ -25,34 +25,55 @@ type Op struct {
 	Err   error  // set by the store: nil, or why this op failed
 }
 
-// Store is the shared counter store behind a Limiter: memcached shards in a
-// PoP (package shardproxy), or MemStore in a single process.
+// Store is the shared store behind a Limiter and Slots: memcached shards
+// (package memcachestore), Redis (package redisstore), or MemStore in a
+// single process. Every store provides all of it; its methods must be
+// safe for concurrent use.
 //
 // Do performs every op in ops and sets each op's Value or Err. An increment
 // of a missing counter creates it with the op's TTL; a read of a missing
 // counter is 0 with no error. Ops fail independently (a dead shard fails only
 // its own keys). Do returns when every op has finished or ctx is done;
 // implementations must bound each op by their own timeout as well, so a hung
-// server never holds a caller longer than that. Do must be safe for
-// concurrent use and must not keep ops after it returns.
+// server never holds a caller longer than that. Do must not keep ops after
+// it returns.
+//
+// DoState is the same for the shared states of token buckets, leaky
+// buckets and sliding logs (StateOp, StateStore).
+//
+// Healthy is the store's own opinion of whether it can answer now. A
+// fail-closed rule in async mode refuses at once while it is false
+// instead of deciding from a view the store may not refresh. A store
+// that cannot tell says true; its failures still reach every decision
+// through its ops' errors.
+//
+// Parts and Place say where counters live (Placer), so that sync
+// decisions share store calls only with decisions of the same part.
+// Parts 0 says the store does not place its keys: every sync decision
+// then gets a store call of its own.
 type Store interface {
 	Do(ctx context.Context, ops []Op)
+	DoState(ctx context.Context, ops []StateOp)
+	Healthy() bool
+	Parts() int
+	Place(key uint64) int
 }
 
-// Placer is implemented by a Store that says where its counters live, so
-// that sync decisions can share store calls (see the package doc): those
-// of counters in one part go together, and a call never mixes parts. A
-// part is what fails on its own: a memcached shard, one Redis server, one
-// process. A Store that is not a Placer gets a store call per sync
-// decision, as a call shared across servers that fail apart would make a
-// hung one hold up the decisions of the others.
+// Placer is the part of Store that says where its counters live, so that
+// sync decisions can share store calls (see the package doc): those of
+// counters in one part go together, and a call never mixes parts. A part
+// is what fails on its own: a memcached shard, one Redis server, one
+// process. A store of Parts 0 gets a store call per sync decision, as a
+// call shared across servers that fail apart would make a hung one hold
+// up the decisions of the others.
 type Placer interface {
-	// Parts is the number of parts, fixed for the store's life.
+	// Parts is the number of parts, fixed for the store's life; 0: the
+	// store does not place its keys.
 	Parts() int
 	// Place returns the part, 0 to Parts()-1, that holds key's counters
 	// now (every window of a key is in one part, see Op), or -1 when none
-	// does (every server is out). It is a hint: an op placed before a
-	// server is ejected may be served by another, which costs only the
-	// sharing. It must not allocate.
+	// does (every server is out, or the store does not place its keys).
+	// It is a hint: an op placed before a server is ejected may be served
+	// by another, which costs only the sharing. It must not allocate.
 	Place(key uint64) int
 }

@@ -20,12 +20,9 @@ import (
 // decision is one call; under load a call carries as many decisions as
 // arrived during one round trip.
 //
-// A part is what the store says fails on its own (Placer): a memcached
-// shard. A call carries the decisions of one part only, so a hung shard
-// holds up its own decisions and no other's: with one queue for every
-// shard, the calls in flight waited on the hung one and the decisions of
-// keys on healthy shards queued behind them until their timeout
-// (faults.TestShardHung).
+// A part is what the store says fails on its own (Store.Parts, Place): a
+// memcached shard. A call carries the decisions of one part only, so a
+// hung shard holds up its own decisions and no other's.
 //
 // Each decision still waits at most its own deadline (StoreTimeout, or its
 // context's if earlier): the call it is in is bounded by the deadline of
@@ -33,20 +30,13 @@ import (
 // passes while it is queued leaves the queue, and one whose call outlives
 // it abandons its outcome to the sender. Ops on one key in one call keep
 // their order: the store applies them in the order they were queued.
-// Only counter ops (Store.Do) are combined. Sync bucket and log decisions
-// already take turns per key on an edge (a compare-and-swap each, see
-// decideStateSync), which is what queues them under load: combined, a call
-// found 1.0-1.2 decisions to share, and the CPU per request did not
-// improve (it got worse with two calls in flight; scripts/profile-edge.sh
-// -path /tb/x, two rounds alternated).
+// Only counter ops (Store.Do) are combined: the sync decisions of a
+// bucket or a log take turns per key on an edge (stateSync), so they
+// queue per key, not per part, and a call of them would carry about one.
 
 // maxSyncCalls bounds the store calls of sync decisions in flight at once
-// per part of the store. Measured with one queue for all three memcached
-// shards, on one core (64 connections, three rounds alternated): 2 made
-// the fewest CPU per request and the most requests a second (12-14
-// decisions a call), against 1 (29 a call, a decision waits for the call
-// before its own), 4 (5 a call) and none (one call each: 26-59 % more CPU
-// per request).
+// per part of the store: one call filling while another is on its way.
+// BENCHMARKS.md has the measurements behind the value.
 const maxSyncCalls = 2
 
 // A syncCall is one sync decision's store ops on their way.
@@ -264,14 +254,13 @@ func (c *combiner) failAll(ops []Op) {
 }
 
 // initCombiners sets up the limiter's queues of sync decisions, one per
-// part of its store; a store that is not a Placer gets none.
+// part of its store; a store of Parts 0 gets none.
 func (l *Limiter) initCombiners() {
-	p, ok := l.store.(Placer)
-	if !ok || p.Parts() < 1 {
+	n := l.store.Parts()
+	if n < 1 {
 		return
 	}
-	l.placer = p
-	l.sync = make([]combiner, p.Parts())
+	l.sync = make([]combiner, n)
 	for i := range l.sync {
 		l.sync[i] = combiner{
 			send:    l.store.Do,
@@ -299,10 +288,10 @@ func (l *Limiter) syncDo(ctx context.Context, ops []Op) {
 // combinerFor returns the queue of the part ops are on (one key's, so
 // one part's), or nil.
 func (l *Limiter) combinerFor(ops []Op) *combiner {
-	if l.placer == nil || len(ops) == 0 {
+	if len(l.sync) == 0 || len(ops) == 0 {
 		return nil
 	}
-	part := l.placer.Place(ops[0].Key)
+	part := l.store.Place(ops[0].Key)
 	if part < 0 || part >= len(l.sync) {
 		return nil
 	}

