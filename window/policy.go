@@ -31,11 +31,6 @@ func (a Algorithm) String() string { return enumName(algorithmNames, int(a)) }
 // one state per key (Store.DoState).
 func (a Algorithm) IsCounter() bool { return a <= FixedWindowCounter }
 
-// Shared reports whether the algorithm is a counter.
-//
-// Deprecated: every algorithm is shared through the Store; use IsCounter,
-// which says what this reports.
-func (a Algorithm) Shared() bool { return a.IsCounter() }
 
 // Action is what a policy does with a key over its limit.
 type Action uint8

@@ -175,8 +175,10 @@ func (l Loader) LoadRules(files map[string][]byte) (*rules.Rules, error) {
 //     window.Throttle, block as window.Block for its timeout. A limit of 0
 //     is a rule of limit 0 (it refuses every hit, and a check-only
 //     request answers OK until one is counted, as in ratelimit); run as a
-//     fixed window when its algorithm keeps per-edge state, which a limit
-//     of 0 cannot. Per-edge algorithms (buckets, sliding_log) run async.
+//     fixed window when its algorithm keeps a state rather than counters
+//     (buckets, sliding_log), which a limit of 0 cannot; those rules take
+//     mode async here (the limiter runs a sliding log in sync mode
+//     whatever its mode).
 //   - seven per distinct combination of the files' top-level poplimit
 //     defaults (algorithm, mode, fail), one per unit, named
 //     "override:<unit>" for ratelimit's defaults and
@@ -318,11 +320,11 @@ func (x *Index) Override(domain string, entries []Entry, requestsPerUnit uint32,
 func limitRuleOf(l *Limit) (*rules.Rule, string) {
 	pol := window.Policy{Limit: uint64(l.RequestsPerUnit), Window: l.Window, Fail: window.FailPolicy(l.Fail)}
 	pol.Algorithm = windowAlgorithm(l.Algorithm)
-	if l.RequestsPerUnit == 0 && !pol.Algorithm.Shared() {
+	if l.RequestsPerUnit == 0 && !pol.Algorithm.IsCounter() {
 		pol.Algorithm = window.FixedWindowCounter
 	}
 	pol.Mode = window.Async
-	if l.Mode == Sync && pol.Algorithm.Shared() {
+	if l.Mode == Sync && pol.Algorithm.IsCounter() {
 		pol.Mode = window.Sync
 	}
 	switch l.Action {
