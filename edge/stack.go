@@ -28,7 +28,8 @@ type Stack struct {
 
 	stepped                bool
 	flushEvery, renewEvery int64 // ns
-	lastFlush, lastRenew   int64 // Unix ns
+	nextFlush, nextRenew   int64 // Unix ns; 0: at the first Step
+	phase                  int64 // ns
 }
 
 // StackDeps are what a Stack is built over besides Options.
@@ -38,8 +39,11 @@ type StackDeps struct {
 	Events     decision.Emitter    // nil: no decision events
 	Registerer prometheus.Registerer
 	// Clock, when set, is a simulated clock: nothing runs by itself, and
-	// the caller calls Step (see Stack).
+	// the caller calls Step (see Stack). The loops then tick at Phase past
+	// each multiple of their interval, so that the edges of a simulated
+	// PoP need not flush in step.
 	Clock window.Clock
+	Phase time.Duration
 	// Observe and Wait are the core's hooks (decision.CoreConfig).
 	Observe func(r *rules.Rule, key []byte, e *pipeline.Event)
 	Wait    func(d time.Duration)
@@ -60,7 +64,7 @@ func NewStack(o Options, rs *rules.Rules, d StackDeps) (*Stack, error) {
 		return nil, err
 	}
 	s := &Stack{Limiter: lim, Slots: window.NewSlots(o.Slots, d.Store), stepped: d.Clock != nil,
-		flushEvery: int64(lim.Config().FlushInterval), renewEvery: int64(o.Slots.RenewInterval)}
+		flushEvery: int64(lim.Config().FlushInterval), renewEvery: int64(o.Slots.RenewInterval), phase: int64(d.Phase)}
 	s.Core, err = decision.NewCore(decision.CoreConfig{EdgeID: o.EdgeID, Upstream: o.Server.Mode == httpedge.Proxy,
 		Observe: d.Observe, Wait: d.Wait}, rs,
 		decision.CoreDeps{Limiter: lim, Blocks: d.Blocks, Slots: s.Slots, Events: d.Events, Registerer: d.Registerer})
@@ -76,21 +80,54 @@ func NewStack(o Options, rs *rules.Rules, d StackDeps) (*Stack, error) {
 }
 
 // Step runs what the limiter's flusher and the slots' renewer would have
-// run by now, when the Stack runs on a simulated clock; it does nothing
-// otherwise. Steps must come in time order.
+// run by now, each tick at its own instant, when the Stack runs on a
+// simulated clock (the caller sets the clock to each tick as Due gives
+// it, when other stacks share the store); it does nothing otherwise.
+// Steps must come in time order.
 func (s *Stack) Step(ctx context.Context, now time.Time) {
 	if !s.stepped {
 		return
 	}
 	t := now.UnixNano()
-	if t-s.lastFlush >= s.flushEvery {
-		s.Limiter.Flush(ctx, now)
-		s.lastFlush = t
+	s.start(t)
+	for {
+		switch next := min(s.nextFlush, s.nextRenew); {
+		case next > t:
+			return
+		case next == s.nextFlush:
+			s.Limiter.Flush(ctx, time.Unix(0, next))
+			s.nextFlush += s.flushEvery
+		default:
+			s.Slots.Renew(ctx, time.Unix(0, next))
+			s.nextRenew += s.renewEvery
+		}
 	}
-	if t-s.lastRenew >= s.renewEvery {
-		s.Slots.Renew(ctx, now)
-		s.lastRenew = t
+}
+
+// Due returns when the next tick of a stepped Stack's loops falls, given
+// that it is now t (Unix ns) or later.
+func (s *Stack) Due(t int64) int64 {
+	s.start(t)
+	return min(s.nextFlush, s.nextRenew)
+}
+
+// start places the first ticks at or after t, at the stack's phase.
+func (s *Stack) start(t int64) {
+	if s.nextFlush == 0 {
+		s.nextFlush = firstTick(t, s.flushEvery, s.phase)
+		s.nextRenew = firstTick(t, s.renewEvery, s.phase)
 	}
+}
+
+// firstTick is the first instant at or after t that is phase past a
+// multiple of every.
+func firstTick(t, every, phase int64) int64 {
+	k := t - phase
+	k -= ((k % every) + every) % every
+	if k+phase < t {
+		k += every
+	}
+	return k + phase
 }
 
 // Close stops the slots' renewer and the limiter, whose last flush sends

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/valyala/fasthttp"
 
 	"github.com/poplimit/poplimit/decision"
@@ -20,7 +22,6 @@ import (
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/window"
 )
 
 // OfflineConfig configures Offline. The zero value of each field means the
@@ -49,6 +50,21 @@ type OfflineConfig struct {
 	// OnDecision, when not nil, is called with each request's decision, in
 	// trace order, on Offline's goroutine.
 	OnDecision func(OfflineDecision)
+	// Edges is how many edges of one PoP decide the trace, each with the
+	// edge's own core, limiter and block cache, over one shared store in
+	// simulated time. Default 1.
+	Edges int
+	// Spread is how requests reach the edges, as a replay spreads them
+	// over its targets: ByClient keeps each client on one edge (a balancer
+	// hashing the client's address, the replay's own hash); RoundRobin
+	// deals every client's requests over all of them (one connection per
+	// request behind ECMP or an L4 balancer). Default ByClient.
+	Spread Spread
+	// RTT is the round trip to the shared store: an edge's increments land
+	// RTT after it sends them, and what it reads of the others' units is
+	// that old (see simStore). Default 0. Token and leaky buckets and
+	// sliding logs are applied at once.
+	RTT time.Duration
 	// OnEvent, when not nil, is called with the decision event of every
 	// rule that decided a request, exactly as an edge emits it (Edge 0), on
 	// Offline's goroutine; the event is valid during the call. Fed to the
@@ -60,6 +76,7 @@ type OfflineConfig struct {
 // OfflineDecision is what the edge would have answered one request.
 type OfflineDecision struct {
 	Index int64         // the request's number, from 0, as Result.Index
+	Edge  int           // the edge that decided it, from 0
 	At    time.Duration // when it was decided: its offset (never before an earlier request's)
 	// Status is 200 (admitted), 429 (refused) or 400 (a missing key under
 	// missing_key: deny, or a bad cost header).
@@ -113,16 +130,21 @@ type RuleReport struct {
 
 // OfflineReport is the result of Offline.
 type OfflineReport struct {
-	Requests  int64        `json:"requests"`
-	BadLines  int64        `json:"bad_lines"`
-	Allowed   int64        `json:"allowed"`
-	Limited   int64        `json:"limited"`
-	Denied    int64        `json:"denied"`    // answered 400
-	Unmatched int64        `json:"unmatched"` // no rule applied
-	Origin    time.Time    `json:"origin"`    // the absolute time of offset 0
-	Absolute  bool         `json:"absolute"`  // Origin came from the trace or the config
-	SpanMs    float64      `json:"span_ms"`   // offset of the last request
-	Rules     []RuleReport `json:"rules"`
+	Requests  int64     `json:"requests"`
+	BadLines  int64     `json:"bad_lines"`
+	Allowed   int64     `json:"allowed"`
+	Limited   int64     `json:"limited"`
+	Denied    int64     `json:"denied"`    // answered 400
+	Unmatched int64     `json:"unmatched"` // no rule applied
+	Origin    time.Time `json:"origin"`    // the absolute time of offset 0
+	Absolute  bool      `json:"absolute"`  // Origin came from the trace or the config
+	SpanMs    float64   `json:"span_ms"`   // offset of the last request
+	Edges     int       `json:"edges"`
+	Spread    string    `json:"spread,omitempty"`
+	// StoreOps is the operations the edges sent the shared store
+	// (increments and reads of counters, bucket and log operations).
+	StoreOps int64        `json:"store_ops"`
+	Rules    []RuleReport `json:"rules"`
 	// Accuracy is the aggregator judge's report over the decisions, when
 	// the caller judged them (cmd/loadtest offline -judge).
 	Accuracy json.RawMessage `json:"accuracy,omitempty"`
@@ -162,20 +184,35 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	if cfg.MaxKeys == 0 {
 		cfg.MaxKeys = 100_000
 	}
-	sim := &offline{cfg: cfg, clock: &simClock{}, blocks: &mapBlocks{m: map[uint64]int64{}, sweep: 1024}}
+	if cfg.Edges == 0 {
+		cfg.Edges = 1
+	}
+	if cfg.Edges < 1 || cfg.Edges > 64 || cfg.RTT < 0 || cfg.Spread > RoundRobin {
+		return nil, fmt.Errorf("loadtest: offline: Edges %d (1 to 64), RTT %v (at least 0), Spread %d (ByClient or RoundRobin)",
+			cfg.Edges, cfg.RTT, cfg.Spread)
+	}
+	sim := &offline{cfg: cfg, clock: &simClock{}}
 	sim.rules = make([]ruleStats, len(cfg.Rules.Rules))
 	for i := range sim.rules {
 		sim.rules[i].keys = map[uint64]*keyStat{}
 	}
-	var o edge.Options
-	o.Limiter.FlushInterval = cfg.FlushInterval
-	var err error
-	sim.stack, err = edge.NewStack(o, cfg.Rules, edge.StackDeps{Store: window.NewMemStore(sim.clock), Blocks: sim.blocks,
-		Events: sim, Clock: sim.clock, Observe: sim.observe, Wait: func(time.Duration) {}})
-	if err != nil {
-		return nil, fmt.Errorf("loadtest: offline: %w", err)
+	sim.store = newSimStore(sim.clock, int64(cfg.RTT))
+	defer sim.close()
+	for i := range cfg.Edges {
+		var o edge.Options
+		o.Limiter.FlushInterval = cfg.FlushInterval
+		if cfg.Edges > 1 {
+			o.EdgeID = i + 1
+		}
+		blocks := &mapBlocks{m: map[uint64]int64{}, sweep: 1024}
+		st, err := edge.NewStack(o, cfg.Rules, edge.StackDeps{Store: edgeStore{sim.store, i}, Blocks: blocks,
+			Events: sim, Clock: sim.clock, Phase: time.Duration(i) * cfg.FlushInterval / time.Duration(cfg.Edges),
+			Observe: sim.observe, Wait: func(time.Duration) {}})
+		if err != nil {
+			return nil, fmt.Errorf("loadtest: offline: %w", err)
+		}
+		sim.edges = append(sim.edges, st)
 	}
-	sim.core = sim.stack.Core
 	rep := &OfflineReport{}
 	originSet := !cfg.Origin.IsZero()
 	origin := cfg.Origin
@@ -222,7 +259,11 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 		}
 	}
 	sim.finishUntil(time.Duration(math.MaxInt64))
-	sim.stack.Close(context.Background())
+	sim.close()
+	rep.Edges, rep.StoreOps = cfg.Edges, sim.store.ops
+	if cfg.Edges > 1 {
+		rep.Spread = cfg.Spread.String()
+	}
 	rep.Origin, rep.Absolute = origin, originSet
 	rep.SpanMs = float64(last) / 1e6
 	for i, r := range cfg.Rules.Rules {
@@ -249,9 +290,9 @@ func (c *simClock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
 type offline struct {
 	cfg       OfflineConfig
 	clock     *simClock
-	stack     *edge.Stack // the edge's own assembly of its core, on the simulated clock
-	core      *decision.Core
-	blocks    *mapBlocks
+	edges     []*edge.Stack // the edge's own assembly of its core, on the simulated clock
+	store     *simStore
+	closed    bool
 	req       fasthttp.Request // scratch, to read paths, queries and cookies as the edge does
 	ub        []byte
 	rules     []ruleStats
@@ -277,9 +318,11 @@ const maxKeyDisplay = 256
 func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int64) OfflineDecision {
 	now := origin.Add(at)
 	t := now.UnixNano()
-	o.clock.ns.Store(t)
 	o.finishUntil(at)
-	o.stack.Step(context.Background(), now) // the edge's flusher and renewer, as of now
+	o.stepUntil(t) // the edges' flushers and renewers, as of now
+	o.clock.ns.Store(t)
+	e := o.edgeOf(r, idx)
+	core := o.edges[e].Core
 	req := &o.req
 	req.Reset()
 	path := r.Path
@@ -298,10 +341,10 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 	}
 	o.durations = o.durations || r.Duration > 0
 	o.at = at
-	v := o.core.Decide(&decision.Request{Host: decision.HostOnly([]byte(r.Host)), Method: []byte(method),
+	v := core.Decide(&decision.Request{Host: decision.HostOnly([]byte(r.Host)), Method: []byte(method),
 		Path: httpedge.StripPrefix(req.URI().Path(), o.cfg.CheckPrefix), Addr: r.IP,
 		Fields: httpedge.FastFields(req), Now: now, Tracked: r.Duration > 0})
-	d := OfflineDecision{Index: idx, At: at, Status: v.Status()}
+	d := OfflineDecision{Index: idx, Edge: e, At: at, Status: v.Status()}
 	if v.Quota.Rule != nil {
 		d.Rule = v.Quota.Rule.Name
 	}
@@ -312,18 +355,61 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 		}
 	}
 	if v.Outcome == decision.Allowed && r.Duration > 0 {
-		heap.Push(&o.pending, pendingReq{end: at + r.Duration, v: v}) // its slots are held until then
+		heap.Push(&o.pending, pendingReq{end: at + r.Duration, v: v, edge: e}) // its slots are held until then
 	} else {
-		o.core.Finish(v)
+		core.Finish(v)
 	}
 	return d
+}
+
+// edgeOf is the edge the balancer deals request idx to.
+func (o *offline) edgeOf(r *Request, idx int64) int {
+	n := len(o.edges)
+	if n == 1 {
+		return 0
+	}
+	if o.cfg.Spread == RoundRobin {
+		return int(idx % int64(n))
+	}
+	b := r.IP.As16()
+	return int(xxhash.Sum64(b[:]) % uint64(n))
+}
+
+// stepUntil runs every edge's loops due by t, in time order across the
+// edges, each at its own instant, as concurrent edges would.
+func (o *offline) stepUntil(t int64) {
+	for {
+		next, which := int64(0), -1
+		for i, st := range o.edges {
+			if d := st.Due(t); d <= t && (which < 0 || d < next) {
+				next, which = d, i
+			}
+		}
+		if which < 0 {
+			return
+		}
+		o.clock.ns.Store(next)
+		o.edges[which].Step(context.Background(), time.Unix(0, next))
+	}
+}
+
+// close stops every edge's core, once.
+func (o *offline) close() {
+	if o.closed {
+		return
+	}
+	o.closed = true
+	for _, st := range o.edges {
+		st.Close(context.Background())
+	}
 }
 
 // finishUntil completes the tracked requests that ended by at, giving
 // their concurrency slots back.
 func (o *offline) finishUntil(at time.Duration) {
 	for o.pending.Len() > 0 && o.pending[0].end <= at {
-		o.core.Finish(heap.Pop(&o.pending).(pendingReq).v)
+		p := heap.Pop(&o.pending).(pendingReq)
+		o.edges[p.edge].Core.Finish(p.v)
 	}
 }
 
@@ -352,8 +438,9 @@ func (o *offline) observe(r *rules.Rule, key []byte, e *pipeline.Event) {
 }
 
 type pendingReq struct {
-	end time.Duration
-	v   *decision.Verdict
+	end  time.Duration
+	v    *decision.Verdict
+	edge int
 }
 
 // pendingHeap orders tracked requests by their end.

@@ -138,16 +138,16 @@ func traceFrom(path string, asLog bool, stdin io.Reader) (loadtest.Trace, error)
 
 func runGen(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("gen", stderr)
-	kind := fs.String("kind", "mix", "zipf, abuser, burst, flood, stuffing or mix (all of them at once)")
+	kind := fs.String("kind", "mix", "zipf, abuser, burst, flood, stuffing, mix (all of those at once) or nearlimit (clients at and over one per-client limit)")
 	seed := fs.Uint64("seed", 1, "random seed: one seed, one trace")
 	dur := fs.Duration("duration", time.Minute, "trace length (zipf, abuser, flood, mix)")
 	rate := fs.Float64("rate", 100, "requests per second (zipf, flood; abuser's is -abuser-rate)")
-	clients := fs.Int("clients", 1000, "zipf: clients")
+	clients := fs.Int("clients", 1000, "zipf and nearlimit: clients")
 	s := fs.Float64("zipf-s", 1.1, "zipf: exponent, above 1")
 	abRate := fs.Float64("abuser-rate", 0, "abuser: requests per second (default twice -limit per -window)")
 	ip := fs.String("ip", "", "abuser and burst: client address (default 192.0.2.1, burst 198.51.100.1)")
-	limit := fs.Int("limit", 100, "burst: requests in each half; the rule limit the abuser exceeds")
-	win := fs.Duration("window", time.Minute, "burst: the rule's window")
+	limit := fs.Int("limit", 100, "burst: requests in each half; the rule limit the abuser exceeds; nearlimit: the per-client limit")
+	win := fs.Duration("window", time.Minute, "burst and nearlimit: the rule's window")
 	bursts := fs.Int("bursts", 1, "burst: double bursts, three windows apart")
 	ips := fs.Int("ips", 1000, "stuffing: addresses")
 	attempts := fs.Int("attempts", 3, "stuffing: attempts per address")
@@ -183,6 +183,9 @@ func runGen(args []string, stdout, stderr io.Writer) error {
 		"flood": func() (loadtest.Trace, error) {
 			return loadtest.Flood(loadtest.FloodConfig{Seed: *seed, Rate: *rate, Duration: *dur, Endpoint: ep})
 		},
+		"nearlimit": func() (loadtest.Trace, error) {
+			return loadtest.NearLimit(loadtest.NearLimitConfig{Seed: *seed, Clients: *clients, Limit: *limit, Window: *win, Duration: *dur, Endpoint: ep})
+		},
 		"stuffing": func() (loadtest.Trace, error) {
 			return loadtest.Stuffing(loadtest.StuffingConfig{Seed: *seed, IPs: *ips, Attempts: *attempts, UserHeader: *userHeader, Endpoint: ep})
 		},
@@ -204,7 +207,7 @@ func runGen(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	} else {
-		return fmt.Errorf("loadtest gen: -kind %q: want zipf, abuser, burst, flood, stuffing or mix", *kind)
+		return fmt.Errorf("loadtest gen: -kind %q: want zipf, abuser, burst, flood, stuffing, mix or nearlimit", *kind)
 	}
 	w, closeOut, err := output(*out, stdout)
 	if err != nil {
@@ -361,6 +364,10 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.IntVar(&cfg.TopKeys, "top", 10, "most limited keys shown per rule")
 	fs.IntVar(&cfg.MaxKeys, "max-keys", 100_000, "limited keys tracked per rule")
 	fs.DurationVar(&cfg.FlushInterval, "flush-interval", 5*time.Millisecond, "the simulated edge's flush interval")
+	fs.DurationVar(&cfg.FlushInterval, "flush", 5*time.Millisecond, "the same as -flush-interval")
+	fs.IntVar(&cfg.Edges, "edges", 1, "edges of one simulated PoP, each with the edge's own core over one shared store in simulated time")
+	spread := fs.String("spread", "by-client", `with -edges: "by-client" (each client on one edge, by the replay's hash of its address) or "round-robin" (every client's requests dealt over all edges)`)
+	fs.DurationVar(&cfg.RTT, "rtt", 0, "with -edges: the round trip to the shared store (an edge reads the others' units this late)")
 	fs.StringVar(&cfg.CheckPrefix, "check-prefix", "/check", "path prefix stripped before matching, as the edge's")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	judgeIt := fs.Bool("judge", false, "judge every decision with the aggregator's judge: the algorithm's own accuracy, undistributed")
@@ -393,6 +400,14 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	tr, err := traceFrom(*tracePath, *asLog, stdin)
 	if err != nil {
 		return err
+	}
+	switch *spread {
+	case "by-client":
+		cfg.Spread = loadtest.ByClient
+	case "round-robin":
+		cfg.Spread = loadtest.RoundRobin
+	default:
+		return fmt.Errorf("loadtest offline: -spread %q: want by-client or round-robin", *spread)
 	}
 	if *phases > 1 {
 		return offlinePhases(ctx, cfg, *phases, func() (loadtest.Trace, error) { return traceFrom(*tracePath, *asLog, stdin) }, stdout, *asJSON)
@@ -427,6 +442,10 @@ type phaseResult struct {
 	PhaseMillis float64     `json:"phase_ms"` // the trace's start into the window grid
 	Enforced    judge.Tally `json:"enforced"`
 	WorstRatio  float64     `json:"worst_key_ratio"` // the most over-admitted key's count ÷ its limit (0: none)
+	// MeanRelativeError is the judge's mean |estimate − exact| / exact.
+	MeanRelativeError float64 `json:"mean_relative_error"`
+	// StoreOpsPerRequest is the operations the edges sent the store per request.
+	StoreOpsPerRequest float64 `json:"store_ops_per_request"`
 }
 
 // offlinePhases judges the trace at phases k/n of the longest window:
@@ -452,32 +471,40 @@ func offlinePhases(ctx context.Context, cfg loadtest.OfflineConfig, n int, open 
 		phase := longest * time.Duration(k) / time.Duration(n)
 		c.Origin = time.Unix(0, 0).Add(phase)
 		c.OnEvent = func(e *pipeline.Event) { j.Add(e.Time, *e) }
-		if _, err := loadtest.Offline(ctx, c, tr); err != nil {
+		rep, err := loadtest.Offline(ctx, c, tr)
+		if err != nil {
 			return err
 		}
 		j.Flush()
 		r := j.Report()
-		pr := phaseResult{PhaseMillis: float64(phase) / 1e6, Enforced: r.Enforced}
+		pr := phaseResult{PhaseMillis: float64(phase) / 1e6, Enforced: r.Enforced, MeanRelativeError: r.MeanRelativeError}
+		if rep.Requests > 0 {
+			pr.StoreOpsPerRequest = float64(rep.StoreOps) / float64(rep.Requests)
+		}
 		for _, kk := range r.TopFalseNegatives {
 			pr.WorstRatio = max(pr.WorstRatio, kk.Ratio)
 		}
 		res = append(res, pr)
 	}
-	worst, mean, worstKey := 0.0, 0.0, 0.0
+	worst, mean, worstKey, mre, ops := 0.0, 0.0, 0.0, 0.0, 0.0
 	for _, r := range res {
 		worst = max(worst, r.Enforced.WrongRatio)
 		mean += r.Enforced.WrongRatio / float64(len(res))
 		worstKey = max(worstKey, r.WorstRatio)
+		mre += r.MeanRelativeError / float64(len(res))
+		ops += r.StoreOpsPerRequest / float64(len(res))
 	}
 	if asJSON {
-		return writeReport(w, true, map[string]any{"phases": res, "worst_wrong_ratio": worst, "mean_wrong_ratio": mean, "worst_key_ratio": worstKey}, nil)
+		return writeReport(w, true, map[string]any{"phases": res, "worst_wrong_ratio": worst, "mean_wrong_ratio": mean, "worst_key_ratio": worstKey,
+			"mean_relative_error": mre, "store_ops_per_request": ops}, nil)
 	}
-	fmt.Fprintf(w, "%-10s %10s %10s %10s %9s %10s\n", "phase", "decisions", "w.allowed", "w.limited", "wrong", "worst key")
+	fmt.Fprintf(w, "%-10s %10s %10s %10s %9s %10s %8s %8s\n", "phase", "decisions", "w.allowed", "w.limited", "wrong", "worst key", "rel.err", "ops/req")
 	for _, r := range res {
-		fmt.Fprintf(w, "%-10s %10d %10d %10d %8.3f%% %9.2f×\n", time.Duration(r.PhaseMillis*1e6).String(), r.Enforced.Decisions,
-			r.Enforced.WronglyAllowed, r.Enforced.WronglyLimited, 100*r.Enforced.WrongRatio, r.WorstRatio)
+		fmt.Fprintf(w, "%-10s %10d %10d %10d %8.3f%% %9.3f× %7.2f%% %8.3f\n", time.Duration(r.PhaseMillis*1e6).String(), r.Enforced.Decisions,
+			r.Enforced.WronglyAllowed, r.Enforced.WronglyLimited, 100*r.Enforced.WrongRatio, r.WorstRatio, 100*r.MeanRelativeError, r.StoreOpsPerRequest)
 	}
-	_, err := fmt.Fprintf(w, "over %d phases: wrong %.3f%% worst, %.3f%% mean; worst key %.2f× its limit\n", n, 100*worst, 100*mean, worstKey)
+	_, err := fmt.Fprintf(w, "over %d phases: wrong %.3f%% worst, %.3f%% mean; worst key %.3f× its limit; mean relative error %.2f%%; %.3f store ops per request\n",
+		n, 100*worst, 100*mean, worstKey, 100*mre, ops)
 	return err
 }
 
@@ -498,13 +525,6 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-func nameOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // isTerminal reports whether w is a terminal (a character device).
