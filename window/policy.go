@@ -31,7 +31,6 @@ func (a Algorithm) String() string { return enumName(algorithmNames, int(a)) }
 // one state per key (Store.DoState).
 func (a Algorithm) IsCounter() bool { return a <= FixedWindowCounter }
 
-
 // Action is what a policy does with a key over its limit.
 type Action uint8
 
