@@ -65,6 +65,9 @@ type OfflineConfig struct {
 	// that old (see simStore). Default 0. Token and leaky buckets and
 	// sliding logs are applied at once.
 	RTT time.Duration
+	// MaxDefer is the edges' window.Config.MaxDefer: how long a key far
+	// from its limit may keep its units unsent. Default the edge's.
+	MaxDefer time.Duration
 	// OnEvent, when not nil, is called with the decision event of every
 	// rule that decided a request, exactly as an edge emits it (Edge 0), on
 	// Offline's goroutine; the event is valid during the call. Fed to the
@@ -200,7 +203,7 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	defer sim.close()
 	for i := range cfg.Edges {
 		var o edge.Options
-		o.Limiter.FlushInterval = cfg.FlushInterval
+		o.Limiter.FlushInterval, o.Limiter.MaxDefer = cfg.FlushInterval, cfg.MaxDefer
 		if cfg.Edges > 1 {
 			o.EdgeID = i + 1
 		}

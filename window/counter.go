@@ -43,6 +43,7 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 	}
 	if v.Allowed || r.Action == Block {
 		s.count(i, t, cost)
+		s.sendBy(i, t, l.syncDue(e, t, r, v.Allowed, v.Remaining))
 		if r.Algorithm == SlidingWindowCounter && s.histMay(e, prev+curr+cost, limit) {
 			s.histNote(l, i, t, cost, prev, curr, limit)
 		}
@@ -64,6 +65,7 @@ func (s *shard) counterRecord(l *Limiter, t int64, r *Policy, key, cost uint64) 
 	e := &s.slab[i]
 	prev, curr := e.view()
 	s.count(i, t, cost)
+	s.enqueue(i) // a blocked key is at its limit: its units go at once
 	if r.Algorithm == SlidingWindowCounter && s.histMay(e, prev+curr+cost, r.Limit) {
 		s.histNote(l, i, t, cost, prev, curr, r.Limit)
 	}

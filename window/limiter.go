@@ -55,6 +55,15 @@ type Config struct {
 	// applies once Start runs the flusher, and not while the flusher backs
 	// off from a store that fails; negative never waits.
 	NewKeyWait time.Duration // default StoreTimeout
+	// MaxDefer, when set, lets a key far from its limit keep its unsent
+	// units for up to MaxDefer, and at most a sixteenth of the rule's
+	// window, so that one increment carries many requests; a key whose
+	// unsent units could matter (this edge's, and at its share of the key's
+	// traffic the other edges' likewise, against the room left: sync.go)
+	// is sent at the next flush. It costs accuracy when a key's requests
+	// are dealt over several edges (BENCHMARKS.md). Default 0: every key
+	// with units is sent at the next flush.
+	MaxDefer time.Duration
 	// Clock is the limiter's time source for its flusher.
 	Clock Clock // default SystemClock
 	// Registerer receives the limiter's metrics; nil registers none.
@@ -112,6 +121,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxFlushOps < 0 || c.MaxFlushOps > 1<<20 {
 		errs = append(errs, fmt.Errorf("window: MaxFlushOps %d: must be between 0 (default) and 2^20", c.MaxFlushOps))
+	}
+	if c.MaxDefer < 0 || c.MaxDefer > time.Minute {
+		errs = append(errs, fmt.Errorf("window: MaxDefer %v: must be between 0 (off) and 1m", c.MaxDefer))
 	}
 	if c.NewKeyWait > time.Minute {
 		errs = append(errs, fmt.Errorf("window: NewKeyWait %v: must be at most 1m (negative: never wait)", c.NewKeyWait))
@@ -173,6 +185,7 @@ type Limiter struct {
 	flushed atomic.Pointer[chan struct{}]
 	waiting atomic.Int32 // requests in awaitRead: a batch wakes them only if any
 	started atomic.Bool
+	closing atomic.Bool   // Close runs its last flush: every waiting unit goes
 	down    atomic.Bool   // the flusher backs off: every op of its last flush failed
 	poke    chan struct{} // wakes the flusher for a waiting request, or from its park
 	park    flusherPark
@@ -315,7 +328,7 @@ func (l *Limiter) parkFlusher(t *time.Ticker) (woke, closed bool) {
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		busy := len(s.queue) > 0 || len(s.vqueue) > 0
+		busy := len(s.queue) > 0 || len(s.vqueue) > 0 || len(s.lazy) > 0
 		s.mu.Unlock()
 		if busy {
 			return false, false
@@ -339,6 +352,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.close.Do(func() {
 		close(l.done)
 		l.wg.Wait()
+		l.closing.Store(true)
 		if n := l.Flush(ctx, l.cfg.Clock.Now()); n.Failed > 0 {
 			err = fmt.Errorf("window: close: %d of %d flush ops failed", n.Failed, n.Ops)
 		}
@@ -589,7 +603,11 @@ func (l *Limiter) Flush(ctx context.Context, now time.Time) FlushStats {
 	budget := l.cfg.MaxFlushOps
 	for i := range l.shards {
 		s := &l.shards[i]
-		q := s.take()
+		due := t
+		if l.closing.Load() {
+			due = lazyAll // a last flush sends every unit
+		}
+		q := s.take(due)
 		for k := 0; ; {
 			k, ops = s.collect(l, t, q, k, ops, budget, &st)
 			if len(ops) >= budget {

@@ -23,6 +23,10 @@ type entry struct {
 	curr, infl, pend         uint32
 
 	flags uint8
+	// share is this edge's share of the key's increments, in 255ths, as
+	// the store's replies show it (an average over the recent ones); 0:
+	// not known yet.
+	share uint8
 	first uint16 // 1 + when this edge first counted units this window, in 2^firstShift ns; 0: not yet
 	hist  uint32 // its histograms' record in the shard's slab + 1; 0: none (hist.go)
 }
@@ -34,6 +38,7 @@ const (
 	flagNeedCurr                    // curr has never been read: the key is new here
 	flagFailed                      // the last store operation for the key failed
 	flagNoHist                      // no histogram was free for it this window
+	flagLazy                        // its unsent units wait in the shard's lazy heap
 )
 
 func (e *entry) view() (prev, curr uint64) {
@@ -59,6 +64,7 @@ type shard struct {
 	views  map[uint64]*bucketView // state views: buckets' and logs' keys (shared.go)
 	vqueue []uint64               // views with units to send or reads to make
 	vspare []uint64               // the previous vqueue, reused
+	lazy   lazyHeap               // entries whose unsent units may wait, by when they must go (sync.go)
 	hists  hists                  // hot keys' window shapes (hist.go)
 
 	flusher *flusherPark // the limiter's: a queue that grows wakes it if parked
@@ -142,15 +148,25 @@ func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 	return reset
 }
 
-// count adds cost units at t to entry i's unsent increments. s.mu must be
-// held.
+// count adds cost units at t to entry i's unsent increments; sendBy
+// says when they go. s.mu must be held.
 func (s *shard) count(i uint32, t int64, cost uint64) {
 	e := &s.slab[i]
 	e.pend = sat32(uint64(e.pend) + cost)
 	if e.first == 0 && cost > 0 {
 		e.setFirst(t)
 	}
-	s.enqueue(i)
+}
+
+// sendBy has entry i's unsent units sent at the next flush when due is
+// not after t, else by due at the latest (see syncDue). s.mu must be
+// held.
+func (s *shard) sendBy(i uint32, t, due int64) {
+	if due <= t {
+		s.enqueue(i)
+	} else {
+		s.wait(i, due)
+	}
 }
 
 func (s *shard) enqueue(i uint32) {
@@ -199,7 +215,7 @@ func (s *shard) alloc(l *Limiter) uint32 {
 		f := s.slab[i].flags
 		switch {
 		case f&flagRef != 0:
-		case f&flagQueued != 0:
+		case f&(flagQueued|flagLazy) != 0:
 			if fallback < 0 {
 				fallback = i
 			}
@@ -252,11 +268,13 @@ func (s *shard) sweepDue(t int64) bool {
 	return true
 }
 
-// take swaps out the shard's flush queue: the entries to visit in this
-// flush. Entries queued meanwhile go into a fresh queue, for the next flush.
-// It locks s.mu.
-func (s *shard) take() []uint32 {
+// take swaps out the shard's flush queue, with the waiting entries due by
+// t (every one when t is lazyAll) moved into it: the entries to visit in
+// this flush. Entries queued meanwhile go into a fresh queue, for the next
+// flush. It locks s.mu.
+func (s *shard) take(t int64) []uint32 {
 	s.mu.Lock()
+	s.dueLazy(t)
 	q := s.queue
 	s.queue, s.spare = s.spare[:0], nil
 	s.mu.Unlock()
@@ -333,7 +351,7 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 			s.sweep = 0
 		}
 		e := &s.slab[s.sweep]
-		if t-e.last <= 2*e.win || e.flags&flagQueued != 0 || e.infl != 0 || e.prevInfl != 0 {
+		if t-e.last <= 2*e.win || e.flags&(flagQueued|flagLazy) != 0 || e.infl != 0 || e.prevInfl != 0 {
 			continue
 		}
 		if i, ok := s.idx.get(e.key); !ok || i != uint32(s.sweep) {
@@ -383,7 +401,12 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 				s.enqueue(i)
 			} else {
 				// The reply is the global count: what the other edges
-				// admitted is known here from now on.
+				// admitted is known here from now on, and, unless it is
+				// the first count this edge sees of the key, how much of
+				// the key's traffic is this edge's.
+				if e.flags&flagNeedCurr == 0 {
+					e.noteShare(uint64(d), op.Value)
+				}
 				e.curr = max(e.curr, sat32(op.Value))
 				e.flags &^= flagNeedCurr
 			}

@@ -1,0 +1,117 @@
+package window
+
+import "math"
+
+// When a key's units go to the store. Every flush sends the units of the
+// keys that could matter now, and a key far from its limit keeps its
+// units for a while: one increment carries many requests, and most keys
+// are far from their limits most of the time.
+//
+// A key's units could matter when what the PoP has not yet seen of the
+// key could fill the room left: this edge's unsent units and, at this
+// edge's share of the key's traffic (the replies say it), the other
+// edges' unsent units likewise, twice over for the round trip, against
+// the units still admissible after the decision. Such a key, a refused
+// one, and one this edge has no reply for yet go at the next flush; the
+// others wait at most Config.MaxDefer (when set), and at most a
+// sixteenth of the rule's window.
+
+// lazyAll is a time past every due time: take moves every waiting entry.
+const lazyAll = math.MaxInt64
+
+// syncDue returns when entry e's unsent units, after a decision that
+// leaves room units admissible, must be sent: t for the next flush. s.mu
+// must be held.
+func (l *Limiter) syncDue(e *entry, t int64, r *Policy, allowed bool, room uint64) int64 {
+	if l.cfg.MaxDefer <= 0 || !allowed || e.flags&(flagNeedCurr|flagFailed) != 0 || e.share == 0 {
+		return t
+	}
+	// Unseen by the PoP: this edge's unsent units over its share.
+	unseen := uint64(e.pend) * 255 / uint64(e.share)
+	if 2*unseen >= room {
+		return t
+	}
+	return t + min(int64(l.cfg.MaxDefer), int64(r.Window)/16)
+}
+
+// noteShare folds a reply into e's share of the key's traffic: this
+// edge's increment of own units took the counter from e.curr (the last
+// count seen) to value. s.mu must be held.
+func (e *entry) noteShare(own, value uint64) {
+	if own == 0 || value < uint64(e.curr) {
+		return
+	}
+	total := max(value-uint64(e.curr), own)
+	sample := uint32(min(255, max(1, own*255/total)))
+	if e.share == 0 {
+		e.share = uint8(sample)
+		return
+	}
+	e.share = uint8((3*uint32(e.share) + sample + 2) / 4)
+}
+
+// lazyEntry is an entry whose unsent units wait until due.
+type lazyEntry struct {
+	due int64
+	key uint64
+	i   uint32
+}
+
+// lazyHeap is a min-heap of waiting entries by due time.
+type lazyHeap []lazyEntry
+
+// wait lets entry i's unsent units wait until due, unless they are
+// queued for the next flush or already waiting. s.mu must be held.
+func (s *shard) wait(i uint32, due int64) {
+	e := &s.slab[i]
+	if e.flags&(flagQueued|flagLazy) != 0 {
+		return
+	}
+	e.flags |= flagLazy
+	h := append(s.lazy, lazyEntry{due: due, key: e.key, i: i})
+	for c := len(h) - 1; c > 0; {
+		p := (c - 1) / 2
+		if h[p].due <= h[c].due {
+			break
+		}
+		h[p], h[c] = h[c], h[p]
+		c = p
+	}
+	s.lazy = h
+	s.flusher.wake()
+}
+
+// dueLazy queues for this flush every waiting entry due by t. s.mu must
+// be held.
+func (s *shard) dueLazy(t int64) {
+	h := s.lazy
+	for len(h) > 0 && h[0].due <= t {
+		top := h[0]
+		n := len(h) - 1
+		h[0] = h[n]
+		h = h[:n]
+		for p := 0; ; {
+			c := 2*p + 1
+			if c >= n {
+				break
+			}
+			if c+1 < n && h[c+1].due < h[c].due {
+				c++
+			}
+			if h[p].due <= h[c].due {
+				break
+			}
+			h[p], h[c] = h[c], h[p]
+			p = c
+		}
+		if int(top.i) < len(s.slab) {
+			if e := &s.slab[top.i]; e.key == top.key && e.flags&flagLazy != 0 {
+				e.flags &^= flagLazy
+				if e.pend > 0 || e.prevPend > 0 {
+					s.enqueue(top.i)
+				}
+			}
+		}
+	}
+	s.lazy = h
+}

@@ -1,0 +1,107 @@
+package window
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// With MaxDefer, a key far below its limit sends its units at most every
+// MaxDefer, one increment for many requests; the same key near its limit
+// sends them at every flush; a deferred unit reaches the store by its due
+// time, and Close sends what still waits.
+func TestDeferredSends(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name     string
+		maxDefer time.Duration
+		limit    uint64
+		// the increments of 100 requests, one every 10 ms, flushed every 5 ms
+		minIncrs, maxIncrs int64
+	}{
+		{"off", 0, 1000, 100, 100},
+		{"far from the limit", 100 * time.Millisecond, 1000, 9, 12},
+		// Sent when this edge's unsent units could fill the room left:
+		// ever more often as it shrinks, at once for the last ones.
+		{"near the limit", 100 * time.Millisecond, 104, 12, 40},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := newSimClock(t0)
+			store := &countingStore{Store: NewMemStore(clock)}
+			l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, MaxDefer: tt.maxDefer})
+			pol := &Policy{Limit: tt.limit, Window: time.Minute}
+			key := uint64(7)
+			// Past the grace in which a window's previous count is read
+			// again at every flush.
+			clock.Add(time.Second)
+			// The key's first replies: a count, then this edge's share.
+			for range 3 {
+				l.Decide(ctx, clock.Now(), pol, key, tt.limit, 1)
+				clock.Add(5 * time.Millisecond)
+				l.Flush(ctx, clock.Now())
+			}
+			base := store.incrs.Load()
+			for k := range 100 {
+				if !l.Decide(ctx, clock.Now(), pol, key, tt.limit, 1).Allowed {
+					t.Fatal("refused within the limit")
+				}
+				if k == 99 && tt.limit == 104 { // room 1: the unit goes at the next flush
+					before := store.incrs.Load()
+					clock.Add(5 * time.Millisecond)
+					l.Flush(ctx, clock.Now())
+					if store.incrs.Load() == before {
+						t.Error("the last unit before the limit waited")
+					}
+					clock.Add(5 * time.Millisecond)
+					l.Flush(ctx, clock.Now())
+					continue
+				}
+				for range 2 {
+					clock.Add(5 * time.Millisecond)
+					l.Flush(ctx, clock.Now())
+				}
+			}
+			if n := store.incrs.Load() - base; n < tt.minIncrs || n > tt.maxIncrs {
+				t.Errorf("%d increments for 100 requests, want %d to %d", n, tt.minIncrs, tt.maxIncrs)
+			}
+			// Nothing waits longer than MaxDefer: the store holds every unit
+			// once that long has passed.
+			clock.Add(tt.maxDefer + 5*time.Millisecond)
+			l.Flush(ctx, clock.Now())
+			ops := []Op{{Key: key, Start: windowStart(clock.Now().UnixNano(), int64(time.Minute)) / 1e6}}
+			store.Do(ctx, ops)
+			if ops[0].Value != 103 {
+				t.Errorf("the store counts %d after MaxDefer, want 103", ops[0].Value)
+			}
+		})
+	}
+}
+
+// A last flush sends the units that wait.
+func TestCloseSendsDeferredUnits(t *testing.T) {
+	ctx := context.Background()
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	l, err := New(Config{FlushInterval: 5 * time.Millisecond, MaxDefer: time.Second, Clock: clock}, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := &Policy{Limit: 1000, Window: time.Minute}
+	for range 3 {
+		l.Decide(ctx, clock.Now(), pol, 9, 1000, 1)
+		clock.Add(5 * time.Millisecond)
+		l.Flush(ctx, clock.Now())
+	}
+	for range 10 {
+		l.Decide(ctx, clock.Now(), pol, 9, 1000, 1)
+	}
+	l.Flush(ctx, clock.Now())
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ops := []Op{{Key: 9, Start: windowStart(clock.Now().UnixNano(), int64(time.Minute)) / 1e6}}
+	store.Do(ctx, ops)
+	if ops[0].Value != 13 {
+		t.Errorf("the store counts %d after Close, want 13", ops[0].Value)
+	}
+}
