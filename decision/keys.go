@@ -53,7 +53,7 @@ func KeyAddr(r *rules.Rule, ip netip.Addr) netip.Addr {
 
 // FallbackKeyTag starts a key built from the client IP because the rule's
 // own key was missing. No key built from the request itself starts with a
-// NUL byte (see AppendKey), so a fallback key never equals one.
+// NUL byte (see AppendKeyStatus), so a fallback key never equals one.
 const FallbackKeyTag = "\x00ip\x00"
 
 // AppendFallbackKey appends the key of a request whose rule's key is
@@ -71,16 +71,6 @@ const (
 	KeyMissing             // a part of the recipe is absent or empty
 	KeyDuplicate           // a part appears more than once and the rule's duplicate_key is refuse
 )
-
-// AppendKey appends the key of a request with fields f (nil: none) from
-// client ip under rule r to dst (see AppendKeyStatus). ok is false when no
-// key was built: a part of the recipe is missing, or appears more than
-// once under duplicate_key: refuse. It does not allocate once dst has
-// room.
-func AppendKey(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []byte, ok bool) {
-	dst, st := AppendKeyStatus(dst, f, r, ip)
-	return dst, st == KeyBuilt
-}
 
 // AppendKeyStatus appends the key of a request with fields f (nil: none)
 // from client ip under rule r to dst, and says whether it built one. A

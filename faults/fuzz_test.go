@@ -38,8 +38,8 @@ rules:
 //
 //   - the handler answers 200, 400 or 429, never panics (its guard would
 //     answer 500 and count it);
-//   - AppendKey gives back exactly the header's bytes as the key, or reports
-//     it missing when the header is empty;
+//   - AppendKeyStatus gives back exactly the header's bytes as the key, or
+//     reports it missing when the header is empty;
 //   - a client address that parses is one key whatever its spelling: the
 //     request again with the address in canonical form is refused by the
 //     rule of limit 1.
@@ -102,9 +102,9 @@ func FuzzHostileRequestKey(f *testing.F) {
 		if len(v) > 0 && v[0] <= 0x01 {
 			want = append([]byte{0x01}, v...)
 		}
-		k, ok := decision.AppendKey(nil, httpedge.FastFields(req), keyRule, netip.MustParseAddr("192.0.2.1"))
-		if ok != (len(v) > 0) || ok && !bytes.Equal(k, want) {
-			t.Fatalf("key %q: AppendKey = %q, %v; the header holds %q, want %q", key, k, ok, v, want)
+		k, st := decision.AppendKeyStatus(nil, httpedge.FastFields(req), keyRule, netip.MustParseAddr("192.0.2.1"))
+		if ok := st == decision.KeyBuilt; ok != (len(v) > 0) || ok && !bytes.Equal(k, want) {
+			t.Fatalf("key %q: AppendKeyStatus = %q, status %d; the header holds %q, want %q", key, k, st, v, want)
 		}
 		// One client, one key, whatever the spelling of its address.
 		a, err := netip.ParseAddr(strings.TrimSpace(xff))

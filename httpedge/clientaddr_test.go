@@ -189,9 +189,9 @@ rules:
 	var req fasthttp.Request
 	req.Header.Set("X-K", "k")
 	key := func(r *rules.Rule, ip netip.Addr) string {
-		k, ok := decision.AppendKey(nil, fastFields{&req}, r, ip)
-		if !ok {
-			t.Fatalf("AppendKey(%s, %s) missing", r.Name, ip)
+		k, st := decision.AppendKeyStatus(nil, fastFields{&req}, r, ip)
+		if st != decision.KeyBuilt {
+			t.Fatalf("AppendKeyStatus(%s, %s): status %d, want %d", r.Name, ip, st, decision.KeyBuilt)
 		}
 		return string(k)
 	}

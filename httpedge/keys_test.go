@@ -44,9 +44,9 @@ rules:
 	}
 	for _, tt := range tests {
 		for _, r := range rs.Rules {
-			got, ok := decision.AppendKey(nil, nil, r, netip.MustParseAddr(tt.addr))
-			if !ok || string(got) != tt.want {
-				t.Errorf("rule %s, client %s: key %q, %v; want %q", r.Name, tt.addr, got, ok, tt.want)
+			got, st := decision.AppendKeyStatus(nil, nil, r, netip.MustParseAddr(tt.addr))
+			if st != decision.KeyBuilt || string(got) != tt.want {
+				t.Errorf("rule %s, client %s: key %q, status %d; want %q, %d", r.Name, tt.addr, got, st, tt.want, decision.KeyBuilt)
 			}
 			if fb := decision.AppendFallbackKey(nil, r, netip.MustParseAddr(tt.addr)); string(fb) != decision.FallbackKeyTag+tt.want {
 				t.Errorf("rule %s, client %s: fallback key %q, want %q", r.Name, tt.addr, fb, decision.FallbackKeyTag+tt.want)
@@ -63,7 +63,7 @@ rules:
 		{"64:ff9b::1:c000:201", "64:ff9b::"},
 		{"64:ff9b:2::c000:201", "64:ff9b:2::"},
 	} {
-		got, _ := decision.AppendKey(nil, nil, rs.Rules[0], netip.MustParseAddr(tt.addr))
+		got, _ := decision.AppendKeyStatus(nil, nil, rs.Rules[0], netip.MustParseAddr(tt.addr))
 		if string(got) != tt.want {
 			t.Errorf("client %s: key %q, want %q", tt.addr, got, tt.want)
 		}
@@ -80,7 +80,7 @@ func FuzzKeyAddr(f *testing.F) {
 	rs := keyRules(f, "rules: [{name: net64, limit: 1, window: 1m}]")
 	r := rs.Rules[0]
 	key := func(a netip.Addr) string {
-		k, _ := decision.AppendKey(nil, nil, r, a)
+		k, _ := decision.AppendKeyStatus(nil, nil, r, a)
 		return string(k)
 	}
 	f.Fuzz(func(t *testing.T, a4, b4, raw []byte) {
@@ -160,9 +160,6 @@ rules:
 		got, st := decision.AppendKeyStatus(nil, reqFields(t, tt.head), r, netip.MustParseAddr("192.0.2.1"))
 		if st != tt.st || st == decision.KeyBuilt && string(got) != tt.want {
 			t.Errorf("rule %s, %q: key %q, status %d; want %q, %d", tt.rule, tt.head, got, st, tt.want, tt.st)
-		}
-		if _, ok := decision.AppendKey(nil, reqFields(t, tt.head), r, netip.MustParseAddr("192.0.2.1")); ok != (tt.st == decision.KeyBuilt) {
-			t.Errorf("rule %s, %q: AppendKey ok = %v, want %v", tt.rule, tt.head, ok, tt.st == decision.KeyBuilt)
 		}
 	}
 }

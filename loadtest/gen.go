@@ -94,13 +94,6 @@ func permute(i, seed uint64, bits int) uint64 {
 	return (i*0x9e3779b97f4a7c15 + seed) & mask // odd multiplier: a bijection mod 2^bits
 }
 
-func checkPrefix(gen string, p netip.Prefix) error {
-	if !p.IsValid() {
-		return fmt.Errorf("loadtest: %s: Prefix %v: not a valid prefix", gen, p)
-	}
-	return nil
-}
-
 func checkRate(gen, field string, v float64) error {
 	if !(v > 0) || math.IsInf(v, 0) || v > 1e7 {
 		return fmt.Errorf("loadtest: %s: %s %v: must be above 0 and at most 10,000,000 per second", gen, field, v)

@@ -108,8 +108,6 @@ const (
 // fieldError is a parse failure of one line, before its number is known.
 type fieldError struct{ reason, detail string }
 
-func (e *fieldError) Error() string { return e.reason + ": " + e.detail }
-
 func badf(reason, format string, args ...any) *fieldError {
 	return &fieldError{reason, fmt.Sprintf(format, args...)}
 }
@@ -444,9 +442,6 @@ func (rd *Reader) Next() (Request, error) {
 		return r, nil
 	}
 }
-
-// Line returns the number of the line last read.
-func (rd *Reader) Line() int { return rd.lr.line }
 
 // All returns the rest of the trace as a Trace, which can be ranged over once.
 func (rd *Reader) All() Trace {

@@ -12,9 +12,10 @@
 // the action, the cost, the estimate the edge decided on, the decision and
 // mode, and whether the block cache, a shadow rule, the failure policy or
 // a leaky-bucket queue (with its delay) decided it. AppendEvent,
-// DecodeEvent, AppendFrame and DecodeFrame are canonical (decoding and
-// re-encoding reproduces the input), refuse what they do not understand
-// with an error, never a panic, and bound an event at MaxEventLen bytes.
+// DecodeEvent, DecodeFrame and the Producer's frames are canonical
+// (decoding and re-encoding reproduces the input); AppendEvent and the
+// decoders refuse what they do not understand with an error, never a
+// panic, and bound an event at MaxEventLen bytes.
 // FORMAT.md, beside this file, gives the byte layouts, the partitioning
 // (all events of a key in one partition, in the order one edge emitted
 // them) and the frame numbering.

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log"
@@ -48,6 +49,9 @@ func ExampleDecodeEvent() {
 
 // A frame carries many events of one edge, numbered in its (edge,
 // partition) stream; a consumer reads its header and its events at once.
+// Here a frame is written by hand, as FORMAT.md lays it out: the header
+// (format byte, edge, number, event count), then each event after its
+// length.
 func ExampleDecodeFrame() {
 	evs := []pipeline.Event{
 		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: pipeline.Allowed},
@@ -55,9 +59,13 @@ func ExampleDecodeFrame() {
 		{Edge: 4, Rule: []byte("upload"), KeyHash: 2, Limit: 5, Burst: 20, Algorithm: pipeline.AlgorithmLeakyBucket,
 			Delayed: true, DelayMicros: 1500},
 	}
-	b, err := pipeline.AppendFrame(nil, 4, 41, evs)
-	if err != nil {
-		log.Fatal(err)
+	b := []byte{0x80 | pipeline.FrameVersion, 0, 4, 0, 0, 0, 0, 0, 0, 0, 41, 0, byte(len(evs))}
+	for i := range evs {
+		b = binary.AppendUvarint(b, uint64(pipeline.EncodedLen(&evs[i])))
+		var err error
+		if b, err = pipeline.AppendEvent(b, &evs[i]); err != nil {
+			log.Fatal(err)
+		}
 	}
 	var h pipeline.FrameHeader
 	got, err := pipeline.DecodeFrame(b, &h, nil)

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 )
 
-// FrameVersion is the frame format version that AppendFrame writes and
+// FrameVersion is the frame format version that a Producer writes and
 // DecodeFrame reads. A frame's first byte is frameTag | FrameVersion (0x81),
 // a value no event version takes (events are numbered from 1 to 127), so a
 // reader tells a frame from a single event by its first byte.
@@ -37,34 +37,6 @@ type FrameHeader struct {
 	Seq uint64
 	// Count is the number of events, 1 to MaxFrameEvents.
 	Count int
-}
-
-// AppendFrame appends to dst a frame numbered seq that holds events, all of
-// edge edge, in order, and returns the extended buffer. It returns dst
-// unchanged with ErrMalformed if events is empty or longer than
-// MaxFrameEvents or holds an event of another edge, and with the error of
-// AppendEvent for an event AppendEvent rejects. It allocates only if dst
-// lacks the capacity.
-//
-// The encoding is canonical: DecodeFrame accepts exactly what AppendFrame
-// writes, and re-encoding a decoded frame reproduces its bytes.
-func AppendFrame(dst []byte, edge uint16, seq uint64, events []Event) ([]byte, error) {
-	if len(events) == 0 || len(events) > MaxFrameEvents {
-		return dst, ErrMalformed
-	}
-	for i := range events {
-		if err := events[i].check(); err != nil {
-			return dst, err
-		}
-		if events[i].Edge != edge {
-			return dst, ErrMalformed
-		}
-	}
-	dst = appendFrameHeader(dst, edge, seq, len(events))
-	for i := range events {
-		dst = appendFramedEvent(dst, &events[i], EncodedLen(&events[i]))
-	}
-	return dst, nil
 }
 
 func appendFrameHeader(dst []byte, edge uint16, seq uint64, count int) []byte {

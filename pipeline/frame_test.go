@@ -27,13 +27,16 @@ func frameEvents(edge uint16) []pipeline.Event {
 	return evs
 }
 
+// mustFrame returns the frame the producer seals of evs, events of edge,
+// numbered seq.
 func mustFrame(t testing.TB, edge uint16, seq uint64, evs []pipeline.Event) []byte {
 	t.Helper()
-	b, err := pipeline.AppendFrame(nil, edge, seq, evs)
-	if err != nil {
-		t.Fatal(err)
+	for i := range evs {
+		if evs[i].Edge != edge {
+			t.Fatalf("mustFrame: event %d of edge %d, want edge %d", i, evs[i].Edge, edge)
+		}
 	}
-	return b
+	return pipeline.SealFrame(t, seq, evs)
 }
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -50,14 +53,7 @@ func TestFrameRoundTrip(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := pipeline.AppendFrame([]byte("prefix"), tt.edge, tt.seq, tt.evs)
-			if err != nil {
-				t.Fatalf("AppendFrame: got %v, want nil", err)
-			}
-			if !bytes.HasPrefix(b, []byte("prefix")) {
-				t.Fatalf("AppendFrame overwrote dst: got %q", b[:6])
-			}
-			b = b[len("prefix"):]
+			b := mustFrame(t, tt.edge, tt.seq, tt.evs)
 			if !pipeline.IsFrame(b) {
 				t.Errorf("IsFrame: got false, want true")
 			}
@@ -96,35 +92,6 @@ func TestFrameLayout(t *testing.T) {
 	}
 	if got, want := len(b), pipeline.FrameHeaderLen+2*(1+len(ev)); got != want {
 		t.Errorf("length: got %d, want %d", got, want)
-	}
-}
-
-func TestAppendFrameErrors(t *testing.T) {
-	ok := pipeline.Event{Edge: 1}
-	tests := []struct {
-		name string
-		evs  []pipeline.Event
-		want error
-	}{
-		{"no events", nil, pipeline.ErrMalformed},
-		{"too many events", make([]pipeline.Event, pipeline.MaxFrameEvents+1), pipeline.ErrMalformed},
-		{"another edge", []pipeline.Event{ok, {Edge: 2}}, pipeline.ErrMalformed},
-		{"bad event", []pipeline.Event{ok, {Edge: 1, Decision: 5}}, pipeline.ErrMalformed},
-		{"rule too long", []pipeline.Event{{Edge: 1, Rule: make([]byte, 256)}}, pipeline.ErrRuleTooLong},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := pipeline.AppendFrame([]byte("x"), 1, 0, tt.evs)
-			if !errors.Is(err, tt.want) {
-				t.Errorf("error: got %v, want %v", err, tt.want)
-			}
-			if string(got) != "x" {
-				t.Errorf("dst: got %q, want it unchanged %q", got, "x")
-			}
-		})
-	}
-	if b, err := pipeline.AppendFrame(nil, 0, 0, make([]pipeline.Event, pipeline.MaxFrameEvents)); err != nil || len(b) == 0 {
-		t.Errorf("AppendFrame of MaxFrameEvents events: got %d bytes, %v; want a frame", len(b), err)
 	}
 }
 
@@ -215,12 +182,7 @@ func TestIsFrame(t *testing.T) {
 
 func TestFrameAllocs(t *testing.T) {
 	evs := frameEvents(1)
-	buf := make([]byte, 0, 64<<10)
-	if got := testing.AllocsPerRun(100, func() {
-		buf, _ = pipeline.AppendFrame(buf[:0], 1, 2, evs)
-	}); got != 0 {
-		t.Errorf("AppendFrame allocs: got %v, want 0", got)
-	}
+	buf := mustFrame(t, 1, 2, evs)
 	var h pipeline.FrameHeader
 	dst := make([]pipeline.Event, 0, len(evs))
 	if got := testing.AllocsPerRun(100, func() {
@@ -277,11 +239,7 @@ func FuzzDecodeFrame(f *testing.F) {
 		if !pipeline.IsFrame(b) || h.Count != len(got)-1 || h.Count < 1 {
 			t.Fatalf("DecodeFrame(%x): got header %+v and %d events", b, h, len(got)-1)
 		}
-		enc, err := pipeline.AppendFrame(nil, h.Edge, h.Seq, got[1:])
-		if err != nil {
-			t.Fatalf("AppendFrame of a decoded frame: got %v, want nil", err)
-		}
-		if !bytes.Equal(enc, b) {
+		if enc := mustFrame(t, h.Edge, h.Seq, got[1:]); !bytes.Equal(enc, b) {
 			t.Fatalf("re-encoding: got %x, want the input %x (the encoding is canonical)", enc, b)
 		}
 	})

@@ -31,12 +31,10 @@ const writerLinger = time.Millisecond
 // Writer. Emit and Close are safe for concurrent use. The zero value is not
 // usable: build one with NewProducer.
 type Producer struct {
-	cfg         ProducerConfig
-	queue       *eventRing
-	sampleAll   bool
-	sampleBelow uint64 // with !sampleAll, keep a key iff mix64(KeyHash) < sampleBelow
-	syncBudget  time.Duration
-	m           producerMetrics
+	cfg        ProducerConfig
+	queue      *eventRing
+	syncBudget time.Duration
+	m          producerMetrics
 
 	w        *kafka.Writer
 	tr       *kafka.Transport
@@ -119,10 +117,6 @@ func newProducer(cfg ProducerConfig, reg prometheus.Registerer) (*Producer, erro
 	for 2*p.wakeEvery <= uint64(p.wakeAt)/4 && p.wakeEvery < 64 {
 		p.wakeEvery *= 2
 	}
-	p.sampleAll = cfg.SampleRate >= 1
-	if !p.sampleAll {
-		p.sampleBelow = uint64(cfg.SampleRate * (1 << 64))
-	}
 	linger := min(cfg.BatchTimeout, writerLinger)
 	// A sync write must not time out once kafka-go has taken its frames:
 	// give it the metadata lookup, the linger and every attempt with its
@@ -192,7 +186,7 @@ func (p *Producer) Emit(e *Event) bool {
 		p.m.droppedInvalid.Inc()
 		return false
 	}
-	if !p.sampleAll && mix64(e.KeyHash) >= p.sampleBelow {
+	if !SampleKey(e.KeyHash, p.cfg.SampleRate) {
 		p.m.sampledOut.Inc()
 		return false
 	}

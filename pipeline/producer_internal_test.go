@@ -57,7 +57,7 @@ func TestEmitAllocs(t *testing.T) {
 	if got := testing.AllocsPerRun(1000, func() { p.Emit(&kept) }); got != 0 {
 		t.Errorf("queue full: Emit allocs: got %v, want 0", got)
 	}
-	if got, want := p.queue.len(), p.queue.capacity(); got != want {
+	if got, want := p.queue.len(), len(p.queue.cells); got != want {
 		t.Errorf("queue length: got %d, want %d (full)", got, want)
 	}
 	if got := testutil.ToFloat64(p.m.droppedFull); got < 1000 {

@@ -82,6 +82,3 @@ func (r *eventRing) len() int {
 	head := r.head.Load()
 	return int(r.tail.Load() - head)
 }
-
-// capacity returns the most events the ring holds.
-func (r *eventRing) capacity() int { return len(r.cells) }

@@ -13,7 +13,7 @@ func TestEventRingSequential(t *testing.T) {
 		for size < n {
 			size <<= 1
 		}
-		if got := r.capacity(); got != size {
+		if got := len(r.cells); got != size {
 			t.Errorf("capacity of a ring of %d: got %d, want %d", n, got, size)
 		}
 		for lap := range 3 { // the positions wrap around the cells

@@ -202,12 +202,6 @@ func nameOr(s, def string) string {
 	return s
 }
 
-// Addr returns the HTTP listener's address.
-func (a *aggregator) Addr() string { return a.ln.Addr().String() }
-
-// Brokers returns the brokers the consumer reads from.
-func (a *aggregator) Brokers() []string { return a.brokers }
-
 // Failed delivers the consumer's error if it stops by itself.
 func (a *aggregator) Failed() <-chan error { return a.failed }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -68,6 +69,12 @@ func startAggregator(t testing.TB, cfg config) *aggregator {
 	t.Cleanup(func() { stopAggregator(t, a) })
 	return a
 }
+
+// Addr returns the HTTP listener's address.
+func (a *aggregator) Addr() string { return a.ln.Addr().String() }
+
+// Brokers returns the brokers the consumer reads from.
+func (a *aggregator) Brokers() []string { return a.brokers }
 
 type testWriter struct{ t testing.TB }
 
@@ -288,6 +295,18 @@ func TestKnownAnswer(t *testing.T) {
 	}
 }
 
+// frameOf returns a frame of the one event e, numbered seq, laid out as
+// pipeline/FORMAT.md says (what a Producer writes), so that a test can send
+// one frame twice as a retried write does.
+func frameOf(e *pipeline.Event, seq uint64) ([]byte, error) {
+	b := []byte{0x80 | pipeline.FrameVersion}
+	b = binary.BigEndian.AppendUint16(b, e.Edge)
+	b = binary.BigEndian.AppendUint64(b, seq)
+	b = binary.BigEndian.AppendUint16(b, 1)
+	b = binary.AppendUvarint(b, uint64(pipeline.EncodedLen(e)))
+	return pipeline.AppendEvent(b, e)
+}
+
 // TestCopiesJudgedOnce writes every event of the known trace twice, as
 // copies arrive: half as a single-event message sent twice (a producer
 // from before frames), which the judge's fingerprint drops, and half as a
@@ -318,7 +337,7 @@ func TestCopiesJudgedOnce(t *testing.T) {
 			singles++
 		} else {
 			seq[e.Edge]++
-			v, err = pipeline.AppendFrame(nil, e.Edge, seq[e.Edge], []pipeline.Event{*e})
+			v, err = frameOf(e, seq[e.Edge])
 			frames++
 		}
 		if err != nil {

@@ -24,9 +24,8 @@
 // Config.Lookup returns the Match of a descriptor: its Limit, every
 // extension resolved, and the keys ratelimit names it by (its counter,
 // AppendCounterKey; ratelimit's cache key, AppendCacheKey; its stats key,
-// AppendStatsKey); ApplyReplaces applies replaces across one request's
-// descriptors. Lookup allocates nothing for
-// descriptors of up to 8 entries of up to 256 bytes each.
+// AppendStatsKey). Lookup allocates nothing for descriptors of up to 8
+// entries of up to 256 bytes each.
 //
 // LoadRules (and Config.Rules) turns the files into a *rules.Rules the
 // decision core runs: one rule per counted limit, named by its FullKey so

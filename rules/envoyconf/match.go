@@ -85,9 +85,6 @@ type Match struct {
 	// Limit is the rate limit that applies; nil when none does. It may be
 	// Unlimited. Shared and read only.
 	Limit *Limit
-	// Replaced is set by ApplyReplaces when another descriptor of the same
-	// request replaces Limit (by its name).
-	Replaced bool
 
 	domain   string
 	entries  []Entry
@@ -378,32 +375,4 @@ func (m *Match) AppendStatsKey(dst []byte) []byte {
 		}
 	}
 	return dst
-}
-
-// ApplyReplaces applies the replaces of one request's descriptors, as
-// ratelimit's constructLimitsToCheck does (src/service/ratelimit.go): every
-// name that a found Limit replaces (unlimited ones and replaced ones
-// included) marks Replaced on every Match whose Limit has that name. A
-// replaced limit is neither checked nor counted; an unlimited one still
-// answers OK (see SERVICE.md). It does not allocate.
-func ApplyReplaces(ms []Match) {
-	for i := range ms {
-		l := ms[i].Limit
-		if l == nil || l.Name == "" {
-			continue
-		}
-	search:
-		for j := range ms {
-			r := ms[j].Limit
-			if r == nil {
-				continue
-			}
-			for _, name := range r.Replaces {
-				if name == l.Name {
-					ms[i].Replaced = true
-					break search
-				}
-			}
-		}
-	}
 }

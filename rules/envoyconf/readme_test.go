@@ -76,31 +76,6 @@ func TestReadmeExample7(t *testing.T) {
 	two := es("key_2", "value_2", "user", "bkthomps")
 	checkAnswer(t, c, "example7", one, answer{found: true, rpu: 5, unit: Second, name: "specific_limit"})
 	checkAnswer(t, c, "example7", two, answer{found: true, rpu: 10, unit: Second})
-
-	tests := []struct {
-		name     string
-		request  [][]Entry
-		replaced []bool
-	}{
-		{"key_1 alone: 5/s", [][]Entry{one}, []bool{false}},
-		{"key_2 alone: 10/s", [][]Entry{two}, []bool{false}},
-		{"both: the 10/s replaces the 5/s", [][]Entry{one, two}, []bool{true, false}},
-		{"both, other order", [][]Entry{two, one}, []bool{false, true}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ms := make([]Match, len(tt.request))
-			for i, d := range tt.request {
-				ms[i] = c.Lookup("example7", d)
-			}
-			ApplyReplaces(ms)
-			for i := range ms {
-				if got := ms[i].Replaced; got != tt.replaced[i] {
-					t.Errorf("descriptor %d: Replaced = %v, want %v", i, got, tt.replaced[i])
-				}
-			}
-		})
-	}
 }
 
 func TestReadmeExample8(t *testing.T) {

@@ -145,12 +145,7 @@ func Stamp(path string) string {
 // with Config.Rules: the edge's loader calls it for envoyproxy/ratelimit
 // files (IsEnvoy).
 func LoadRules(files map[string][]byte) (*rules.Rules, error) {
-	return Loader{}.LoadRules(files)
-}
-
-// LoadRules loads files with l and converts them with Config.Rules.
-func (l Loader) LoadRules(files map[string][]byte) (*rules.Rules, error) {
-	c, err := l.Load(files)
+	c, err := Load(files)
 	if err != nil {
 		return nil, err
 	}

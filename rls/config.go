@@ -1,0 +1,95 @@
+package rls
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The values of Config.Headers.
+const (
+	HeadersDraft     = "draft"     // RateLimit-Policy, RateLimit, Retry-After (draft-ietf-httpapi-ratelimit-headers)
+	HeadersRatelimit = "ratelimit" // envoyproxy/ratelimit's RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset
+	HeadersNone      = "none"
+)
+
+// Config configures a Service. The zero value of each field means the
+// default written beside it; validate reports every bad field.
+type Config struct {
+	// Headers says what response_headers_to_add carries, for the
+	// descriptor envoyproxy/ratelimit would choose (the last one over its
+	// limit, else the one with the least remaining):
+	//   - "draft" (default): RateLimit-Policy ("name";q=100;w=60) and
+	//     RateLimit ("name";r=5;t=30) of draft-ietf-httpapi-ratelimit-headers
+	//     (-09 to -11 agree on these parameters), and Retry-After (seconds,
+	//     never before the release nor the RateLimit t) when the answer is
+	//     OVER_LIMIT;
+	//   - "ratelimit": RateLimit-Limit, RateLimit-Remaining and
+	//     RateLimit-Reset, as ratelimit writes them with
+	//     LIMIT_RESPONSE_HEADERS_ENABLED;
+	//   - "none": nothing, ratelimit's default.
+	Headers string
+	// ShadowMode answers OK whatever the descriptors say (ratelimit's
+	// SHADOW_MODE); the statuses keep their codes. Default false.
+	ShadowMode bool
+	// QuotaMode puts every descriptor in quota mode (ratelimit's
+	// QUOTA_MODE): the answer is OVER_LIMIT only when all of them are.
+	// Default false.
+	QuotaMode bool
+	// RetryJitter is the most random seconds added to Retry-After, so that
+	// refused clients do not all return at once. Default 0: none.
+	RetryJitter time.Duration
+	// MaxDescriptors bounds the descriptors of one request, and so the
+	// working memory pooled per request; a request with more is refused
+	// with an error (ratelimit has no bound). Default 256, at most 65536.
+	MaxDescriptors int
+	// Reflection registers the gRPC server reflection service (grpcurl
+	// and the like). Default false.
+	Reflection bool
+	// Ready reports whether the edge should receive traffic (Server.Ready);
+	// the standard health service (grpc.health.v1) says SERVING while it
+	// does and the rules in force came from envoyproxy/ratelimit files.
+	// Default: always ready.
+	Ready func() bool
+	// HealthInterval is how often Ready is asked. Default 1s, at most 1m.
+	HealthInterval time.Duration
+	// Now is the service's clock. Default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Headers == "" {
+		c.Headers = HeadersDraft
+	}
+	if c.MaxDescriptors == 0 {
+		c.MaxDescriptors = 256
+	}
+	if c.Ready == nil {
+		c.Ready = func() bool { return true }
+	}
+	if c.HealthInterval == 0 {
+		c.HealthInterval = time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+func (c Config) validate() error {
+	var errs []error
+	switch c.Headers {
+	case "", HeadersDraft, HeadersRatelimit, HeadersNone:
+	default:
+		errs = append(errs, fmt.Errorf("rls: Config.Headers %q: must be draft, ratelimit or none", c.Headers))
+	}
+	if c.RetryJitter < 0 || c.RetryJitter > time.Hour {
+		errs = append(errs, fmt.Errorf("rls: Config.RetryJitter %v: must be between 0 and 1h", c.RetryJitter))
+	}
+	if c.MaxDescriptors < 0 || c.MaxDescriptors > 1<<16 {
+		errs = append(errs, fmt.Errorf("rls: Config.MaxDescriptors %d: must be between 0 (default 256) and 65536", c.MaxDescriptors))
+	}
+	if c.HealthInterval < 0 || c.HealthInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("rls: Config.HealthInterval %v: must be between 0 (default 1s) and 1m", c.HealthInterval))
+	}
+	return errors.Join(errs...)
+}
