@@ -177,6 +177,7 @@ type Edge struct {
 	RLS      *rls.Service // Envoy's rate limit service; nil without RLSListen
 	Registry Registry
 
+	store    window.Store       // the shared store the core decides over
 	memcache *shardproxy.Client // nil without Memcache servers
 	producer *pipeline.Producer // nil without Brokers
 	closers  []func(context.Context) error
@@ -220,7 +221,6 @@ func Build(o Options) (e *Edge, err error) {
 	}
 	reg := e.Registry
 	store := o.Store
-	var healthy func() bool
 	if store == nil && len(o.Redis.Addrs) > 0 && len(o.Memcache.Servers) > 0 {
 		return e, errors.New("edge: Memcache and Redis: one shared store, not both")
 	}
@@ -230,7 +230,7 @@ func Build(o Options) (e *Edge, err error) {
 			return e, err
 		}
 		e.closers = append(e.closers, func(context.Context) error { rs.Close(); return nil })
-		store, healthy = rs, rs.Healthy
+		store = rs
 	}
 	if store == nil && len(o.Memcache.Servers) > 0 {
 		if e.memcache, err = shardproxy.New(o.Memcache, reg); err != nil {
@@ -241,7 +241,7 @@ func Build(o Options) (e *Edge, err error) {
 		if err != nil {
 			return e, err
 		}
-		store, healthy = ms, ms.Healthy
+		store = ms
 	}
 	if store == nil {
 		store = window.NewMemStore(nil)
@@ -261,13 +261,17 @@ func Build(o Options) (e *Edge, err error) {
 		e.closers = append(e.closers, e.producer.Close)
 		events = e.producer
 	}
+	e.store = store
+	if err := e.registerReady(reg); err != nil {
+		return e, err
+	}
 	st, err := NewStack(o, rs, StackDeps{Store: store, Blocks: e.Blocks, Events: events, Registerer: reg})
 	if err != nil {
 		return e, err
 	}
 	e.closers = append(e.closers, st.Close) // a last flush
 	e.Limiter, e.Slots, e.Core = st.Limiter, st.Slots, st.Core
-	if e.Server, err = httpedge.NewServer(o.Server, e.Core, httpedge.Deps{StoreHealthy: healthy, Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew}); err != nil {
+	if e.Server, err = httpedge.NewServer(o.Server, e.Core, httpedge.Deps{Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew}); err != nil {
 		return e, err
 	}
 	if e.reload, err = newReloader(reg); err != nil {
@@ -277,7 +281,7 @@ func Build(o Options) (e *Edge, err error) {
 	if o.RLSListen != "" {
 		rc := o.RLS
 		if rc.Ready == nil {
-			rc.Ready = e.Server.Ready
+			rc.Ready = e.Ready
 		}
 		e.RLS, err = rls.New(e.Core, rc, o.Logger, reg)
 	}
@@ -304,7 +308,7 @@ func (e *Edge) Listen() error {
 		}
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", e.Server.AdminHandler(e.Registry))
+	mux.Handle("/", e.adminHandler())
 	if e.Options.Pprof {
 		mux.Handle("/debug/pprof/", bearer(e.Options.PprofToken, http.HandlerFunc(pprof.Index)))
 		mux.Handle("/debug/pprof/profile", bearer(e.Options.PprofToken, http.HandlerFunc(pprof.Profile)))

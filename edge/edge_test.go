@@ -357,7 +357,7 @@ rules:
 	// The edge learns that the store died from its own traffic: the
 	// flushes of these fail, and the shard is ejected.
 	deadline := time.Now().Add(3 * time.Second)
-	for e.srv.Ready() && time.Now().Before(deadline) {
+	for e.Ready() && time.Now().Before(deadline) {
 		get(t, e.addr, "/open")
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -374,7 +374,7 @@ rules:
 			t.Errorf("%s took %v with the store down", tc.path, d)
 		}
 	}
-	if e.srv.Ready() {
+	if e.Ready() {
 		t.Error("ready with the store down and fail-closed rules")
 	}
 }

@@ -1,10 +1,7 @@
 package httpedge
 
 import (
-	"net/http"
-
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 const namespace, subsystem = "poplimit", "edge"
@@ -33,33 +30,10 @@ func newServerMetrics(reg prometheus.Registerer, s *Server) (*serverMetrics, err
 	if reg == nil {
 		return m, nil
 	}
-	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
-		Name: "ready", Help: "1 when the edge is ready for traffic."}, func() float64 {
-		if s.Ready() {
-			return 1
-		}
-		return 0
-	})
-	for _, c := range []prometheus.Collector{m.panics, upstream, m.tlsReloads, ready} {
+	for _, c := range []prometheus.Collector{m.panics, upstream, m.tlsReloads} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
-}
-
-// AdminHandler serves /metrics from gatherer, /healthz (the process is up)
-// and /readyz (Ready) for the admin listener.
-func (s *Server) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.Ready() {
-			http.Error(w, "not ready: the store is unreachable and a rule fails closed", http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
-	return mux
 }

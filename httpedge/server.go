@@ -24,11 +24,8 @@ import (
 
 // Deps are the parts a Server uses besides its Core.
 type Deps struct {
-	// StoreHealthy reports whether the shared store is reachable; nil means
-	// always. Readiness turns false when it is not and a rule fails closed.
-	StoreHealthy func() bool
-	Logger       *slog.Logger          // default slog.Default()
-	Registerer   prometheus.Registerer // nil: no metrics registered
+	Logger     *slog.Logger          // default slog.Default()
+	Registerer prometheus.Registerer // nil: no metrics registered
 	// ClockSkew is added to the wall clock, to test what skewed edges do.
 	ClockSkew time.Duration
 }
@@ -322,15 +319,6 @@ func StripPrefix(path []byte, prefix string) []byte {
 		return path
 	}
 	return rest
-}
-
-// Ready reports whether the edge should receive traffic: not when a rule
-// fails closed and the store is unreachable.
-func (s *Server) Ready() bool {
-	if s.deps.StoreHealthy == nil {
-		return true
-	}
-	return !s.core.FailsClosed() || s.deps.StoreHealthy()
 }
 
 // authorized reports whether the request carries the decision endpoint's

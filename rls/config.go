@@ -46,7 +46,7 @@ type Config struct {
 	// Reflection registers the gRPC server reflection service (grpcurl
 	// and the like). Default false.
 	Reflection bool
-	// Ready reports whether the edge should receive traffic (Server.Ready);
+	// Ready reports whether the edge should receive traffic (edge.Edge.Ready);
 	// the standard health service (grpc.health.v1) says SERVING while it
 	// does and the rules in force came from envoyproxy/ratelimit files.
 	// Default: always ready.
