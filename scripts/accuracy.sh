@@ -19,12 +19,23 @@
 # 100 per 10 s per client IP (buckets: rate 100 per 10 s, burst 100), throttle,
 # flush interval 5 ms.
 #
-# usage: scripts/accuracy.sh [-rate R] [-duration D] [-algorithms "A ..."]
-#          [-modes "async sync"] [-stores "memcached redis"] [-phases "0 2.5s 5s 7.5s"]
-#          [-offline on|off] [-out FILE]
+# The near-limit workload (-workload nearlimit): loadtest gen -kind nearlimit
+# -seed=1 -clients C -limit 100 -window 10s -duration D (a quarter of the
+# clients at 0.9-1.3x their limit, a tenth bursting at 3-8x).
+#
+# -spreads deals the live replay's requests to the edges by client (each
+# client on one edge) and/or round-robin (every client over both edges);
+# -sim on runs the same trace through the two-edge simulator (loadtest
+# offline -edges 2 -spread S -rtt 500us, the edge's own cores in simulated
+# time) beside the live runs, for the sliding window async.
+#
+# usage: scripts/accuracy.sh [-workload mix|nearlimit] [-rate R] [-clients C] [-duration D]
+#          [-algorithms "A ..."] [-modes "async sync"] [-stores "memcached redis"]
+#          [-spreads "by-client round-robin"] [-phases "0 2.5s 5s 7.5s"]
+#          [-offline on|off] [-sim on|off] [-edge-flags "..."] [-sim-flags "..."] [-out FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RATE=500 DUR=20s OFFLINE=on OUT=
+RATE=500 DUR=20s OFFLINE=on OUT= WORKLOAD=mix CLIENTS=200 SPREADS=by-client SIM=off EDGEFLAGS= SIMFLAGS=
 ALGS="sliding_window fixed_window token_bucket leaky_bucket sliding_log"
 MODES="async sync" STORES="memcached redis" PHASES="0 2.5s 5s 7.5s"
 while [ $# -gt 0 ]; do
@@ -33,6 +44,8 @@ while [ $# -gt 0 ]; do
     -algorithms) ALGS=$2; shift 2 ;; -modes) MODES=$2; shift 2 ;;
     -stores) STORES=$2; shift 2 ;; -phases) PHASES=$2; shift 2 ;;
     -offline) OFFLINE=$2; shift 2 ;; -out) OUT=$2; shift 2 ;;
+    -workload) WORKLOAD=$2; shift 2 ;; -clients) CLIENTS=$2; shift 2 ;;
+    -spreads) SPREADS=$2; shift 2 ;; -sim) SIM=$2; shift 2 ;; -edge-flags) EDGEFLAGS=$2; shift 2 ;; -sim-flags) SIMFLAGS=$2; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -51,8 +64,12 @@ for c in edge aggregator loadtest; do go build -o "$tmp/$c" ./cmd/$c; done
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 wait_port() { for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
 
-"$tmp/loadtest" gen -kind mix -seed=1 -rate "$RATE" -clients 2000 -duration "$DUR" -limit 100 -o "$tmp/trace.jsonl"
-echo "accuracy: standard workload: $(wc -l < "$tmp/trace.jsonl") trace lines, mix at $RATE/s for $DUR; phases: $PHASES"
+case $WORKLOAD in
+  mix) "$tmp/loadtest" gen -kind mix -seed=1 -rate "$RATE" -clients 2000 -duration "$DUR" -limit 100 -o "$tmp/trace.jsonl" ;;
+  nearlimit) "$tmp/loadtest" gen -kind nearlimit -seed=1 -clients "$CLIENTS" -limit 100 -window 10s -duration "$DUR" -o "$tmp/trace.jsonl" ;;
+  *) echo "accuracy: unknown workload $WORKLOAD" >&2; exit 2 ;;
+esac
+echo "accuracy: $WORKLOAD workload: $(wc -l < "$tmp/trace.jsonl") trace lines for $DUR; phases: $PHASES; spreads: $SPREADS"
 rules() { # name algorithm mode
   printf 'rules:\n  - name: %s\n    limit: 100\n    window: 10s\n    algorithm: %s\n    mode: %s\n' "$1" "$2" "$3"
   case $2 in token_bucket|leaky_bucket) printf '    burst: 100\n' ;; esac
@@ -67,6 +84,15 @@ if [ "$OFFLINE" = on ]; then
       echo "-- $alg $mode"
       "$tmp/loadtest" offline -judge -phases 4 -rules "$tmp/off.yaml" -trace "$tmp/trace.jsonl" | head -8
     done
+  done
+fi
+
+if [ "$SIM" = on ]; then
+  echo; echo "== 1b. simulated PoP: 2 edges, 0.5 ms round trip, the edges' own cores, sliding window async, 4 phases"
+  rules sim sliding_window async > "$tmp/sim.yaml"
+  for spread in $SPREADS; do
+    echo "-- $spread"
+    "$tmp/loadtest" offline -judge -phases 4 -edges 2 -spread "$spread" -rtt 500us $SIMFLAGS -rules "$tmp/sim.yaml" -trace "$tmp/trace.jsonl" | tail -1
   done
 fi
 
@@ -89,6 +115,7 @@ for store in $STORES; do
   esac
   for alg in $ALGS; do
     for mode in $(modes_of "$alg"); do
+      for spread in $SPREADS; do
       for phase in $PHASES; do
         run=$((run + 1))
         name="r$run-$alg-$mode-$store"
@@ -97,10 +124,10 @@ for store in $STORES; do
         for id in 1 2; do
           e=$(port); a=$(port)
           "$tmp/edge" -listen "127.0.0.1:$e" -admin "127.0.0.1:$a" -edge-id "$id" -rules "$tmp/rules.yaml" \
-            "${storeflag[@]}" -brokers "127.0.0.1:$bp" -trusted-proxies 127.0.0.0/8 -log-level warn & eps+=($!)
+            "${storeflag[@]}" -brokers "127.0.0.1:$bp" -trusted-proxies 127.0.0.0/8 -log-level warn $EDGEFLAGS & eps+=($!)
           wait_port "$e"; targets+=("127.0.0.1:$e"); admins+=("127.0.0.1:$a")
         done
-        "$tmp/loadtest" replay -targets "$(IFS=,; echo "${targets[*]}")" -trace "$tmp/trace.jsonl" -align 10s -phase "$phase" \
+        "$tmp/loadtest" replay -targets "$(IFS=,; echo "${targets[*]}")" -trace "$tmp/trace.jsonl" -spread "$spread" -align 10s -phase "$phase" \
           -aggregator "http://127.0.0.1:$ap/report?flush=1" -aggregator-wait 4s -json > "$tmp/run.json" 2>"$tmp/replay.err"
         ops=0
         for a in "${admins[@]}"; do
@@ -108,7 +135,7 @@ for store in $STORES; do
           ops=$(python3 -c "print($ops + ${n:-0})")
         done
         for p in "${eps[@]}"; do kill "$p"; wait "$p" 2>/dev/null || true; done
-        python3 - "$tmp/run.json" "$name" "$alg" "$mode" "$store" "$phase" "$ops" >> "$results" <<'PY'
+        python3 - "$tmp/run.json" "$name" "$alg" "$mode" "$store/$spread" "$phase" "$ops" >> "$results" <<'PY'
 import json, sys
 rep = json.load(open(sys.argv[1])); name, alg, mode, store, phase, ops = sys.argv[2:8]
 agg = rep.get("aggregator") or {}
@@ -122,6 +149,7 @@ print("\t".join(str(x) for x in [alg, mode, store, phase, t["decisions"], t["wro
 PY
         tail -1 "$results" | awk -F'\t' '{printf "%-15s %-5s %-9s phase %-5s %7d decisions, wrongly allowed %5d, limited %5d, wrong %.4f%%, worst key %.3f×, store ops/req %.3f\n", $1,$2,$3,$4,$5,$6,$7,$8,$9,$10}'
       done
+      done
     done
   done
   for p in "${sp[@]}"; do kill "$p"; wait "$p" 2>/dev/null || true; done
@@ -134,7 +162,7 @@ rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 by = collections.OrderedDict()
 for r in rows:
     by.setdefault(tuple(r[:3]), []).append(r)
-out = ["| algorithm | mode | store | phases | decisions | wrong % worst / mean | wrongly allowed % worst | worst key ÷ limit | store ops/req |",
+out = ["| algorithm | mode | store/spread | phases | decisions | wrong % worst / mean | wrongly allowed % worst | worst key ÷ limit | store ops/req |",
        "|---|---|---|---|---|---|---|---|---|"]
 for (alg, mode, store), rs in by.items():
     wrong = [float(r[7]) for r in rs]; dec = [int(r[4]) for r in rs]
