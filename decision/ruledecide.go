@@ -1,0 +1,138 @@
+package decision
+
+import (
+	"context"
+	"time"
+
+	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/window"
+)
+
+// decide runs rate rule r for the key in d.key, leaving its quota in
+// d.Quota, and reports whether the request is refused (shadow rules never
+// refuse).
+func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uint64) bool {
+	h := r.Hash(d.key)
+	limit := sn.rules.LimitFor(r, d.key)
+	rc := &sn.counters[r.Index]
+	ev := &d.ev
+	*ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
+		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
+		Mode: pipeline.Mode(r.Mode), Action: eventAction(r.Action), Shadow: r.Shadow,
+		Algorithm: pipeline.Algorithm(r.Algorithm), Burst: uint32(burstFor(r, limit))}
+	d.Quota = Quota{Rule: r, Limit: limit, fixed: &sn.fixed[r.Index]}
+	bk := h ^ sn.blockSalt
+	if rel, blocked := c.blocks.Blocked(bk, t); blocked {
+		if r.Action == window.Block {
+			c.lim.Record(d.now, &r.Policy, h, cost) // a blocked client's real rate stays visible
+		}
+		rc.limitedCache.Inc()
+		d.Quota.ResetAt, d.Quota.ReleaseAt = rel, rel
+		d.FromBlockCache = true
+		ev.Decision, ev.FromBlockCache = pipeline.Limited, true
+		c.emit(r, d)
+		return true
+	}
+	v := c.lim.Decide(context.Background(), d.now, &r.Policy, h, limit, cost)
+	if v.At > ev.Time {
+		ev.Time = v.At // decided after a wait for the store: judged when decided
+	}
+	d.Quota.Remaining, d.Quota.ResetAt, d.Quota.ReleaseAt = v.Remaining, v.ResetAt, v.ReleaseAt
+	ev.Estimate = float32(v.Estimate)
+	if v.Delay > 0 && v.Allowed {
+		ev.Delayed, ev.DelayMicros = true, uint32(min(v.Delay/time.Microsecond, 1<<32-1))
+		d.Delay = max(d.Delay, v.Delay)
+	}
+	fb := v.Fallback != window.FallbackNone
+	ev.Fallback, d.Fallback = fb, d.Fallback || fb
+	ev.Decision = pipeline.Limited
+	switch {
+	case v.Allowed && fb:
+		rc.allowedFallback.Inc()
+		ev.Decision = pipeline.Allowed
+	case v.Allowed:
+		rc.allowed.Inc()
+		ev.Decision = pipeline.Allowed
+	case r.Shadow:
+		rc.shadowLimited.Inc()
+	case fb:
+		rc.limitedFallback.Inc()
+	default:
+		rc.limited.Inc()
+		if v.ReleaseAt > t && !c.blocks.Block(bk, v.ReleaseAt, t) {
+			c.m.blockDropped.Inc()
+		}
+	}
+	c.emit(r, d)
+	return !v.Allowed && !r.Shadow
+}
+
+// eventAction is a rule's action as events name it: a queue counts what
+// it admits, as a throttle does (the event says Delayed).
+func eventAction(a window.Action) pipeline.Action {
+	if a == window.Block {
+		return pipeline.ActionBlock
+	}
+	return pipeline.ActionThrottle
+}
+
+// burstFor is the bucket capacity rule r runs with for limit: a tier's
+// limit scales the default burst too (as the limiter does).
+func burstFor(r *rules.Rule, limit uint64) uint64 {
+	if r.Burst == 0 || (limit != r.Limit && r.Burst == r.Limit) {
+		return limit
+	}
+	return r.Burst
+}
+
+// emit hands the event in d to the pipeline, which counts what it drops or
+// samples out, and to the observer.
+func (c *Core) emit(r *rules.Rule, d *Verdict) {
+	if c.deps.Events != nil {
+		c.deps.Events.Emit(&d.ev)
+	}
+	if c.cfg.Observe != nil {
+		c.cfg.Observe(r, d.key, &d.ev)
+	}
+}
+
+// acquire takes a concurrency slot for the key in d.key under r; Finish
+// gives it back.
+func (c *Core) acquire(sn *snapshot, r *rules.Rule, d *Verdict, t int64) bool {
+	h := r.Hash(d.key)
+	limit := sn.rules.LimitFor(r, d.key)
+	rc := &sn.counters[r.Index]
+	d.Quota = Quota{Rule: r, Limit: limit, ResetAt: t + int64(time.Second), ReleaseAt: t + int64(time.Second)}
+	ok, fb := c.deps.Slots.Acquire(context.Background(), d.now, &r.Policy, h, limit)
+	switch {
+	case ok && fb == window.FallbackNone:
+		rc.allowed.Inc()
+	case ok:
+		rc.allowedFallback.Inc()
+	case fb != window.FallbackNone:
+		rc.limitedFallback.Inc()
+	case r.Shadow:
+		rc.shadowLimited.Inc()
+		return false
+	default:
+		rc.limited.Inc()
+	}
+	d.Fallback = d.Fallback || fb != window.FallbackNone
+	if ok {
+		d.held[d.nh] = heldSlot{r, h}
+		d.nh++
+		d.Quota.Remaining = 1 // unknown beyond "not full": say one is left
+	}
+	if c.cfg.Observe != nil {
+		// Concurrency decisions are not rate events (the judge has no truth
+		// for them) and go to no Emitter; the observer sees them.
+		d.ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: 1, Limit: uint32(limit),
+			Edge: uint16(c.cfg.EdgeID), Decision: pipeline.Limited, Shadow: r.Shadow, Fallback: fb != window.FallbackNone}
+		if ok {
+			d.ev.Decision = pipeline.Allowed
+		}
+		c.cfg.Observe(r, d.key, &d.ev)
+	}
+	return !ok
+}
