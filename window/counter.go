@@ -34,8 +34,17 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 	i, fresh := s.get(l, key, t, r)
 	e := &s.slab[i]
 	prev, curr := e.view()
-	s.counterVerdict(&d.Verdict, e, t, r, limit, prev, curr, cost)
+	unseen := e.othersUnseen(t)
+	s.counterVerdict(&d.Verdict, e, t, r, limit, prev, curr+unseen, cost)
 	v := &d.Verdict
+	if !v.Allowed && unseen > 0 && r.Action == Throttle {
+		// Refused on what the others may have admitted since the last
+		// reply: learn what they did at the next flush, and let the
+		// refusal stand only until that reply can have come.
+		e.flags |= flagRefresh
+		s.enqueue(i)
+		v.ReleaseAt = min(v.ReleaseAt, t+2*int64(l.cfg.FlushInterval)+int64(l.cfg.StoreTimeout)/4)
+	}
 	failed := e.flags&flagFailed != 0
 	if w.may && v.Allowed && !failed && !fresh && e.flags&flagNeedCurr != 0 {
 		w.ask(false, true, l.cfg.NewKeyWait, 0)

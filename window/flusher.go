@@ -91,6 +91,13 @@ func (p *flusherPark) wake() {
 func (l *Limiter) parkFlusher(t *time.Ticker) (woke, closed bool) {
 	l.park.parked.Store(true)
 	defer l.park.parked.Store(false)
+	// A poke left from while the flusher ran is stale: whoever poked had
+	// queued its key first, which the look below finds. Drained, it
+	// cannot wake the park at once for nothing.
+	select {
+	case <-l.poke:
+	default:
+	}
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()

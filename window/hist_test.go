@@ -254,8 +254,13 @@ func TestOtherEdgesShapeIsRecorded(t *testing.T) {
 	}
 	a.Flush(ctx, clock.Now())
 	clock.Add(7499 * time.Millisecond)
-	if n := decide(a, 50); n != 9 {
-		t.Errorf("at 12.5 s A admitted %d, want 9 (B's burst is all in the trailing window)", n)
+	// A's first request may be refused on B's rate at its burst, with a
+	// read of the count at the next flush, which shows B silent since; A
+	// then guesses at most one unit of B's (othersUnseen rounds up).
+	n := decide(a, 1)
+	a.Flush(ctx, clock.Now())
+	if n += decide(a, 50); n < 8 || n > 9 {
+		t.Errorf("at 12.5 s A admitted %d, want 9, or 8 for a guessed unit of B's (B's burst is all in the trailing window)", n)
 	}
 }
 

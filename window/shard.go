@@ -17,7 +17,7 @@ type entry struct {
 	key   uint64
 	start int64 // current window's start, Unix ns
 	win   int64 // the rule's window, ns
-	last  int64 // last request, Unix ns
+	lastOff uint32 // last request, after start in 2^firstShift(win) ns
 
 	prev, prevInfl, prevPend uint32
 	curr, infl, pend         uint32
@@ -28,8 +28,19 @@ type entry struct {
 	// not known yet.
 	share uint8
 	first uint16 // 1 + when this edge first counted units this window, in 2^firstShift ns; 0: not yet
+	reply uint16 // 1 + when the store last told this edge the current window's count, likewise; 0: not yet
+	// orate is the other edges' recent rate on the key, in units per
+	// window, from the last replies (saturating).
+	orate uint16
 	hist  uint32 // its histograms' record in the shard's slab + 1; 0: none (hist.go)
 }
+
+// off is t's offset after e's window start, in 2^firstShift(win) ns:
+// under 2^15 within the window.
+func (e *entry) off(t int64) uint32 { return uint32(max(t-e.start, 0) >> firstShift(e.win)) }
+
+// lastUsed is when e was last used, Unix ns, to 2^firstShift(win) ns.
+func (e *entry) lastUsed() int64 { return e.start + int64(e.lastOff)<<firstShift(e.win) }
 
 const (
 	flagQueued    uint8 = 1 << iota // in its shard's flush queue
@@ -39,6 +50,7 @@ const (
 	flagFailed                      // the last store operation for the key failed
 	flagNoHist                      // no histogram was free for it this window
 	flagLazy                        // its unsent units wait in the shard's lazy heap
+	flagRefresh                     // refused on the others' guessed units: read its count at the next flush
 )
 
 func (e *entry) view() (prev, curr uint64) {
@@ -97,8 +109,8 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 		if t >= e.start+e.win {
 			fresh = s.roll(l, i, t)
 		}
-		if t > e.last {
-			e.last = t
+		if o := e.off(t); o > e.lastOff {
+			e.lastOff = o
 		}
 		e.flags |= flagRef
 		return i, fresh
@@ -110,8 +122,9 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 	// A new entry starts unreferenced: only a second request marks it, so
 	// a flood of one-request keys is evicted on the hand's first pass and
 	// cannot push out the keys that come back (CLOCK's scan resistance).
-	*e = entry{key: key, start: windowStart(t, w), win: w, last: t,
+	*e = entry{key: key, start: windowStart(t, w), win: w,
 		flags: flagNeedCurr | e.flags&flagQueued}
+	e.lastOff = e.off(t)
 	s.idx.put(key, i)
 	s.n.Add(1)
 	s.enqueue(i)
@@ -141,7 +154,7 @@ func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 		reset = true
 	}
 	e.curr, e.infl, e.pend = 0, 0, 0
-	e.first = 0
+	e.first, e.reply, e.lastOff = 0, 0, 0
 	e.start = start
 	e.flags &^= flagPrevKnown | flagNoHist
 	s.enqueue(i)
@@ -321,13 +334,15 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 		if sent {
 			st.Keys++
 		}
-		if e.flags&flagNeedCurr != 0 && !incrCurr {
-			// A key new here with nothing to send: read its current
-			// window now, so that its next decision counts what the
-			// other edges admitted (an increment's reply does as much).
+		if e.flags&(flagNeedCurr|flagRefresh) != 0 && !incrCurr {
+			// A key new here, or refused on what this edge guessed of the
+			// others, with nothing to send: read its current window now,
+			// so that its next decision counts what the other edges
+			// admitted (an increment's reply does as much).
 			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6})
 			l.m.storeReads.Inc()
 		}
+		e.flags &^= flagRefresh
 		if e.flags&flagPrevKnown == 0 {
 			if t < e.start+l.grace {
 				s.enqueue(i) // other edges' last flushes may still land
@@ -351,7 +366,7 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 			s.sweep = 0
 		}
 		e := &s.slab[s.sweep]
-		if t-e.last <= 2*e.win || e.flags&(flagQueued|flagLazy) != 0 || e.infl != 0 || e.prevInfl != 0 {
+		if t-e.lastUsed() <= 2*e.win || e.flags&(flagQueued|flagLazy) != 0 || e.infl != 0 || e.prevInfl != 0 {
 			continue
 		}
 		if i, ok := s.idx.get(e.key); !ok || i != uint32(s.sweep) {
@@ -360,7 +375,7 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 		s.idx.del(e.key)
 		s.histFree(e)
 		s.n.Add(-1)
-		e.key, e.last = 0, 0
+		e.key, e.lastOff = 0, 0
 		s.free = append(s.free, uint32(s.sweep))
 	}
 	return k, ops
@@ -406,6 +421,7 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 				// the key's traffic is this edge's.
 				if e.flags&flagNeedCurr == 0 {
 					e.noteShare(uint64(d), op.Value)
+					e.noteRate(t, uint64(d), op.Value)
 				}
 				e.curr = max(e.curr, sat32(op.Value))
 				e.flags &^= flagNeedCurr
@@ -429,8 +445,14 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 			e.prev = max(e.prev, sat32(op.Value))
 			e.flags |= flagPrevKnown
 		case isCurr:
+			if e.flags&flagNeedCurr == 0 {
+				e.noteRate(t, 0, op.Value)
+			}
 			e.curr = max(e.curr, sat32(op.Value))
 			e.flags &^= flagNeedCurr
+		}
+		if op.Err == nil && isCurr {
+			e.reply = uint16(min(e.off(t), 1<<15-1)) + 1
 		}
 		if after := uint64(e.curr) + uint64(e.infl) + uint64(e.pend); isCurr && after > before && e.hist != 0 {
 			// What the other edges admitted, seen now: the shape

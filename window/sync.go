@@ -1,7 +1,22 @@
 package window
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
+// What an edge guesses of the others, and when a key's units go to the
+// store.
+//
+// An edge learns the other edges' units on a key from the replies to its
+// own operations, so at each decision it misses what they admitted since
+// its last reply: with a client's requests dealt over every edge, that is
+// most of the error. From the replies it keeps the others' recent rate on
+// the key (othersUnseen) and counts, at each decision, that rate over the
+// time since the last reply, rounded up and one unit at least while they
+// are active. A refusal that only this guess made stands until the next
+// flush's read of the key can have answered, and asks for that read.
+//
 // When a key's units go to the store. Every flush sends the units of the
 // keys that could matter now, and a key far from its limit keeps its
 // units for a while: one increment carries many requests, and most keys
@@ -38,7 +53,7 @@ func (l *Limiter) syncDue(e *entry, t int64, r *Policy, allowed bool, room uint6
 // edge's increment of own units took the counter from e.curr (the last
 // count seen) to value. s.mu must be held.
 func (e *entry) noteShare(own, value uint64) {
-	if own == 0 || value < uint64(e.curr) {
+	if own == 0 || value < uint64(e.curr) || e.win < int64(time.Millisecond) {
 		return
 	}
 	total := max(value-uint64(e.curr), own)
@@ -48,6 +63,47 @@ func (e *entry) noteShare(own, value uint64) {
 		return
 	}
 	e.share = uint8((3*uint32(e.share) + sample + 2) / 4)
+}
+
+// othersUnseen estimates the units the other edges admitted, at t, since
+// the store last told this edge the key's count: their recent rate (from
+// the replies) over the time since, at most an eighth of a window. 0 while
+// the replies show no other edge's units.
+func (e *entry) othersUnseen(t int64) uint64 {
+	if e.orate == 0 {
+		return 0
+	}
+	// Rounded up, and one unit at least while the others are active (the
+	// last of theirs may be on its way): near the limit, missing a unit
+	// they did admit costs an over-admission, and guessing one they did
+	// not costs a refusal that the next reply ends.
+	since := min(max(t-e.replied(), 0), e.win/8)
+	return max(1, uint64(math.Ceil(float64(e.orate)*float64(since)/float64(e.win))))
+}
+
+// replied is when the store last told this edge the key's current count
+// (the window's start when it has not this window), Unix ns.
+func (e *entry) replied() int64 {
+	if e.reply == 0 {
+		return e.start
+	}
+	return e.start + int64(e.reply-1)<<firstShift(e.win)
+}
+
+// noteRate folds a reply at t into the other edges' recent rate: the
+// counter went from e.curr to value since the last reply, own units of it
+// this edge's. s.mu must be held.
+func (e *entry) noteRate(t int64, own, value uint64) {
+	dt := t - e.replied()
+	if dt <= 0 || value < uint64(e.curr)+own || e.win < int64(time.Millisecond) {
+		// (A window under a millisecond shares its counter's name, in
+		// milliseconds, with its neighbours: its replies say nothing of
+		// rates.)
+		return
+	}
+	others := float64(value - uint64(e.curr) - own)
+	sample := min(others*float64(e.win)/float64(dt), math.MaxUint16)
+	e.orate = uint16((float64(e.orate) + sample + 1) / 2)
 }
 
 // lazyEntry is an entry whose unsent units wait until due.

@@ -105,3 +105,39 @@ func TestCloseSendsDeferredUnits(t *testing.T) {
 		t.Errorf("the store counts %d after Close, want 13", ops[0].Value)
 	}
 }
+
+// An edge counts the units the other edges have admitted since its last
+// reply at the rate its replies showed them, rounded up and one at least,
+// for at most an eighth of a window; a reply showing them silent brings
+// the guess down.
+func TestOthersUnseen(t *testing.T) {
+	w := int64(10 * time.Second)
+	e := entry{start: 0, win: w, share: 128}
+	// Replies at 1 s and 2 s: the others added 30 units in that second
+	// (300 a window), this edge 30.
+	e.reply = uint16(e.off(int64(time.Second))) + 1
+	e.curr = 60
+	e.noteRate(int64(2*time.Second), 30, 120)
+	e.curr, e.reply = 120, uint16(e.off(int64(2*time.Second)))+1
+	if e.orate != 150 { // the first sample, averaged with nothing known
+		t.Fatalf("orate = %d, want 150", e.orate)
+	}
+	for _, tt := range []struct {
+		at   time.Duration
+		want uint64
+	}{
+		{2 * time.Second, 1},                      // one at least: theirs may be on its way
+		{2*time.Second + 100*time.Millisecond, 2}, // 1.5, up
+		{2*time.Second + 400*time.Millisecond, 7}, // 6, and the reply's instant to its resolution, up
+		{5 * time.Second, 19},                     // an eighth of a window at most: 18.75, up
+	} {
+		if got := e.othersUnseen(int64(tt.at)); got != tt.want {
+			t.Errorf("at %v: %d unseen, want %d", tt.at, got, tt.want)
+		}
+	}
+	// A read at 3 s shows the others silent: the rate halves.
+	e.noteRate(int64(3*time.Second), 0, 120)
+	if e.orate != 75 {
+		t.Errorf("after a silent second: orate %d, want 75", e.orate)
+	}
+}
