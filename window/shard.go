@@ -14,9 +14,9 @@ import (
 // estimate uses their sums, so this edge's own admissions weigh at once and
 // other edges' within a flush.
 type entry struct {
-	key   uint64
-	start int64 // current window's start, Unix ns
-	win   int64 // the rule's window, ns
+	key     uint64
+	start   int64  // current window's start, Unix ns
+	win     int64  // the rule's window, ns
 	lastOff uint32 // last request, after start in 2^firstShift(win) ns
 
 	prev, prevInfl, prevPend uint32
