@@ -34,7 +34,11 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 	i, fresh := s.get(l, key, t, r)
 	e := &s.slab[i]
 	prev, curr := e.view()
-	unseen := e.othersUnseen(t)
+	failed := e.flags&flagFailed != 0
+	var unseen uint64
+	if !failed { // the rule's failure policy answers a key the store fails, not a guess
+		unseen = e.othersUnseen(t)
+	}
 	s.counterVerdict(&d.Verdict, e, t, r, limit, prev, curr+unseen, cost)
 	v := &d.Verdict
 	if !v.Allowed && unseen > 0 && r.Action == Throttle {
@@ -45,7 +49,6 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 		s.enqueue(i)
 		v.ReleaseAt = min(v.ReleaseAt, t+2*int64(l.cfg.FlushInterval)+int64(l.cfg.StoreTimeout)/4)
 	}
-	failed := e.flags&flagFailed != 0
 	if w.may && v.Allowed && !failed && !fresh && e.flags&flagNeedCurr != 0 {
 		w.ask(false, true, l.cfg.NewKeyWait, 0)
 		return stepWait
