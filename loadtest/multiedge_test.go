@@ -116,3 +116,17 @@ func TestNearLimit(t *testing.T) {
 		t.Errorf("clients under / near / over their limit: %d / %d / %d, want about 260 / 100 / 40", under, near, over)
 	}
 }
+
+// With -guess-peers, an edge counts what the others likely admitted since
+// its last reply: over the same trace dealt round-robin, fewer requests
+// are admitted past the limit.
+func TestOfflinePoPGuessPeers(t *testing.T) {
+	tr := nearLimit(t)
+	_, plain, _ := runPoP(t, loadtest.OfflineConfig{Edges: 2, Spread: loadtest.RoundRobin, RTT: time.Millisecond}, tr)
+	_, guess, _ := runPoP(t, loadtest.OfflineConfig{Edges: 2, Spread: loadtest.RoundRobin, RTT: time.Millisecond, GuessPeers: true}, tr)
+	if guess.Enforced.WronglyAllowed >= plain.Enforced.WronglyAllowed {
+		t.Errorf("wrongly allowed: %d guessing the others' units, %d not; want fewer guessing", guess.Enforced.WronglyAllowed, plain.Enforced.WronglyAllowed)
+	}
+	t.Logf("round-robin: wrongly allowed %d -> %d, wrongly limited %d -> %d", plain.Enforced.WronglyAllowed, guess.Enforced.WronglyAllowed,
+		plain.Enforced.WronglyLimited, guess.Enforced.WronglyLimited)
+}

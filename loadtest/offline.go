@@ -68,6 +68,8 @@ type OfflineConfig struct {
 	// MaxDefer is the edges' window.Config.MaxDefer: how long a key far
 	// from its limit may keep its units unsent. Default the edge's.
 	MaxDefer time.Duration
+	// GuessPeers is the edges' window.Config.GuessPeers.
+	GuessPeers bool
 	// OnEvent, when not nil, is called with the decision event of every
 	// rule that decided a request, exactly as an edge emits it (Edge 0), on
 	// Offline's goroutine; the event is valid during the call. Fed to the
@@ -203,7 +205,7 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	defer sim.close()
 	for i := range cfg.Edges {
 		var o edge.Options
-		o.Limiter.FlushInterval, o.Limiter.MaxDefer = cfg.FlushInterval, cfg.MaxDefer
+		o.Limiter.FlushInterval, o.Limiter.MaxDefer, o.Limiter.GuessPeers = cfg.FlushInterval, cfg.MaxDefer, cfg.GuessPeers
 		if cfg.Edges > 1 {
 			o.EdgeID = i + 1
 		}

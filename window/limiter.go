@@ -64,6 +64,13 @@ type Config struct {
 	// are dealt over several edges (BENCHMARKS.md). Default 0: every key
 	// with units is sent at the next flush.
 	MaxDefer time.Duration
+	// GuessPeers has a decision count the units the other edges likely
+	// admitted on the key since this edge's last reply, at their recent
+	// rate as the replies showed it (sync.go): fewer over-admissions when
+	// a client's requests are dealt over every edge, at the price of some
+	// refusals of clients within their limit and a read of the key after
+	// each refusal the guess made (BENCHMARKS.md). Default off.
+	GuessPeers bool
 	// Clock is the limiter's time source for its flusher.
 	Clock Clock // default SystemClock
 	// Registerer receives the limiter's metrics; nil registers none.

@@ -12,9 +12,9 @@ import (
 // own operations, so at each decision it misses what they admitted since
 // its last reply: with a client's requests dealt over every edge, that is
 // most of the error. From the replies it keeps the others' recent rate on
-// the key (othersUnseen) and counts, at each decision, that rate over the
-// time since the last reply, rounded up and one unit at least while they
-// are active. A refusal that only this guess made stands until the next
+// the key (othersUnseen) and, with Config.GuessPeers, counts at each
+// decision that rate over the time since the last reply, rounded up and
+// one unit at least while they are active. A refusal that only this guess made stands until the next
 // flush's read of the key can have answered, and asks for that read.
 //
 // When a key's units go to the store. Every flush sends the units of the

@@ -88,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.DurationVar(&o.Limiter.StoreTimeout, "store-timeout", o.Limiter.StoreTimeout, "timeout of one store operation")
 	fs.DurationVar(&o.Limiter.FlushInterval, "flush-interval", o.Limiter.FlushInterval, "how often coalesced increments go to the store")
 	fs.DurationVar(&o.Limiter.MaxDefer, "max-defer", o.Limiter.MaxDefer, "let a key far from its limit keep its increments unsent this long at most (and a sixteenth of its window): fewer store operations, less accuracy when a client is dealt over several edges; 0: off")
+	fs.BoolVar(&o.Limiter.GuessPeers, "guess-peers", o.Limiter.GuessPeers, "count the units other edges likely admitted on a key since this edge's last reply, at their recent rate: fewer over-admissions when clients are dealt over every edge, some refusals within the limit")
 	fs.IntVar(&o.Limiter.MaxKeys, "max-keys", o.Limiter.MaxKeys, "keys with a local view at most")
 	fs.DurationVar(&o.Limiter.NewKeyWait, "new-key-wait", 0, "how long a request waits for the shared count of a key new to this edge (0: the store timeout; negative: never)")
 	fs.Int64Var(&o.BlockCache.MaxEntries, "block-cache-entries", o.BlockCache.MaxEntries, "blocked keys remembered at most")

@@ -367,6 +367,7 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.DurationVar(&cfg.FlushInterval, "flush", 5*time.Millisecond, "the same as -flush-interval")
 	fs.IntVar(&cfg.Edges, "edges", 1, "edges of one simulated PoP, each with the edge's own core over one shared store in simulated time")
 	spread := fs.String("spread", "by-client", `with -edges: "by-client" (each client on one edge, by the replay's hash of its address) or "round-robin" (every client's requests dealt over all edges)`)
+	fs.BoolVar(&cfg.GuessPeers, "guess-peers", false, "the edges' -guess-peers: count the units the others likely admitted since the last reply")
 	fs.DurationVar(&cfg.MaxDefer, "max-defer", 0, "the edges' -max-defer: how long a key far from its limit may keep its units unsent (default the edge's; negative: every flush)")
 	fs.DurationVar(&cfg.RTT, "rtt", 0, "with -edges: the round trip to the shared store (an edge reads the others' units this late)")
 	fs.StringVar(&cfg.CheckPrefix, "check-prefix", "/check", "path prefix stripped before matching, as the edge's")
