@@ -21,7 +21,7 @@
 //
 // A Verdict carries an Outcome, the Quota of the rule that answers, and
 // renders itself for any transport: Status is its HTTP status, and
-// Quota.SetFields and Quota.SetRefusal write the RateLimit-Policy,
+// SetFields, SetRefusal and SetRetryAfter write the RateLimit-Policy,
 // RateLimit, X-RateLimit-* and Retry-After fields
 // (draft-ietf-httpapi-ratelimit-headers) and the RFC 9457 problem body of a
 // refusal onto any FieldSetter. The front end hands the Verdict back with

@@ -32,11 +32,37 @@ type FieldSetter interface {
 	SetCanonical(name, value []byte)
 }
 
-// SetFields sets every quota field of q at now (Unix ns) on h, using buf
-// as scratch, and returns buf for reuse: the rule's fields rendered once
-// per rules generation where its limit is the rule's own. It does not
-// allocate once h's buffers have grown.
-func (q *Quota) SetFields(h FieldSetter, now int64, buf []byte) []byte {
+// SetFields sets every quota field of the answering rule on h, as of the
+// request's time: the rule's fields rendered once per rules generation
+// where its limit is the rule's own. A Verdict without a rule sets none.
+// It does not allocate once h's and the Verdict's buffers have grown.
+func (v *Verdict) SetFields(h FieldSetter) {
+	if v.Quota.Rule != nil {
+		v.buf = v.Quota.setFields(h, v.now.UnixNano(), v.buf)
+	}
+}
+
+// SetRefusal sets the fields of a refusal on h (the quota fields and
+// Retry-After: the release, plus up to jitter, see RetryAfter) and returns
+// its RFC 9457 problem body, for the front end to send with
+// ContentTypeProblem; the body is the Verdict's and valid until Finish.
+func (v *Verdict) SetRefusal(h FieldSetter, jitter time.Duration) []byte {
+	now := v.now.UnixNano()
+	v.buf = v.Quota.setRefusal(h, now, RetryAfter(v.Quota.ReleaseAt, now, jitter), v.buf)
+	return v.buf
+}
+
+// SetRetryAfter sets Retry-After on h alone, for a shed request: the
+// release, plus up to jitter.
+func (v *Verdict) SetRetryAfter(h FieldSetter, jitter time.Duration) {
+	now := v.now.UnixNano()
+	v.buf = strconv.AppendInt(v.buf[:0], RetryAfter(v.Quota.ReleaseAt, now, jitter), 10)
+	h.SetCanonical(HeaderRetryAfter, v.buf)
+}
+
+// setFields sets every quota field of q at now (Unix ns) on h, using buf
+// as scratch, and returns buf for reuse.
+func (q *Quota) setFields(h FieldSetter, now int64, buf []byte) []byte {
 	if f := q.fixed; f != nil && f.limit == q.Limit { // rendered once per rules (a tier's limit is not)
 		h.SetCanonical(HeaderRateLimitPolicy, f.policy)
 		h.SetCanonical(HeaderXLimit, f.xlimit)
@@ -55,11 +81,10 @@ func (q *Quota) SetFields(h FieldSetter, now int64, buf []byte) []byte {
 	return buf
 }
 
-// SetRefusal sets the fields of a refusal by q at now on h: the quota
-// fields and Retry-After, ra seconds (see RetryAfter); it returns the
-// problem body in buf, for the caller to send with ContentTypeProblem.
-func (q *Quota) SetRefusal(h FieldSetter, now, ra int64, buf []byte) []byte {
-	buf = q.SetFields(h, now, buf)
+// setRefusal sets the fields of a refusal by q at now on h: the quota
+// fields and Retry-After, ra seconds; it returns the problem body in buf.
+func (q *Quota) setRefusal(h FieldSetter, now, ra int64, buf []byte) []byte {
+	buf = q.setFields(h, now, buf)
 	buf = strconv.AppendInt(buf[:0], ra, 10)
 	h.SetCanonical(HeaderRetryAfter, buf)
 	if f := q.fixed; f != nil && f.limit == q.Limit {

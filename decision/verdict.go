@@ -117,6 +117,7 @@ type Verdict struct {
 	held [maxHeld]heldSlot
 	nh   int
 	now  time.Time
+	buf  []byte // rendering room, kept with the pooled Verdict
 }
 
 // Key returns the key material of the answering rule's key (valid until

@@ -176,7 +176,7 @@ func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 		FallbackUsed: d.Fallback}
 	if d.Outcome == decision.Limited {
 		resp.RetryMillis = max(0, (q.ReleaseAt-t+int64(time.Millisecond)-1)/int64(time.Millisecond))
-		q.SetFields(&ctx.Response.Header, t, nil)
+		d.SetFields(&ctx.Response.Header)
 		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 	}
 	body, _ := json.Marshal(resp)

@@ -9,15 +9,13 @@ import (
 	"github.com/poplimit/poplimit/decision"
 )
 
-// writeRefusal writes a 429 with Retry-After, the quota fields and an RFC
-// 9457 problem body naming the violated policy, using buf as scratch; it
-// returns buf for reuse.
-func writeRefusal(ctx *fasthttp.RequestCtx, q *decision.Quota, now int64, jitter time.Duration, buf []byte) []byte {
+// writeRefusal writes v's refusal: 429 with Retry-After (up to jitter
+// late), the quota fields and an RFC 9457 problem body naming the policy.
+func writeRefusal(ctx *fasthttp.RequestCtx, v *decision.Verdict, jitter time.Duration) {
 	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
-	buf = q.SetRefusal(&ctx.Response.Header, now, decision.RetryAfter(q.ReleaseAt, now, jitter), buf)
+	body := v.SetRefusal(&ctx.Response.Header, jitter)
 	ctx.Response.Header.SetContentType(decision.ContentTypeProblem)
-	ctx.Response.SetBody(buf)
-	return buf
+	ctx.Response.SetBody(body)
 }
 
 // writeProblem writes a problem+json response for a request the edge will

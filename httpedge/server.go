@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,15 +44,8 @@ type Server struct {
 	rm       *readMetrics // requests the HTTP reader refused (bodylimit.go)
 	conns    *connLimiter // connections per client (connlimit.go)
 	upstream *upstreamPool
-	certs    *certs    // nil without TLS
-	scratch  sync.Pool // *scratch
+	certs    *certs // nil without TLS
 
-}
-
-// scratch is per-request working space of the front end, pooled.
-type scratch struct {
-	buf  []byte
-	hops clientaddr.Hops
 }
 
 // NewServer returns the fasthttp front end of core. It does not listen:
@@ -72,7 +63,6 @@ func NewServer(cfg Config, core *decision.Core, deps Deps) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, core: core, deps: deps, log: deps.Logger,
 		addr: clientaddr.New(cfg.TrustedProxies, cfg.Forwarding, cfg.ClientIPHeader)}
-	s.scratch.New = func() any { return &scratch{buf: make([]byte, 0, 512)} }
 	var err error
 	if s.m, err = newServerMetrics(deps.Registerer, s); err != nil {
 		return nil, err
@@ -256,9 +246,11 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 		}
 		path = StripPrefix(path, s.cfg.CheckPrefix)
 	}
-	sc := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(sc)
-	addr, trusted := s.client(ctx, &sc.hops)
+	addr, trusted := peerAddr(ctx), false
+	if s.addr.Trusted(addr) {
+		var hops clientaddr.Hops // on the stack, cleared only for a proxy's request
+		addr, trusted = s.fromProxies(ctx, addr, &hops), true
+	}
 	req := decision.Request{Host: decision.HostOnly(ctx.Host()), Method: ctx.Method(), Path: path,
 		Addr: addr, Fields: fastFields{&ctx.Request}, Now: s.now(),
 		Tracked: s.cfg.Mode == Proxy || next != nil}
@@ -275,13 +267,12 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	}
 	d := s.core.Decide(&req)
 	defer s.core.Finish(d)
-	t := req.Now.UnixNano()
 	switch d.Outcome {
 	case decision.Limited:
-		sc.buf = writeRefusal(ctx, &d.Quota, t, s.cfg.RetryJitter, sc.buf)
+		writeRefusal(ctx, d, s.cfg.RetryJitter)
 		return
 	case decision.Shed:
-		ctx.Response.Header.SetCanonical(decision.HeaderRetryAfter, strconv.AppendInt(sc.buf[:0], decision.RetryAfter(d.Quota.ReleaseAt, t, s.cfg.RetryJitter), 10))
+		d.SetRetryAfter(&ctx.Response.Header, s.cfg.RetryJitter)
 		writeProblem(ctx, fasthttp.StatusServiceUnavailable, "Service Unavailable", "the service is overloaded and sheds this class of request; retry later")
 		return
 	case decision.Denied, decision.Undecidable:
@@ -296,9 +287,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	default:
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	}
-	if d.Quota.Rule != nil {
-		sc.buf = d.Quota.SetFields(&ctx.Response.Header, t, sc.buf)
-	}
+	d.SetFields(&ctx.Response.Header)
 }
 
 // proxy forwards the request to an upstream and leaves its response in

@@ -50,7 +50,7 @@ func FastHTTP(e *edge.Edge, next fasthttp.RequestHandler) fasthttp.RequestHandle
 func NetHTTP(e *edge.Edge) func(http.Handler) http.Handler {
 	o := &e.Options.Server
 	m := &netHTTP{e: e, jitter: o.RetryJitter, addr: clientaddr.New(o.TrustedProxies, o.Forwarding, o.ClientIPHeader)}
-	m.pool.New = func() any { return &scratch{buf: make([]byte, 0, 256)} }
+	m.pool.New = func() any { return new(scratch) }
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 	}
@@ -66,7 +66,6 @@ type netHTTP struct {
 
 type scratch struct {
 	hops clientaddr.Hops
-	buf  []byte
 	f    fields
 }
 
@@ -80,22 +79,20 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		Addr: m.addr.FromHeader(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: time.Now(), Tracked: true}
 	v := m.e.Core.Decide(&req)
 	defer m.e.Core.Finish(v)
-	t := req.Now.UnixNano()
 	h := netFields{h: w.Header()}
-	if v.Quota.Rule != nil && v.Outcome == decision.Allowed {
-		sc.buf = v.Quota.SetFields(&h, t, sc.buf)
+	if v.Outcome == decision.Allowed {
+		v.SetFields(&h)
 	}
 	switch v.Outcome {
 	case decision.Allowed:
 		next.ServeHTTP(w, r)
 	case decision.Limited:
-		sc.buf = v.Quota.SetRefusal(&h, t, decision.RetryAfter(v.Quota.ReleaseAt, t, m.jitter), sc.buf)
+		body := v.SetRefusal(&h, m.jitter)
 		h.h["Content-Type"] = []string{decision.ContentTypeProblem}
 		w.WriteHeader(v.Status())
-		w.Write(sc.buf)
+		w.Write(body)
 	case decision.Shed:
-		sc.buf = strconv.AppendInt(sc.buf[:0], decision.RetryAfter(v.Quota.ReleaseAt, t, m.jitter), 10)
-		h.SetCanonical(decision.HeaderRetryAfter, sc.buf)
+		v.SetRetryAfter(&h, m.jitter)
 		problem(w, v.Status(), "the service is overloaded and sheds this class of request; retry later")
 	default:
 		problem(w, v.Status(), v.Reason)
