@@ -27,8 +27,11 @@ func addrServer(t testing.TB, trusted string, f clientaddr.Forwarding, ipHeader 
 
 // clientIP is the client address the fasthttp front end resolves for ctx.
 func (s *Server) clientIP(ctx *fasthttp.RequestCtx, h *clientaddr.Hops) netip.Addr {
-	a, _ := s.client(ctx, h)
-	return a
+	peer := peerAddr(ctx)
+	if !s.addr.Trusted(peer) {
+		return peer
+	}
+	return s.fromProxies(ctx, peer, h)
 }
 
 // rawCtx parses a raw request head (lines joined by \n, CRLF added) as the

@@ -10,20 +10,12 @@ import (
 	"github.com/poplimit/poplimit/decision"
 )
 
-// client returns the client's address (see clientaddr.Resolver): the TCP
-// peer, or, when the peer is a trusted proxy, what the proxies say in
-// every line of the configured forwarding header, read from the header
-// section only (a client writes the trailers, and a request that
-// announces a forwarding header as a trailer is keyed by its peer); and
-// whether the TCP peer is a trusted proxy. It does not allocate.
-func (s *Server) client(ctx *fasthttp.RequestCtx, h *clientaddr.Hops) (netip.Addr, bool) {
-	peer := peerAddr(ctx)
-	if !s.addr.Trusted(peer) {
-		return peer, false
-	}
-	return s.fromProxies(ctx, peer, h), true
-}
-
+// fromProxies returns the client's address of a request whose TCP peer is
+// a trusted proxy (see clientaddr.Resolver): what the proxies say in every
+// line of the configured forwarding header, read from the header section
+// only (a client writes the trailers, and a request that announces a
+// forwarding header as a trailer is keyed by its peer). It does not
+// allocate.
 func (s *Server) fromProxies(ctx *fasthttp.RequestCtx, peer netip.Addr, h *clientaddr.Hops) netip.Addr {
 	r := s.addr
 	for k := range ctx.Request.Header.Trailers() {

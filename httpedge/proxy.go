@@ -85,7 +85,6 @@ const maxConnectionTokens = 64
 
 // proxyScratch is one proxied request's working space, pooled.
 type proxyScratch struct {
-	hops          clientaddr.Hops
 	filter        fieldFilter
 	names, values []byte      // the header's lines, copied out of it by rewrite
 	lines         []fieldLine // and where each ends in names and values
@@ -261,8 +260,8 @@ func (s *Server) rewriteRequest(ctx *fasthttp.RequestCtx, ps *proxyScratch) bool
 	if !f.reset(h) {
 		return false
 	}
-	_, trusted := s.client(ctx, &ps.hops)
 	addr := peerAddr(ctx) // this hop: the node that connected to the edge
+	trusted := s.addr.Trusted(addr)
 	proto := "http"
 	if ctx.IsTLS() {
 		proto = "https"
