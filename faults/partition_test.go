@@ -18,10 +18,15 @@ import (
 // both still reach shard 1), for 8 s here and 30 s in the full version, then
 // heals. Each edge ejects the shard it lost and counts that shard's keys on
 // the others, where the other edge does not look: a key of shard 0 or 2 is
-// counted in two places, and each edge admits it up to its limit. What every
-// client experienced is logged before, during and after; after the heal the
-// edges must converge by themselves (the shards return to both rings on
-// their retry timer) and decide as well as before.
+// counted in two places. Each edge sees its store split and, once its
+// replies show a key counted by itself alone, holds it to the share of the
+// limit it had before (window's split store), so that a client on a lost
+// shard gets about its limit, not up to the limit from each edge. What
+// every client experienced is logged before, during and after; in the
+// partition no client may get more than 1.15 times its allowance nor be
+// refused within its limit, and after the heal the edges must converge by
+// themselves (the shards return to both rings on their retry timer) and
+// decide as well as before.
 func TestPartition(t *testing.T) {
 	_, addrs := testenv.Shards(t, 3)
 	var relays [2][]*testenv.Relay
@@ -127,6 +132,7 @@ rules:
 			admitted[ci][ph]++
 		}
 	}
+	worst, worstClient := 0.0, -1
 	rows := [][]string{{"client", "rule", "counters on", "reached by"}}
 	for _, p := range phases {
 		rows[0] = append(rows[0], p+": admitted/allowance, beyond limit, refused within")
@@ -139,6 +145,9 @@ rules:
 			allowance := limit * bounds[ph+1].Sub(bounds[ph]).Seconds() / win.Seconds()
 			g := per[ci][ph]
 			row = append(row, fmt.Sprintf("%d/%.0f, %d, %d", admitted[ci][ph], allowance, g.OverAdmitted, g.WronglyLimited))
+			if r := float64(admitted[ci][ph]) / allowance; ph == 1 && r > worst {
+				worst, worstClient = r, ci
+			}
 		}
 		rows = append(rows, row)
 	}
@@ -186,10 +195,21 @@ rules:
 	}
 	t.Logf("per class of client:%s", table(rows))
 
+	t.Logf("in the partition: worst client %.2f× its allowance (%s)", worst, clients[worstClient].ip)
+
 	// Convergence: once healed, every class is decided as well as before.
 	if why := overloaded(rep); why != "" {
 		t.Logf("accuracy not judged: the machine was overloaded: %s", why)
 		return
+	}
+	// In the partition: each edge held to its share.
+	if worst > 1.15 {
+		t.Errorf("in the partition a client got %.2f× its allowance (%s): want ≤ 1.15×, each edge held to its share", worst, clients[worstClient].ip)
+	}
+	for k, s := range sum {
+		if s[1].WronglyLimited > 0 {
+			t.Errorf("%+v in the partition: %d refused within the limit", k, s[1].WronglyLimited)
+		}
 	}
 	for k, s := range sum {
 		b, h := s[0], s[3]

@@ -255,6 +255,7 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 				closedFallbackAdmitted++
 			}
 			if !closed && r.ev.Decision != pipeline.Allowed {
+				t.Logf("a fail-open fallback refused at +%.3fs: %+v", time.Unix(0, r.at).Sub(start).Seconds(), r.ev)
 				openFallbackRefused++
 			}
 		}

@@ -101,5 +101,6 @@ func (e edgeStore) DoState(ctx context.Context, ops []window.StateOp) {
 }
 
 func (e edgeStore) Healthy() bool        { return true }
+func (e edgeStore) Whole() bool          { return true }
 func (e edgeStore) Parts() int           { return 1 }
 func (e edgeStore) Place(key uint64) int { return 0 }

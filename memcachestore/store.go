@@ -50,3 +50,10 @@ func (m *Store) Place(key uint64) int { return m.Client.Shard(key) }
 
 // Healthy reports whether any shard is in the ring.
 func (m *Store) Healthy() bool { return m.Client.Healthy() }
+
+// Whole reports whether every shard is in the ring (window.Store): while
+// one is ejected its keys are counted afresh on the others.
+func (m *Store) Whole() bool {
+	r := m.Client.Ring()
+	return r.Live() == r.Len()
+}

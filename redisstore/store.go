@@ -233,6 +233,11 @@ func (s *Store) Healthy() bool {
 	return s.cl.Load() != nil && s.fails.Load() < int32(s.cfg.FailureLimit)
 }
 
+// Whole is true (window.Store): a key's counters never move to another
+// server; while the server is out its keys fail, and the rules' failure
+// policies answer.
+func (s *Store) Whole() bool { return true }
+
 // Close closes every connection and stops the connector. Calls in flight
 // fail with ErrClosed (or ErrUnavailable); later calls fail with ErrClosed.
 // It waits for the goroutines of the calls it interrupted and for a

@@ -39,7 +39,7 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 	if l.cfg.GuessPeers && !failed { // the rule's failure policy answers a key the store fails, not a guess
 		unseen = e.othersUnseen(t)
 	}
-	s.counterVerdict(&d.Verdict, e, t, r, limit, prev, curr+unseen, cost)
+	s.counterVerdict(&d.Verdict, e, t, r, l.heldLimit(e, t, limit), prev, curr+unseen, cost)
 	v := &d.Verdict
 	if !v.Allowed && unseen > 0 && r.Action == Throttle {
 		// Refused on what the others may have admitted since the last
@@ -131,12 +131,22 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		e = &s.slab[i]
 	}
 	var v Verdict
-	s.counterVerdict(&v, e, t, r, limit, prev, before, cost)
+	held := limit
+	if e != nil {
+		held = l.heldLimit(e, t, limit)
+	}
+	s.counterVerdict(&v, e, t, r, held, prev, before, cost)
 	seen := inc.Value
 	if !v.Allowed && r.Action == Throttle {
 		seen = before // ours is taken back below: it was never admitted
 	}
 	if e != nil {
+		if e.flags&flagNeedCurr == 0 {
+			// The reply is a sample of the others' rate, as a
+			// flush's is.
+			e.noteRate(t, cost, inc.Value)
+		}
+		e.reply = uint16(min(e.off(t), 1<<15-1)) + 1
 		if old := uint64(e.curr); seen > old && r.Algorithm == SlidingWindowCounter {
 			// The view grows by what the reply shows: this request, if
 			// it counts, and the other edges' since the last reply.
@@ -144,6 +154,9 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			s.histNote(l, i, t, seen-old, prev, old, limit)
 		}
 		e.curr = sat32(max(uint64(e.curr), seen))
+		if v.Allowed || r.Action == Block {
+			e.own = uint16(min(uint64(e.own)+cost, 1<<16-1))
+		}
 		// The reply is the global count: the flusher need not read it.
 		e.flags &^= flagFailed | flagNeedCurr
 		if prevOK {

@@ -153,6 +153,11 @@ type FlushStats struct {
 // new keys that outruns the flusher makes flushes longer, not larger.
 func (l *Limiter) Flush(ctx context.Context, now time.Time) FlushStats {
 	t := now.UnixNano()
+	split := !l.store.Whole()
+	l.split.Store(split)
+	if split {
+		l.splitAt.Store(t)
+	}
 	opsp := l.ops.Get().(*[]Op)
 	ops := (*opsp)[:0]
 	var st FlushStats

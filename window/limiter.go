@@ -194,6 +194,8 @@ type Limiter struct {
 	started atomic.Bool
 	closing atomic.Bool   // Close runs its last flush: every waiting unit goes
 	down    atomic.Bool   // the flusher backs off: every op of its last flush failed
+	split   atomic.Bool   // the store was not whole at the last flush
+	splitAt atomic.Int64  // the last flush that found the store split, Unix ns; 0: none (sync.go)
 	poke    chan struct{} // wakes the flusher for a waiting request, or from its park
 	park    flusherPark
 	timers  sync.Pool // *time.Timer for those waits

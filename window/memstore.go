@@ -50,6 +50,9 @@ func (s *MemStore) Place(uint64) int { return 0 }
 // Healthy is true: a MemStore always answers.
 func (s *MemStore) Healthy() bool { return true }
 
+// Whole is true: a MemStore never moves a key.
+func (s *MemStore) Whole() bool { return true }
+
 // Do performs ops; it never fails.
 func (s *MemStore) Do(_ context.Context, ops []Op) {
 	now := s.clock.Now().UnixNano()

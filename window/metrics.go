@@ -12,6 +12,7 @@ type metrics struct {
 	storeReads     prometheus.Counter
 	fallbackOpen   prometheus.Counter
 	fallbackClosed prometheus.Counter
+	shareHeld      prometheus.Counter // decisions held to the key's share while the store is split
 	pendingDropped prometheus.Counter
 	evictions      prometheus.Counter
 	flushOps       prometheus.Histogram
@@ -40,6 +41,8 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 			Name: "window_reads_total", Help: "Reads of a key's window counts: its previous window, once per key per window, and its current one when it is new here and has no increment to send."}),
 		fallbackOpen:   fallbacks.WithLabelValues("open"),
 		fallbackClosed: fallbacks.WithLabelValues("closed"),
+		shareHeld: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "share_held_total", Help: "Decisions of a key counted by this edge alone while the store was split (a shard ejected), decided against this edge's share of its limit."}),
 		pendingDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "pending_dropped_total", Help: "Counted units never delivered to the store (evicted or too old to matter)."}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -60,7 +63,14 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 	}
 	keys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 		Name: "keys", Help: "Keys with a local view in the limiter."}, func() float64 { return float64(l.Keys()) })
-	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, m.syncCalls, m.flusherParks, waits, keys} {
+	split := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+		Name: "store_split", Help: "1 while a part of the store is out and its keys are counted on another (a memcached shard ejected), else 0."}, func() float64 {
+		if l.split.Load() {
+			return 1
+		}
+		return 0
+	})
+	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, m.syncCalls, m.flusherParks, waits, keys, split, m.shareHeld} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -126,6 +126,7 @@ func (hangingStore) DoState(ctx context.Context, ops []StateOp) {
 
 // It cannot tell that it hangs, and does not place its keys.
 func (hangingStore) Healthy() bool    { return true }
+func (hangingStore) Whole() bool      { return true }
 func (hangingStore) Parts() int       { return 0 }
 func (hangingStore) Place(uint64) int { return -1 }
 

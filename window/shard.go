@@ -17,7 +17,10 @@ type entry struct {
 	key     uint64
 	start   int64  // current window's start, Unix ns
 	win     int64  // the rule's window, ns
-	lastOff uint32 // last request, after start in 2^firstShift(win) ns
+	lastOff uint16 // last request, after start in 2^firstShift(win) ns (saturating)
+	// own is the units this edge counted in the current window
+	// (saturating): at the window's end, a sample of its share.
+	own uint16
 
 	prev, prevInfl, prevPend uint32
 	curr, infl, pend         uint32
@@ -38,6 +41,9 @@ type entry struct {
 // off is t's offset after e's window start, in 2^firstShift(win) ns:
 // under 2^15 within the window.
 func (e *entry) off(t int64) uint32 { return uint32(max(t-e.start, 0) >> firstShift(e.win)) }
+
+// off16 is off(t), saturated to 16 bits.
+func (e *entry) off16(t int64) uint16 { return uint16(min(e.off(t), 1<<16-1)) }
 
 // lastUsed is when e was last used, Unix ns, to 2^firstShift(win) ns.
 func (e *entry) lastUsed() int64 { return e.start + int64(e.lastOff)<<firstShift(e.win) }
@@ -109,7 +115,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 		if t >= e.start+e.win {
 			fresh = s.roll(l, i, t)
 		}
-		if o := e.off(t); o > e.lastOff {
+		if o := e.off16(t); o > e.lastOff {
 			e.lastOff = o
 		}
 		e.flags |= flagRef
@@ -124,7 +130,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 	// cannot push out the keys that come back (CLOCK's scan resistance).
 	*e = entry{key: key, start: windowStart(t, w), win: w,
 		flags: flagNeedCurr | e.flags&flagQueued}
-	e.lastOff = e.off(t)
+	e.lastOff = e.off16(t)
 	s.idx.put(key, i)
 	s.n.Add(1)
 	s.enqueue(i)
@@ -143,6 +149,9 @@ func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 		if e.prevPend > 0 {
 			l.m.pendingDropped.Add(float64(e.prevPend))
 		}
+		if !l.splitSince(t, 2*e.win) {
+			e.noteShare() // a split store's shares stand (heldLimit)
+		}
 		e.prev, e.prevInfl, e.prevPend = e.curr, e.infl, e.pend
 	} else {
 		// Idle for a whole window or more.
@@ -154,7 +163,7 @@ func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 		reset = true
 	}
 	e.curr, e.infl, e.pend = 0, 0, 0
-	e.first, e.reply, e.lastOff = 0, 0, 0
+	e.first, e.reply, e.lastOff, e.own = 0, 0, 0, 0
 	e.start = start
 	e.flags &^= flagPrevKnown | flagNoHist
 	s.enqueue(i)
@@ -166,6 +175,7 @@ func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 func (s *shard) count(i uint32, t int64, cost uint64) {
 	e := &s.slab[i]
 	e.pend = sat32(uint64(e.pend) + cost)
+	e.own = uint16(min(uint64(e.own)+cost, 1<<16-1))
 	if e.first == 0 && cost > 0 {
 		e.setFirst(t)
 	}
@@ -420,7 +430,9 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 				// the first count this edge sees of the key, how much of
 				// the key's traffic is this edge's.
 				if e.flags&flagNeedCurr == 0 {
-					e.noteShare(uint64(d), op.Value)
+					if e.share == 0 && !l.splitSince(t, 0) {
+						e.guessShare(uint64(d), op.Value)
+					}
 					e.noteRate(t, uint64(d), op.Value)
 				}
 				e.curr = max(e.curr, sat32(op.Value))

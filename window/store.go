@@ -51,10 +51,18 @@ type Op struct {
 // decisions share store calls only with decisions of the same part.
 // Parts 0 says the store does not place its keys: every sync decision
 // then gets a store call of its own.
+//
+// Whole reports whether every part is in: false while a part is out and
+// its keys are counted on another (a memcached shard ejected), where an
+// edge that still reaches the part does not look. The limiter then holds
+// keys that the replies show counted by this edge alone to their share
+// (see Config and the package doc). A store that never moves keys says
+// true.
 type Store interface {
 	Do(ctx context.Context, ops []Op)
 	DoState(ctx context.Context, ops []StateOp)
 	Healthy() bool
+	Whole() bool
 	Parts() int
 	Place(key uint64) int
 }

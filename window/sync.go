@@ -31,6 +31,57 @@ import (
 // others wait at most Config.MaxDefer (when set), and at most a
 // sixteenth of the rule's window.
 
+// A split store. While a part of the store is out (Store.Whole false: a
+// memcached shard ejected) its keys are counted afresh on another part,
+// where an edge that still reaches the lost part does not look, and that
+// edge counts them alone in turn: each edge would admit a client up to the
+// whole limit. So while the store is split, and for splitLinger after (a
+// hung shard's retries put it back for a moment and eject it again), an
+// edge holds a key to its share of the limit once its replies show that
+// no other edge's units reach the key's count any more (the others' rate
+// has fallen to zero), the share being the one the replies showed before
+// the split (it stands until two of the key's windows have passed whole).
+// A key whose count still grows with other edges' units (every edge lost
+// the same part and counts its keys in the same place) keeps its whole
+// limit, and so do a key whose share is not known (new since the split,
+// or counted by this edge alone before it) and one the store fails (its
+// rule's failure policy answers). A client within its limit may be
+// refused while its traffic is dealt over the edges otherwise than it was
+// before the split, and, for the few replies that show its count alone, a
+// client whose count still had the others'.
+
+// splitLinger is how long after the store was last split its keys may
+// still be held to their shares: longer than a shard's retry timer, so
+// that the retries of a shard still out do not release the hold.
+const splitLinger = 10 * time.Second
+
+// splitSince reports whether a flush found the store split within d
+// before t (at t, for d 0: the last flush). A key counted together
+// again shows the others' units in its replies at once and is released.
+func (l *Limiter) splitSince(t, d int64) bool {
+	at := l.splitAt.Load()
+	return at != 0 && (l.split.Load() || t-at < d)
+}
+
+// heldLimit is the limit key e is decided against at t: limit, or while
+// the store is split (or was, within splitLinger) and e's replies show no
+// other edge's units, e's share of it. s.mu must be held.
+func (l *Limiter) heldLimit(e *entry, t int64, limit uint64) uint64 {
+	if e.orate != 0 || e.share-1 >= 254 {
+		return limit // (inlined: the common case costs a few compares)
+	}
+	return l.shareOf(e, t, limit)
+}
+
+// shareOf is heldLimit for a key its replies show counted alone.
+func (l *Limiter) shareOf(e *entry, t int64, limit uint64) uint64 {
+	if e.flags&flagFailed != 0 || !l.splitSince(t, int64(splitLinger)) {
+		return limit
+	}
+	l.m.shareHeld.Inc()
+	return max(1, uint64(math.Round(float64(limit)*float64(e.share)/255)))
+}
+
 // lazyAll is a time past every due time: take moves every waiting entry.
 const lazyAll = math.MaxInt64
 
@@ -49,21 +100,40 @@ func (l *Limiter) syncDue(e *entry, t int64, r *Policy, allowed bool, room uint6
 	return t + min(int64(l.cfg.MaxDefer), int64(r.Window)/16)
 }
 
-// noteShare folds a reply into e's share of the key's traffic: this
-// edge's increment of own units took the counter from e.curr (the last
-// count seen) to value. s.mu must be held.
-func (e *entry) noteShare(own, value uint64) {
+// noteShare folds the window that ends into e's share of the key's
+// traffic: this edge counted e.own of its units, the PoP e's view of
+// them (the store's last count and this edge's units since). A window
+// of many units weighs more than one of a few, so that the share is near
+// the part of the key's units that are this edge's. s.mu must be held.
+func (e *entry) noteShare() {
+	total := uint64(e.curr) + uint64(e.infl) + uint64(e.pend)
+	own := min(uint64(e.own), total)
+	if own == 0 || e.win < int64(time.Millisecond) {
+		return
+	}
+	if e.share == 0 {
+		e.share = uint8(min(255, max(1, own*255/total)))
+		return
+	}
+	s := float64(e.share)
+	s += (float64(own)*255 - s*float64(total)) / (float64(total) + shareSteps)
+	e.share = uint8(min(255, max(1, s+0.5)))
+}
+
+// guessShare sets e's share, not known yet, from one reply: this edge's
+// increment of own units took the counter from e.curr to value. A first
+// guess until a window's end says better (noteShare). s.mu must be held.
+func (e *entry) guessShare(own, value uint64) {
 	if own == 0 || value < uint64(e.curr) || e.win < int64(time.Millisecond) {
 		return
 	}
 	total := max(value-uint64(e.curr), own)
-	sample := uint32(min(255, max(1, own*255/total)))
-	if e.share == 0 {
-		e.share = uint8(sample)
-		return
-	}
-	e.share = uint8((3*uint32(e.share) + sample + 2) / 4)
+	e.share = uint8(min(255, max(1, own*255/total)))
 }
+
+// shareSteps is about the number of units under which a window's sample
+// of the share weighs less than the share it updates.
+const shareSteps = 4
 
 // othersUnseen estimates the units the other edges admitted, at t, since
 // the store last told this edge the key's count: their recent rate (from
@@ -102,6 +172,12 @@ func (e *entry) noteRate(t int64, own, value uint64) {
 		return
 	}
 	others := float64(value - uint64(e.curr) - own)
+	if others == 0 {
+		// Halved down, so that a rate the replies stop showing comes
+		// to zero (a split store's test, heldLimit).
+		e.orate /= 2
+		return
+	}
 	sample := min(others*float64(e.win)/float64(dt), math.MaxUint16)
 	e.orate = uint16((float64(e.orate) + sample + 1) / 2)
 }

@@ -266,5 +266,6 @@ type unplacedStore struct{ s *gatedStore }
 func (u unplacedStore) Do(ctx context.Context, ops []Op)           { u.s.Do(ctx, ops) }
 func (u unplacedStore) DoState(ctx context.Context, ops []StateOp) { u.s.DoState(ctx, ops) }
 func (u unplacedStore) Healthy() bool                              { return u.s.Healthy() }
+func (u unplacedStore) Whole() bool                                { return u.s.Whole() }
 func (u unplacedStore) Parts() int                                 { return 0 }
 func (u unplacedStore) Place(uint64) int                           { return -1 }
