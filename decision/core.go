@@ -52,6 +52,20 @@ type CoreConfig struct {
 	// Wait holds an admitted request of a delay rule for d. nil sleeps;
 	// the offline simulator, whose time is simulated, passes a no-op.
 	Wait func(d time.Duration)
+	// Pop names this edge's PoP in decision events (at most 32 bytes);
+	// empty: none.
+	Pop string
+	// GlobalShare is the part of a global rule's limit this PoP admits
+	// while it is cut off from the other PoPs' counts (CoreDeps.Global not
+	// fresh). Default 0.5.
+	GlobalShare float64
+}
+
+// GlobalView is what an edge knows of the other PoPs (package global's
+// Table): the units they counted for key in the sliding window of w ns
+// ending at now, and whether that view is fresh. It must not allocate.
+type GlobalView interface {
+	Others(key uint64, now, w int64) (units uint64, fresh bool)
 }
 
 // CoreDeps are the parts a Core runs. Limiter and Blocks are required.
@@ -62,6 +76,9 @@ type CoreDeps struct {
 	Slots      *window.Slots
 	Events     Emitter               // nil: no decision events
 	Registerer prometheus.Registerer // nil: metrics kept, not registered
+	// Global is the other PoPs' counts for global rules; nil: a global
+	// rule's limit holds within this PoP, as a pop rule's does.
+	Global GlobalView
 }
 
 // Core is the decision core: match → key → cost → block cache → limiter
@@ -74,6 +91,7 @@ type Core struct {
 	lim    *window.Limiter
 	blocks BlockCache
 	m      *coreMetrics
+	pop    []byte // cfg.Pop, for events
 
 	rules    atomic.Pointer[snapshot]
 	pool     sync.Pool // *Verdict
@@ -111,7 +129,16 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 	if cfg.MaxDelayed == 0 {
 		cfg.MaxDelayed = 10000
 	}
-	c := &Core{cfg: cfg, deps: deps, lim: deps.Limiter, blocks: deps.Blocks}
+	if len(cfg.Pop) > pipeline.MaxPopLen {
+		return nil, fmt.Errorf("edge: Pop %q: at most %d bytes", cfg.Pop, pipeline.MaxPopLen)
+	}
+	if cfg.GlobalShare < 0 || cfg.GlobalShare > 1 {
+		return nil, fmt.Errorf("edge: GlobalShare %v: must be between 0 and 1", cfg.GlobalShare)
+	}
+	if cfg.GlobalShare == 0 {
+		cfg.GlobalShare = 0.5
+	}
+	c := &Core{cfg: cfg, deps: deps, lim: deps.Limiter, blocks: deps.Blocks, pop: []byte(cfg.Pop)}
 	c.pool.New = func() any { return &Verdict{key: make([]byte, 0, 256)} }
 	var err error
 	if c.m, err = newCoreMetrics(deps.Registerer, c); err != nil {

@@ -16,7 +16,10 @@ type coreMetrics struct {
 	blockDropped prometheus.Counter
 	delayed      prometheus.Histogram // leaky-bucket queue waits
 	delayRefused prometheus.Counter
-	shed         [4]prometheus.Counter // by rules.Priority
+	// globalFallbacks counts decisions of global rules made while the
+	// other PoPs' counts were stale: held to CoreConfig.GlobalShare.
+	globalFallbacks prometheus.Counter
+	shed            [4]prometheus.Counter // by rules.Priority
 }
 
 // ruleCounters are one rule's request counters, resolved once per reload
@@ -47,6 +50,8 @@ func newCoreMetrics(reg prometheus.Registerer, c *Core) (*coreMetrics, error) {
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 60}}),
 		delayRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "queue_full_total", Help: "Requests a leaky-bucket queue admitted but the edge refused: MaxDelayed requests were already waiting."}),
+		globalFallbacks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "global_fallbacks_total", Help: "Decisions of global rules made while the other PoPs' counts were stale (cut off from their topic): held to -global-share of the limit."}),
 	}
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 		Name: "shed_total", Help: "Requests shed with 503 because the upstream was overloaded, by priority class."}, []string{"priority"})
@@ -58,7 +63,7 @@ func newCoreMetrics(reg prometheus.Registerer, c *Core) (*coreMetrics, error) {
 	}
 	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
 		Name: "upstream_in_flight", Help: "Requests being proxied to the upstream."}, func() float64 { return float64(c.inflight.Load()) })
-	for _, col := range []prometheus.Collector{m.requests, bad, m.blockDropped, m.delayed, m.delayRefused, shed, inflight} {
+	for _, col := range []prometheus.Collector{m.requests, bad, m.blockDropped, m.delayed, m.delayRefused, m.globalFallbacks, shed, inflight} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

@@ -20,7 +20,8 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	*ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
 		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
 		Mode: pipeline.Mode(r.Mode), Action: eventAction(r.Action), Shadow: r.Shadow,
-		Algorithm: pipeline.Algorithm(r.Algorithm), Burst: uint32(burstFor(r, limit))}
+		Algorithm: pipeline.Algorithm(r.Algorithm), Burst: uint32(burstFor(r, limit)),
+		Pop: c.pop, Global: r.Scope == rules.ScopeGlobal}
 	d.Quota = Quota{Rule: r, Limit: limit, fixed: &sn.fixed[r.Index]}
 	bk := h ^ sn.blockSalt
 	if rel, blocked := c.blocks.Blocked(bk, t); blocked {
@@ -34,7 +35,11 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		c.emit(r, d)
 		return true
 	}
-	v := c.lim.Decide(context.Background(), d.now, &r.Policy, h, limit, cost)
+	here := limit
+	if r.Scope == rules.ScopeGlobal && c.deps.Global != nil {
+		here = c.globalRoom(r, h, t, limit)
+	}
+	v := c.lim.Decide(context.Background(), d.now, &r.Policy, h, here, cost)
 	if v.At > ev.Time {
 		ev.Time = v.At // decided after a wait for the store: judged when decided
 	}
@@ -66,6 +71,19 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	}
 	c.emit(r, d)
 	return !v.Allowed && !r.Shadow
+}
+
+// globalRoom is what this PoP may count of a global rule's limit for key
+// h at t: the limit less what the other PoPs counted in the trailing
+// window, or, cut off from their counts, its share of the limit. The
+// limiter decides this PoP's count against it.
+func (c *Core) globalRoom(r *rules.Rule, h uint64, t int64, limit uint64) uint64 {
+	others, fresh := c.deps.Global.Others(h, t, int64(r.Window))
+	if !fresh {
+		c.m.globalFallbacks.Inc()
+		return max(1, uint64(float64(limit)*c.cfg.GlobalShare))
+	}
+	return limit - min(others, limit)
 }
 
 // eventAction is a rule's action as events name it: a queue counts what

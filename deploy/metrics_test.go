@@ -10,13 +10,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/judge"
-	"github.com/poplimit/poplimit/pipeline"
-	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/global"
+	"github.com/poplimit/poplimit/judge"
+	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/shardproxy"
 )
 
 // recorder is a Registerer that remembers what it registered, so that the
@@ -80,7 +82,7 @@ func buildMetricSet() (metricSet, error) {
 	// The edge, as cmd/edge builds it (edge.Build), with a store and a
 	// broker that refuse connections.
 	rec.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	o := edge.Options{Brokers: []string{"127.0.0.1:1"}, Registry: rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	o := edge.Options{Brokers: []string{"127.0.0.1:1"}, Pop: "pop1", Registry: rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	o.Memcache.Servers = []shardproxy.Server{{Addr: "127.0.0.1:1"}}
 	o.BlockCache.MaxEntries = 1024
 	e, err := edge.Build(o)
@@ -102,6 +104,9 @@ func buildMetricSet() (metricSet, error) {
 		return metricSet{}, err
 	}
 	closers = append(closers, func() { cons.Close() })
+	if _, err := global.NewPublisher(global.NewTally(global.TallyConfig{}), global.KafkaConfig{Brokers: cc.Brokers}, time.Second, nil, arec); err != nil {
+		return metricSet{}, err
+	}
 
 	ms := metricSet{names: map[string]bool{}, types: map[string]dto.MetricType{}}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)

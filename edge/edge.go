@@ -26,6 +26,7 @@ import (
 
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/memcachestore"
 	"github.com/poplimit/poplimit/pipeline"
@@ -81,6 +82,19 @@ type Options struct {
 	KafkaTLS  *tls.Config
 	KafkaSASL sasl.Mechanism
 
+	// Pop names this edge's PoP (at most 32 bytes) in its events. With
+	// Brokers, it also makes rules of scope global hold across PoPs: the
+	// edge reads the other PoPs' counts from GlobalTopic (published by the
+	// aggregator) and decides a global rule's key against its limit less
+	// theirs. Empty: no PoP; global rules hold within the PoP.
+	Pop         string
+	GlobalTopic string // default global.DefaultTopic
+	// GlobalStale is how long without the publisher's heartbeat before
+	// the edge counts itself cut off from the other PoPs; it then holds
+	// global rules to GlobalShare of their limits.
+	GlobalStale time.Duration // default 2s
+	GlobalShare float64       // default 0.5
+
 	Pprof bool // serve /debug/pprof/ on the admin listener
 	// PprofToken, when set, is the bearer token /debug/pprof/ requires
 	// (at least 16 bytes): the admin listener is loopback by default, and
@@ -100,6 +114,10 @@ type Options struct {
 	// ClockSkew is added to the edge's clock: a test hook (the fault
 	// suite's skewed edges), refused beyond ±MaxClockSkew.
 	ClockSkew time.Duration
+	// KafkaDial, when set, opens the connections to Brokers, for the
+	// producer and the feed of the other PoPs' counts: a test hook (the
+	// fault suite cuts a PoP off from Kafka).
+	KafkaDial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // MaxClockSkew bounds Options.ClockSkew: a test hook must not be able to
@@ -148,6 +166,15 @@ func (o Options) withDefaults() Options {
 	if o.Topic == "" {
 		o.Topic = "poplimit.decisions"
 	}
+	if o.GlobalTopic == "" {
+		o.GlobalTopic = global.DefaultTopic
+	}
+	if o.GlobalStale == 0 {
+		o.GlobalStale = 2 * time.Second
+	}
+	if o.GlobalShare == 0 {
+		o.GlobalShare = 0.5
+	}
 	if o.Sample == 0 {
 		o.Sample = 1
 	}
@@ -176,6 +203,9 @@ type Edge struct {
 	Blocks   *blockcache.Cache
 	RLS      *rls.Service // Envoy's rate limit service; nil without RLSListen
 	Registry Registry
+	// Global is the other PoPs' counts, fed from Options.GlobalTopic; nil
+	// without Options.Pop and Brokers.
+	Global *global.Table
 
 	store    window.Store       // the shared store the core decides over
 	memcache *shardproxy.Client // nil without Memcache servers
@@ -254,7 +284,7 @@ func Build(o Options) (e *Edge, err error) {
 	if events == nil && len(o.Brokers) > 0 {
 		pc := pipeline.DefaultProducerConfig()
 		pc.Brokers, pc.Topic, pc.SampleRate = o.Brokers, o.Topic, o.Sample
-		pc.TLS, pc.SASL = o.KafkaTLS, o.KafkaSASL
+		pc.TLS, pc.SASL, pc.Dial = o.KafkaTLS, o.KafkaSASL, o.KafkaDial
 		if e.producer, err = pipeline.NewProducer(pc, reg); err != nil {
 			return e, err
 		}
@@ -265,7 +295,14 @@ func Build(o Options) (e *Edge, err error) {
 	if err := e.registerReady(reg); err != nil {
 		return e, err
 	}
-	st, err := NewStack(o, rs, StackDeps{Store: store, Blocks: e.Blocks, Events: events, Registerer: reg})
+	var others decision.GlobalView
+	if o.Pop != "" && len(o.Brokers) > 0 {
+		if e.Global, err = e.startGlobal(o, reg); err != nil {
+			return e, err
+		}
+		others = e.Global
+	}
+	st, err := NewStack(o, rs, StackDeps{Store: store, Blocks: e.Blocks, Events: events, Registerer: reg, Global: others})
 	if err != nil {
 		return e, err
 	}
@@ -286,6 +323,23 @@ func Build(o Options) (e *Edge, err error) {
 		e.RLS, err = rls.New(e.Core, rc, o.Logger, reg)
 	}
 	return e, err
+}
+
+// startGlobal starts the feed of the other PoPs' counts into a table.
+func (e *Edge) startGlobal(o Options, reg prometheus.Registerer) (*global.Table, error) {
+	if o.GlobalStale < 0 || o.GlobalShare < 0 || o.GlobalShare > 1 {
+		return nil, fmt.Errorf("edge: GlobalStale %v, GlobalShare %v: want a positive duration and a share between 0 and 1", o.GlobalStale, o.GlobalShare)
+	}
+	t := global.NewTable(global.TableConfig{Pop: o.Pop, Stale: o.GlobalStale})
+	f, err := global.NewFeed(t, global.KafkaConfig{Brokers: o.Brokers, Topic: o.GlobalTopic, TLS: o.KafkaTLS, SASL: o.KafkaSASL, Dial: o.KafkaDial}, o.Logger, reg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	e.closers = append(e.closers, func(context.Context) error { cancel(); <-done; return nil })
+	return t, nil
 }
 
 // Listen binds the traffic and admin listeners (a port 0 picks a free

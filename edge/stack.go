@@ -47,6 +47,8 @@ type StackDeps struct {
 	// Observe and Wait are the core's hooks (decision.CoreConfig).
 	Observe func(r *rules.Rule, key []byte, e *pipeline.Event)
 	Wait    func(d time.Duration)
+	// Global is the other PoPs' counts (decision.CoreDeps.Global).
+	Global decision.GlobalView
 }
 
 // NewStack builds the decision core by rs over d, with o's settings: the
@@ -66,8 +68,8 @@ func NewStack(o Options, rs *rules.Rules, d StackDeps) (*Stack, error) {
 	s := &Stack{Limiter: lim, Slots: window.NewSlots(o.Slots, d.Store), stepped: d.Clock != nil,
 		flushEvery: int64(lim.Config().FlushInterval), renewEvery: int64(o.Slots.RenewInterval), phase: int64(d.Phase)}
 	s.Core, err = decision.NewCore(decision.CoreConfig{EdgeID: o.EdgeID, Upstream: o.Server.Mode == httpedge.Proxy,
-		Observe: d.Observe, Wait: d.Wait}, rs,
-		decision.CoreDeps{Limiter: lim, Blocks: d.Blocks, Slots: s.Slots, Events: d.Events, Registerer: d.Registerer})
+		Observe: d.Observe, Wait: d.Wait, Pop: o.Pop, GlobalShare: o.GlobalShare}, rs,
+		decision.CoreDeps{Limiter: lim, Blocks: d.Blocks, Slots: s.Slots, Events: d.Events, Registerer: d.Registerer, Global: d.Global})
 	if err != nil {
 		s.Close(context.Background())
 		return nil, err

@@ -56,6 +56,11 @@ type edgeSpec struct {
 	cfg          httpedge.Config // TrustedProxies default loopback, RetryJitter 1ns
 	events       decision.Emitter
 	reg          *prometheus.Registry // default a new one
+	// pop, brokers and kafkaDial make the edge one of a PoP that reads
+	// the other PoPs' counts (edge.Options.Pop, Brokers, KafkaDial).
+	pop       string
+	brokers   []string
+	kafkaDial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // inEdge is an edge built in-process by the one test harness (edgetest),
@@ -79,6 +84,7 @@ func newEdge(t testing.TB, s edgeSpec) *inEdge {
 		o.Registry = s.reg
 	}
 	o.EdgeID = s.id
+	o.Pop, o.Brokers, o.KafkaDial = s.pop, s.brokers, s.kafkaDial
 	if o.Server.TrustedProxies == nil {
 		o.Server.TrustedProxies = loopback
 	}

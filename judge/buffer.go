@@ -10,11 +10,12 @@ const (
 	fCache
 	fShadow
 	fFallback
+	fGlobal // the rule's scope is global: its key is judged across PoPs
 )
 
 // pending is an event waiting for the watermark: what judging needs, with
-// the rule interned (an Event's Rule aliases the consumer's buffer). 64
-// bytes.
+// the rule and PoP interned (an Event's Rule and Pop alias the consumer's
+// buffer). 72 bytes.
 type pending struct {
 	t        int64  // event time floored to the resolution, Unix ns
 	seq      uint64 // arrival order, breaks ties of t
@@ -28,13 +29,17 @@ type pending struct {
 	estimate float32
 	edge     uint16
 	flags    uint8
-	alg      uint8 // pipeline.Algorithm
+	alg      uint8  // pipeline.Algorithm
+	pop      uint16 // index into Judge.popNames
 }
 
 func flagsOf(e *pipeline.Event) uint8 {
 	var f uint8
 	if e.Decision == pipeline.Limited {
 		f |= fLimited
+	}
+	if e.Global {
+		f |= fGlobal
 	}
 	if e.Mode == pipeline.ModeSync {
 		f |= fSync

@@ -98,7 +98,9 @@ type cell struct {
 	mode   pipeline.Mode
 	source Source
 	class  Class
-	alg    uint8 // pipeline.Algorithm
+	alg    uint8  // pipeline.Algorithm
+	pop    uint16 // index into Judge.popNames
+	global bool   // the rule's scope is global
 }
 
 // counts are a cell's tallies.
@@ -144,6 +146,8 @@ type Judge struct {
 	rules     map[string]uint32
 	ruleNames []string
 	edges     map[uint16]struct{} // edges with a label of their own
+	pops      map[string]uint16   // PoP name → index into popNames
+	popNames  []string            // "" for events of no PoP; "_other" past MaxEdges
 	keys      keyTable
 
 	cells     map[cell]*counts
@@ -173,6 +177,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 		maxAge:   int64(cfg.MaxEventAge),
 		rules:    make(map[string]uint32),
 		edges:    make(map[uint16]struct{}),
+		pops:     make(map[string]uint16),
 		keys:     newKeyTable(),
 		cells:    make(map[cell]*counts),
 		late:     make(map[lateCell]int64),
@@ -280,7 +285,7 @@ func (j *Judge) add(now int64, e *pipeline.Event) {
 	}
 	j.seq++
 	j.buf.push(pending{
-		t: t, seq: j.seq, arrived: now, hash: e.KeyHash, rule: j.ruleIndex(e.Rule),
+		t: t, seq: j.seq, arrived: now, hash: e.KeyHash, rule: j.ruleIndex(e.Rule), pop: j.popIndex(e.Pop),
 		cost: e.Cost, limit: e.Limit, windowMs: e.WindowMillis, burst: e.Burst,
 		estimate: e.Estimate, edge: e.Edge, flags: flagsOf(e), alg: uint8(e.Algorithm),
 	})
@@ -357,6 +362,34 @@ func (j *Judge) ruleIndex(b []byte) uint32 {
 	return i
 }
 
+// popIndex returns the index of the PoP named b in popNames, interning
+// it. PoPs share MaxEdges with the edges (a PoP has at least one): past
+// it, a new name is "_other". A name is made valid UTF-8 as a rule's is.
+func (j *Judge) popIndex(b []byte) uint16 {
+	if i, ok := j.pops[string(b)]; ok {
+		return i
+	}
+	name := string(b)
+	if len(j.popNames) >= j.cfg.MaxEdges {
+		name = otherLabel
+		if i, ok := j.pops[name]; ok {
+			return i
+		}
+	}
+	i := uint16(len(j.popNames))
+	j.pops[name] = i
+	j.popNames = append(j.popNames, strings.ToValidUTF8(name, "\uFFFD"))
+	return i
+}
+
+// scopeName is the label of a cell's scope.
+func scopeName(global bool) string {
+	if global {
+		return "global"
+	}
+	return "pop"
+}
+
 // edgeLabel returns the edge's label index: its id, or -1 past MaxEdges.
 func (j *Judge) edgeLabel(edge uint16) int32 {
 	if _, ok := j.edges[edge]; ok {
@@ -375,7 +408,10 @@ func (j *Judge) judge(p *pending) {
 	if p.t > j.frontier {
 		j.frontier = p.t
 	}
-	id := keyID{p.hash, p.rule}
+	id := keyID{p.hash, p.rule, p.pop}
+	if p.flags&fGlobal != 0 {
+		id.pop = allPops
+	}
 	w := int64(p.windowMs) * int64(time.Millisecond)
 	kind := refOf(p.alg)
 	sp := w
@@ -446,7 +482,8 @@ func (j *Judge) tally(p *pending, id keyID, v *verdict) {
 	if p.flags&fSync != 0 {
 		mode = pipeline.ModeSync
 	}
-	k := cell{rule: p.rule, edge: j.edgeLabel(p.edge), mode: mode, source: source, class: class, alg: p.alg}
+	k := cell{rule: p.rule, edge: j.edgeLabel(p.edge), mode: mode, source: source, class: class, alg: p.alg,
+		pop: p.pop, global: p.flags&fGlobal != 0}
 	cs := j.cells[k]
 	if cs == nil {
 		cs = new(counts)

@@ -3,11 +3,17 @@ package judge
 import "github.com/poplimit/poplimit/window"
 
 // keyID identifies a key: its hash and its rule (the hash already mixes in
-// the rule; the rule keeps two rules' keys apart all the same).
+// the rule; the rule keeps two rules' keys apart all the same), and, for a
+// rule of scope pop, its PoP: the limit holds in each PoP apart. A global
+// rule's key is one across PoPs (pop allPops).
 type keyID struct {
 	hash uint64
 	rule uint32
+	pop  uint16
 }
+
+// allPops is the pop of a global rule's keyID.
+const allPops = 0xffff
 
 // keyState is one key's exact history, in the reference of its kind (its
 // algorithm's): admitted units (allowed decisions) and attempted units

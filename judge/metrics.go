@@ -39,6 +39,11 @@ var (
 		"Judged decisions, by the rule's algorithm (sliding_window, fixed_window, token_bucket, leaky_bucket, "+
 			"sliding_log; each judged against its own exact truth), class and verdict, as in decisions_total.",
 		"algorithm", "class", "verdict")
+	descScopeDecisions = desc("scope_decisions_total",
+		"Judged decisions, by the rule's scope (pop: its limit holds in each PoP, judged per PoP; global: across "+
+			"PoPs, judged by key over every PoP), the PoP of the edge that decided (empty for edges of none), class "+
+			"and verdict, as in decisions_total.",
+		"scope", "pop", "class", "verdict")
 	descLate = desc("late_events_total",
 		"Events not judged because they arrived after their key judged a later event (out_of_order) "+
 			"or after state that might have covered them expired (forgotten).", "edge", "reason")
@@ -70,7 +75,7 @@ var verdictNames = [3]string{"correct", "wrongly_allowed", "wrongly_limited"}
 type collector struct{ j *Judge }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descDuplicates, descInvalid, descDecisions, descAlgDecisions, descLate, descOverflow,
+	for _, d := range []*prometheus.Desc{descEvents, descDuplicates, descInvalid, descDecisions, descAlgDecisions, descScopeDecisions, descLate, descOverflow,
 		descBuffered, descKeys, descEntries, descEvicted, descWrongKeys, descOvershoot, descRelErr, descWatermark} {
 		ch <- d
 	}
@@ -126,11 +131,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	// set once, so the cells are added up per label set.
 	decisions := make(map[[5]string]*[3]int64, len(j.cells))
 	byAlg := make(map[[2]string]*[3]int64)
+	byScope := make(map[[3]string]*[3]int64)
 	for k, cs := range j.cells {
 		v := [3]int64{cs.allowed + cs.limited - cs.wronglyAllowed - cs.wronglyLimited, cs.wronglyAllowed, cs.wronglyLimited}
 		class := k.class.String()
 		addVerdicts(decisions, [5]string{j.ruleNames[k.rule], edgeName(k.edge), k.mode.String(), k.source.String(), class}, v)
 		addVerdicts(byAlg, [2]string{pipeline.Algorithm(k.alg).String(), class}, v)
+		addVerdicts(byScope, [3]string{scopeName(k.global), j.popNames[k.pop], class}, v)
+	}
+	for l, v := range byScope {
+		for i, n := range v {
+			counter(descScopeDecisions, n, l[0], l[1], l[2], verdictNames[i])
+		}
 	}
 	for l, v := range decisions {
 		for i, n := range v {

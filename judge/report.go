@@ -138,6 +138,12 @@ type Report struct {
 	ByAlgorithm []Breakdown `json:"by_algorithm"`
 	ByMode      []Breakdown `json:"by_mode"`
 	BySource    []Breakdown `json:"by_source"`
+	// ByScope has a row per rule scope that decided anything: "pop" (each
+	// key judged within its PoP) and "global" (each key judged across
+	// every PoP). ByPop has a row per PoP of the deciding edges, both
+	// scopes ("" for edges of no PoP).
+	ByScope []Breakdown `json:"by_scope"`
+	ByPop   []Breakdown `json:"by_pop"`
 }
 
 // Report returns a snapshot of the counts. It takes the Judge's lock for
@@ -175,7 +181,7 @@ func (j *Judge) Report() Report {
 		return cmp.Or(compareNames(a.Edge, b.Edge), cmp.Compare(a.Reason, b.Reason))
 	})
 
-	byEdge, byRule, byAlg, byMode, bySource := rows{}, rows{}, rows{}, rows{}, rows{}
+	byEdge, byRule, byAlg, byMode, bySource, byScope, byPop := rows{}, rows{}, rows{}, rows{}, rows{}, rows{}, rows{}
 	for k, c := range j.cells {
 		classTally(&r, k.class).add(c)
 		byEdge.at(edgeName(k.edge), k.class).add(c)
@@ -183,6 +189,8 @@ func (j *Judge) Report() Report {
 		byAlg.at(pipeline.Algorithm(k.alg).String(), k.class).add(c)
 		byMode.at(k.mode.String(), k.class).add(c)
 		bySource.at(k.source.String(), k.class).add(c)
+		byScope.at(scopeName(k.global), k.class).add(c)
+		byPop.at(j.popNames[k.pop], k.class).add(c)
 	}
 	for _, t := range []*Tally{&r.Enforced, &r.Shadow, &r.Fallback} {
 		t.finish()
@@ -190,6 +198,7 @@ func (j *Judge) Report() Report {
 	}
 	r.ByEdge, r.ByRule, r.ByAlgorithm = byEdge.sorted(), byRule.sorted(), byAlg.sorted()
 	r.ByMode, r.BySource = byMode.sorted(), bySource.sorted()
+	r.ByScope, r.ByPop = byScope.sorted(), byPop.sorted()
 
 	var overshoot [len(overshootBounds) + 1]int64
 	var relErr [len(relErrBounds) + 1]int64

@@ -50,7 +50,9 @@ func TestProducerConfigValidate(t *testing.T) {
 		{"negative batch timeout", func(c *pipeline.ProducerConfig) { c.BatchTimeout = -1 }, []string{"BatchTimeout = -1ns"}},
 		{"small batch bytes", func(c *pipeline.ProducerConfig) { c.BatchBytes = 100 }, []string{"BatchBytes = 100"}},
 		{"backoff max below min", func(c *pipeline.ProducerConfig) { c.WriteBackoffMax = 1 }, []string{"WriteBackoffMax = 1ns"}},
-		{"one event per frame", func(c *pipeline.ProducerConfig) { c.FrameEvents, c.FrameBytes = 1, 322 }, nil},
+		{"one event per frame", func(c *pipeline.ProducerConfig) {
+			c.FrameEvents, c.FrameBytes = 1, pipeline.FrameHeaderLen+2+pipeline.MaxEventLen
+		}, nil},
 		{"frame events over 65535", func(c *pipeline.ProducerConfig) { c.FrameEvents = 1 << 16 }, []string{"FrameEvents = 65536"}},
 		{"frame bytes below one event", func(c *pipeline.ProducerConfig) { c.FrameBytes = 321 }, []string{"FrameBytes = 321"}},
 		{"frame bytes over batch bytes", func(c *pipeline.ProducerConfig) { c.BatchBytes, c.FrameBytes = 4096, 4096 },

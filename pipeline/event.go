@@ -7,8 +7,13 @@ import (
 )
 
 // Version is the event encoding version that AppendEvent writes: the first
-// byte of every event it encodes. DecodeEvent accepts it and VersionV1.
-const Version = 2
+// byte of every event it encodes. DecodeEvent accepts it, VersionV2 and
+// VersionV1.
+const Version = 3
+
+// VersionV2 is version 3 without the PoP's name and the Global flag: an
+// event of it decodes with an empty Pop and Global false.
+const VersionV2 = 2
 
 // VersionV1 is the first event encoding, without the algorithm, burst and
 // delay. DecodeEvent still reads it (as a sliding-window event whose Burst
@@ -18,14 +23,18 @@ const VersionV1 = 1
 // MaxRuleLen is the longest rule name, in bytes, that an event can carry.
 const MaxRuleLen = 255
 
-// MaxEventLen is the longest encoding of one event of any version, in
-// bytes: the version 2 head, the longest varints (a delay included) and a
-// rule name of MaxRuleLen bytes. Version 1 events are at most 296 bytes.
-const MaxEventLen = 307
+// MaxPopLen is the longest PoP name, in bytes, that an event can carry.
+const MaxPopLen = 32
 
-// The build fails unless MaxEventLen matches both layouts.
+// MaxEventLen is the longest encoding of one event of any version, in
+// bytes: the version 3 head, the longest varints (a delay included), a
+// rule name of MaxRuleLen bytes and a PoP name of MaxPopLen. Version 2
+// events are at most 307 bytes, version 1 events 296.
+const MaxEventLen = 340
+
+// The build fails unless MaxEventLen matches the layouts.
 var (
-	_ [0]struct{} = [MaxEventLen - (headLen + 3 + 5*5 + 1 + MaxRuleLen)]struct{}{}
+	_ [0]struct{} = [MaxEventLen - (headLen + 3 + 5*5 + 1 + MaxRuleLen + 1 + MaxPopLen)]struct{}{}
 	_ [0]struct{} = [maxEventLenV1 - (headLenV1 + 3 + 3*5 + 1 + MaxRuleLen)]struct{}{}
 	_ [MaxEventLen - maxEventLenV1]struct{}
 )
@@ -35,7 +44,8 @@ const (
 	// time, key hash, estimate.
 	headLen = 1 + 1 + 1 + 8 + 8 + 4
 	// minEventLen is the shortest version 2 event: the head, five one-byte
-	// varints (edge, cost, limit, window, burst) and an empty rule name.
+	// varints (edge, cost, limit, window, burst) and an empty rule name;
+	// a version 3 event has one more byte, its PoP name's length.
 	minEventLen = headLen + 5 + 1
 
 	// headLenV1 is the fixed part of version 1: version, flags, time, key
@@ -56,8 +66,9 @@ const (
 	flagFromBlockCache = 1 << 3
 	flagShadow         = 1 << 4
 	flagFallback       = 1 << 5
-	flagDelayed        = 1 << 6 // version 2 only
-	flagsReserved      = 0xff &^ (1<<7 - 1)
+	flagDelayed        = 1 << 6 // version 2 and later
+	flagGlobal         = 1 << 7 // version 3 only
+	flagsReservedV2    = 0xff &^ (1<<7 - 1)
 	flagsReservedV1    = 0xff &^ (1<<6 - 1)
 )
 
@@ -72,8 +83,9 @@ var (
 	ErrTruncated = errors.New("pipeline: truncated event")
 	// ErrTrailing reports bytes after a complete event or frame.
 	ErrTrailing = errors.New("pipeline: trailing bytes after event")
-	// ErrRuleTooLong reports a rule name longer than MaxRuleLen bytes.
-	ErrRuleTooLong = errors.New("pipeline: rule name longer than 255 bytes")
+	// ErrRuleTooLong reports a rule name longer than MaxRuleLen bytes, or
+	// a PoP name longer than MaxPopLen.
+	ErrRuleTooLong = errors.New("pipeline: rule name longer than 255 bytes or PoP name longer than 32")
 	// ErrMalformed reports a field outside its domain: a reserved flag bit
 	// set, a varint that is not minimally encoded or overflows its field,
 	// an enumeration value (Decision, Mode, Action, Algorithm) that does
@@ -90,15 +102,20 @@ var (
 //
 // The zero value is a valid event: an allowed async throttle decision of a
 // sliding-window rule at the Unix epoch on edge 0 with an empty rule name.
-// Fields are ordered to keep the struct at 80 bytes with no padding between
-// fields.
+// Fields are ordered to keep the struct at 104 bytes with no padding
+// between fields.
 type Event struct {
 	Time    int64  // when the edge decided, Unix nanoseconds
 	KeyHash uint64 // 64-bit hash of the rule and the client key, never the key itself
 	// Rule is the rule's name, at most MaxRuleLen bytes. DecodeEvent sets it
 	// to a sub-slice of its input (no copy): it is valid as long as that
 	// input is and must be copied to be kept longer.
-	Rule         []byte
+	Rule []byte
+	// Pop is the name of the PoP whose edge decided, at most MaxPopLen
+	// bytes, empty when the edge has none; it aliases DecodeEvent's input
+	// as Rule does. A PoP-scope rule is judged per PoP, a global one across
+	// every PoP.
+	Pop          []byte
 	Cost         uint32  // how much this request counts (usually 1)
 	Limit        uint32  // the limit in force for this key: units per window (a bucket's rate per window)
 	WindowMillis uint32  // the rule's window, milliseconds
@@ -122,6 +139,8 @@ type Event struct {
 	// Delayed reports a request that a leaky-bucket queue delayed (by
 	// DelayMicros) instead of refusing it.
 	Delayed bool
+	// Global reports a rule of scope global: its limit holds across PoPs.
+	Global bool
 	// Framed is set by Consumer on an event that came in a frame its
 	// frame dedup (DedupFrames) checked: a copy of it can only be a copy
 	// of its frame, which that dedup drops, so a judge need not
@@ -131,7 +150,7 @@ type Event struct {
 
 // check reports why AppendEvent would reject e, or nil.
 func (e *Event) check() error {
-	if len(e.Rule) > MaxRuleLen {
+	if len(e.Rule) > MaxRuleLen || len(e.Pop) > MaxPopLen {
 		return ErrRuleTooLong
 	}
 	if e.Decision > Limited || e.Mode > ModeSync || e.Action > ActionBlock || e.Algorithm > AlgorithmSlidingLog ||
@@ -158,22 +177,23 @@ func EncodedLen(e *Event) int {
 		return 0
 	}
 	n := headLen + uvarintLen(uint64(e.Edge)) + uvarintLen(uint64(e.Cost)) + uvarintLen(uint64(e.Limit)) +
-		uvarintLen(uint64(e.WindowMillis)) + uvarintLen(uint64(e.Burst)) + 1 + len(e.Rule)
+		uvarintLen(uint64(e.WindowMillis)) + uvarintLen(uint64(e.Burst)) + 1 + len(e.Rule) + 1 + len(e.Pop)
 	if e.Delayed {
 		n += uvarintLen(uint64(e.DelayMicros))
 	}
 	return n
 }
 
-// AppendEvent appends the version 2 encoding of e to dst and returns the
+// AppendEvent appends the version 3 encoding of e to dst and returns the
 // extended buffer. It allocates only if dst lacks the capacity
 // (EncodedLen(e) or MaxEventLen bytes are always enough). It returns dst
-// unchanged with ErrRuleTooLong if e.Rule is longer than MaxRuleLen bytes,
+// unchanged with ErrRuleTooLong if e.Rule is longer than MaxRuleLen bytes
+// or e.Pop longer than MaxPopLen,
 // or with ErrMalformed if e.Decision, e.Mode, e.Action or e.Algorithm is not
 // a defined value or e.DelayMicros is set on an event that is not Delayed.
 //
 // The encoding is canonical: one event has exactly one encoding, so
-// AppendEvent(nil, decoded) reproduces the version 2 bytes DecodeEvent
+// AppendEvent(nil, decoded) reproduces the version 3 bytes DecodeEvent
 // accepted.
 func AppendEvent(dst []byte, e *Event) ([]byte, error) {
 	if err := e.check(); err != nil {
@@ -206,6 +226,9 @@ func appendEvent(dst []byte, e *Event) []byte {
 	if e.Delayed {
 		flags |= flagDelayed
 	}
+	if e.Global {
+		flags |= flagGlobal
+	}
 	dst = append(dst, Version, flags, byte(e.Algorithm))
 	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Time))
 	dst = binary.BigEndian.AppendUint64(dst, e.KeyHash)
@@ -219,13 +242,16 @@ func appendEvent(dst []byte, e *Event) []byte {
 		dst = binary.AppendUvarint(dst, uint64(e.DelayMicros))
 	}
 	dst = append(dst, byte(len(e.Rule)))
-	return append(dst, e.Rule...)
+	dst = append(dst, e.Rule...)
+	dst = append(dst, byte(len(e.Pop)))
+	return append(dst, e.Pop...)
 }
 
-// DecodeEvent decodes exactly one event of version 2 or 1 from b into e. It
-// allocates nothing; e.Rule aliases b (capacity-limited, so appending to it
-// cannot overwrite b). A version 1 event decodes with Algorithm
-// AlgorithmSlidingWindow and Burst = Limit, and re-encodes as version 2.
+// DecodeEvent decodes exactly one event of version 3, 2 or 1 from b into e.
+// It allocates nothing; e.Rule and e.Pop alias b (capacity-limited, so
+// appending to them cannot overwrite b). A version 2 event decodes with an
+// empty Pop and Global false, a version 1 event also with Algorithm
+// AlgorithmSlidingWindow and Burst = Limit; both re-encode as version 3.
 //
 // It returns ErrVersion if b does not start with Version or VersionV1,
 // ErrTruncated if b ends inside the event, ErrTrailing if bytes follow it,
@@ -238,20 +264,21 @@ func DecodeEvent(b []byte, e *Event) error {
 		return ErrTruncated
 	}
 	switch b[0] {
-	case Version:
-		return decodeEvent(b, e, true)
-	case VersionV1:
-		return decodeEvent(b, e, false)
+	case Version, VersionV2, VersionV1:
+		return decodeEvent(b, e, b[0])
 	}
 	return ErrVersion
 }
 
-// decodeEvent decodes b, whose version byte has been checked: version 2 if
-// v2, else version 1.
-func decodeEvent(b []byte, e *Event, v2 bool) error {
+// decodeEvent decodes b, whose version byte, version, has been checked.
+func decodeEvent(b []byte, e *Event, version byte) error {
+	v2 := version >= VersionV2
 	minLen, reserved := minEventLenV1, byte(flagsReservedV1)
-	if v2 {
-		minLen, reserved = minEventLen, flagsReserved
+	switch version {
+	case Version:
+		minLen, reserved = minEventLen+1, 0
+	case VersionV2:
+		minLen, reserved = minEventLen, flagsReservedV2
 	}
 	if len(b) < minLen {
 		return ErrTruncated
@@ -277,6 +304,7 @@ func decodeEvent(b []byte, e *Event, v2 bool) error {
 	ev.Shadow = flags&flagShadow != 0
 	ev.Fallback = flags&flagFallback != 0
 	ev.Delayed = flags&flagDelayed != 0
+	ev.Global = flags&flagGlobal != 0
 	if flags&flagLimited != 0 {
 		ev.Decision = Limited
 	}
@@ -325,7 +353,23 @@ func decodeEvent(b []byte, e *Event, v2 bool) error {
 		return ErrTruncated
 	}
 	ev.Rule = b[off : off+ruleLen : off+ruleLen]
-	if off+ruleLen != len(b) {
+	off += ruleLen
+	if version == Version {
+		if off >= len(b) {
+			return ErrTruncated
+		}
+		popLen := int(b[off])
+		off++
+		if popLen > MaxPopLen {
+			return ErrMalformed
+		}
+		if len(b)-off < popLen {
+			return ErrTruncated
+		}
+		ev.Pop = b[off : off+popLen : off+popLen]
+		off += popLen
+	}
+	if off != len(b) {
 		return ErrTrailing
 	}
 	*e = ev

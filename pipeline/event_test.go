@@ -15,6 +15,7 @@ import (
 // field, every flag and algorithm alone.
 func sampleEvents() map[string]pipeline.Event {
 	long := bytes.Repeat([]byte("r"), pipeline.MaxRuleLen)
+	longPop := bytes.Repeat([]byte("p"), pipeline.MaxPopLen)
 	return map[string]pipeline.Event{
 		"zero": {},
 		"typical": {
@@ -23,7 +24,7 @@ func sampleEvents() map[string]pipeline.Event {
 			Decision: pipeline.Limited, Mode: pipeline.ModeSync, Action: pipeline.ActionThrottle,
 		},
 		"max": {
-			Time: math.MaxInt64, Edge: math.MaxUint16, Rule: long, KeyHash: math.MaxUint64,
+			Time: math.MaxInt64, Edge: math.MaxUint16, Rule: long, Pop: longPop, Global: true, KeyHash: math.MaxUint64,
 			Cost: math.MaxUint32, Limit: math.MaxUint32, WindowMillis: math.MaxUint32, Estimate: math.MaxFloat32,
 			Burst: math.MaxUint32, DelayMicros: math.MaxUint32, Algorithm: pipeline.AlgorithmSlidingLog,
 			Decision: pipeline.Limited, Mode: pipeline.ModeSync, Action: pipeline.ActionBlock,
@@ -44,6 +45,8 @@ func sampleEvents() map[string]pipeline.Event {
 		"delayed":           {Algorithm: pipeline.AlgorithmLeakyBucket, Limit: 10, Burst: 5, Delayed: true, DelayMicros: 250_000},
 		"delayed by 0":      {Algorithm: pipeline.AlgorithmLeakyBucket, Delayed: true},
 		"sliding log":       {Algorithm: pipeline.AlgorithmSlidingLog, Limit: 3, Burst: 3},
+		"pop":               {Pop: []byte("fra1"), Rule: []byte("api")},
+		"global":            {Global: true, Pop: []byte("ams2"), Limit: 100, Burst: 100},
 	}
 }
 
@@ -54,7 +57,8 @@ func equalEvents(a, b *pipeline.Event) bool {
 		math.Float32bits(a.Estimate) == math.Float32bits(b.Estimate) &&
 		a.Decision == b.Decision && a.Mode == b.Mode && a.Action == b.Action &&
 		a.FromBlockCache == b.FromBlockCache && a.Shadow == b.Shadow && a.Fallback == b.Fallback &&
-		a.Algorithm == b.Algorithm && a.Burst == b.Burst && a.Delayed == b.Delayed && a.DelayMicros == b.DelayMicros
+		a.Algorithm == b.Algorithm && a.Burst == b.Burst && a.Delayed == b.Delayed && a.DelayMicros == b.DelayMicros &&
+		bytes.Equal(a.Pop, b.Pop) && a.Global == b.Global
 }
 
 // appendV1 appends the version 1 encoding of e (the layout before
@@ -81,8 +85,39 @@ func appendV1(dst []byte, e *pipeline.Event) []byte {
 
 // asV1 returns e as a version 1 event decodes: sliding window, Burst = Limit, no delay.
 func asV1(e pipeline.Event) pipeline.Event {
+	e = asV2(e)
 	e.Algorithm, e.Burst, e.Delayed, e.DelayMicros = pipeline.AlgorithmSlidingWindow, e.Limit, false, 0
 	return e
+}
+
+// asV2 is e without what version 2 cannot carry: its PoP and scope.
+func asV2(e pipeline.Event) pipeline.Event {
+	e.Pop, e.Global = nil, false
+	return e
+}
+
+// appendV2 appends the version 2 encoding of e (the layout before PoPs),
+// as producers before version 3 wrote it: version 3's without the PoP
+// name's length, under version byte 2. e must carry no PoP nor Global.
+func appendV2(dst []byte, e *pipeline.Event) []byte {
+	b, err := pipeline.AppendEvent(nil, e)
+	if err != nil || len(e.Pop) > 0 || e.Global {
+		panic("appendV2: not a version 2 event")
+	}
+	b[0] = pipeline.VersionV2
+	return append(dst, b[:len(b)-1]...)
+}
+
+// TestDecodeV2 decodes every sample event that version 2 can carry from
+// its version 2 bytes: an empty PoP, scope pop; it re-encodes as version 3.
+func TestDecodeV2(t *testing.T) {
+	for name, e := range sampleEvents() {
+		e := asV2(e)
+		var got pipeline.Event
+		if err := pipeline.DecodeEvent(appendV2(nil, &e), &got); err != nil || !equalEvents(&got, &e) {
+			t.Errorf("%s through v2: got %+v, %v, want %+v", name, got, err, e)
+		}
+	}
 }
 
 func TestEventRoundTrip(t *testing.T) {
@@ -120,20 +155,21 @@ func TestEventMaxLen(t *testing.T) {
 	}
 }
 
-// TestEventLayout pins the documented layout of version 2 with a golden
+// TestEventLayout pins the documented layout of version 3 with a golden
 // encoding.
 func TestEventLayout(t *testing.T) {
 	e := pipeline.Event{
 		Time: 1, Edge: 2, Rule: []byte("ab"), KeyHash: 0x0102030405060708, Cost: 1, Limit: 300,
 		WindowMillis: 1000, Burst: 600, Estimate: 1.5, Decision: pipeline.Limited, Action: pipeline.ActionBlock,
 		Fallback: true, Algorithm: pipeline.AlgorithmLeakyBucket, Delayed: true, DelayMicros: 1500,
+		Pop: []byte("p1"), Global: true,
 	}
 	b, err := pipeline.AppendEvent(nil, &e)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = "02" + "65" + "03" + "0000000000000001" + "0102030405060708" + "3fc00000" +
-		"02" + "01" + "ac02" + "e807" + "d804" + "dc0b" + "02" + "6162"
+	const want = "03" + "e5" + "03" + "0000000000000001" + "0102030405060708" + "3fc00000" +
+		"02" + "01" + "ac02" + "e807" + "d804" + "dc0b" + "02" + "6162" + "02" + "7031"
 	if got := hex.EncodeToString(b); got != want {
 		t.Errorf("encoding: got %s, want %s", got, want)
 	}
@@ -185,6 +221,7 @@ func TestAppendEventErrors(t *testing.T) {
 		want error
 	}{
 		{"rule too long", pipeline.Event{Rule: make([]byte, pipeline.MaxRuleLen+1)}, pipeline.ErrRuleTooLong},
+		{"PoP name too long", pipeline.Event{Pop: make([]byte, pipeline.MaxPopLen+1)}, pipeline.ErrRuleTooLong},
 		{"bad decision", pipeline.Event{Decision: 2}, pipeline.ErrMalformed},
 		{"bad mode", pipeline.Event{Mode: 2}, pipeline.ErrMalformed},
 		{"bad action", pipeline.Event{Action: 2}, pipeline.ErrMalformed},
@@ -229,6 +266,7 @@ func TestDecodeEventErrors(t *testing.T) {
 	delayed := mustEncode(t, pipeline.Event{Rule: []byte("r"), Delayed: true, Algorithm: pipeline.AlgorithmLeakyBucket})
 	typicalV1 := sampleEvents()["typical"]
 	v1 := appendV1(nil, &typicalV1)
+	v2 := appendV2(nil, &typicalV1)
 	minimalV1 := appendV1(nil, &pipeline.Event{Rule: []byte("r")})
 	splice := func(b []byte, at, skip int, ins ...byte) []byte {
 		return append(append(bytes.Clone(b[:at]), ins...), b[at+skip:]...)
@@ -240,8 +278,12 @@ func TestDecodeEventErrors(t *testing.T) {
 	}{
 		{"empty", nil, pipeline.ErrTruncated},
 		{"version 0", with(valid, 0, 0), pipeline.ErrVersion},
-		{"version 3", with(valid, 0, 3), pipeline.ErrVersion},
-		{"future version, short", []byte{3}, pipeline.ErrVersion},
+		{"version 4", with(valid, 0, 4), pipeline.ErrVersion},
+		{"future version, short", []byte{4}, pipeline.ErrVersion},
+		{"v2 reserved flag 7", with(v2, 1, 1<<7), pipeline.ErrMalformed},
+		{"v2 trailing byte", append(bytes.Clone(v2), 0), pipeline.ErrTrailing},
+		{"PoP name over 32 bytes", append(append(bytes.Clone(valid[:len(valid)-1]), 33), bytes.Repeat([]byte("p"), 33)...), pipeline.ErrMalformed},
+		{"cut in PoP name", append(bytes.Clone(valid[:len(valid)-1]), 2, 'p'), pipeline.ErrTruncated},
 		{"a frame", with(valid, 0, 0x81), pipeline.ErrVersion},
 		{"version only", []byte{2}, pipeline.ErrTruncated},
 		{"v1 version only", []byte{1}, pipeline.ErrTruncated},
@@ -254,7 +296,6 @@ func TestDecodeEventErrors(t *testing.T) {
 		{"trailing byte", append(bytes.Clone(valid), 0), pipeline.ErrTrailing},
 		{"v1 trailing byte", append(bytes.Clone(v1), 0), pipeline.ErrTrailing},
 		{"two events", append(bytes.Clone(valid), valid...), pipeline.ErrTrailing},
-		{"reserved flag 7", with(valid, 1, 1<<7), pipeline.ErrMalformed},
 		{"v1 reserved flag 6", with(v1, 1, 1<<6), pipeline.ErrMalformed},
 		{"v1 reserved flag 7", with(v1, 1, 1<<7), pipeline.ErrMalformed},
 		{"algorithm 5", with(valid, 2, 5), pipeline.ErrMalformed},
@@ -353,12 +394,13 @@ func TestEnumStrings(t *testing.T) {
 }
 
 // FuzzDecodeEvent checks that DecodeEvent never panics, fails only with a
-// sentinel, and is canonical: a version 2 input re-encodes to itself, and a
-// version 1 input to the version 1 bytes of the test's encoder and to a
-// version 2 encoding that decodes to the same event.
+// sentinel, and is canonical: a version 3 input re-encodes to itself, and a
+// version 2 or 1 input to the bytes of the test's encoder of its version
+// and to a version 3 encoding that decodes to the same event.
 func FuzzDecodeEvent(f *testing.F) {
 	for _, e := range sampleEvents() {
-		for _, b := range [][]byte{mustEncode(f, e), appendV1(nil, &e)} {
+		e2 := asV2(e)
+		for _, b := range [][]byte{mustEncode(f, e), appendV1(nil, &e), appendV2(nil, &e2)} {
 			f.Add(b)
 			for _, n := range []int{0, 1, 2, 3, 21, 22, 23, 24, len(b) - 1} {
 				if n >= 0 && n < len(b) {
@@ -393,6 +435,13 @@ func FuzzDecodeEvent(f *testing.F) {
 		case pipeline.Version:
 			if !bytes.Equal(enc, b) {
 				t.Fatalf("re-encoding: got %x, want the input %x (the encoding is canonical)", enc, b)
+			}
+		case pipeline.VersionV2:
+			if len(e.Pop) > 0 || e.Global {
+				t.Fatalf("v2 event: got PoP %q, global %v; want none", e.Pop, e.Global)
+			}
+			if v2 := appendV2(nil, &e); !bytes.Equal(v2, b) {
+				t.Fatalf("v2 re-encoding: got %x, want the input %x (the encoding is canonical)", v2, b)
 			}
 		case pipeline.VersionV1:
 			if e.Algorithm != pipeline.AlgorithmSlidingWindow || e.Burst != e.Limit || e.Delayed {

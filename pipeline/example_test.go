@@ -29,7 +29,7 @@ func ExampleAppendEvent() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%d bytes, version %d\n", len(buf), buf[0])
-	// Output: 36 bytes, version 2
+	// Output: 37 bytes, version 3
 }
 
 func ExampleDecodeEvent() {
@@ -77,7 +77,7 @@ func ExampleDecodeFrame() {
 		fmt.Printf("%s %s %s delayed=%v %dµs\n", e.Rule, e.Algorithm, e.Decision, e.Delayed, e.DelayMicros)
 	}
 	// Output:
-	// frame of edge 4, number 41, 3 events in 117 bytes
+	// frame of edge 4, number 41, 3 events in 120 bytes
 	// api sliding_window allowed delayed=false 0µs
 	// api sliding_window limited delayed=false 0µs
 	// upload leaky_bucket allowed delayed=true 1500µs

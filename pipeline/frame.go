@@ -66,8 +66,9 @@ func IsFrame(b []byte) bool { return len(b) > 0 && b[0]&frameTag != 0 }
 // of FrameVersion (a single event, or a future format), ErrTruncated if b
 // ends inside the frame, ErrTrailing if bytes follow its last event, and
 // ErrMalformed if the count is 0, an event's length is not minimally
-// encoded or longer than MaxEventLen, or an event is not of Version or not
-// of the frame's edge; an event's own errors are as DecodeEvent's.
+// encoded or longer than MaxEventLen, or an event is not of Version or
+// VersionV2, not of the version of the frame's first event, or not of the
+// frame's edge; an event's own errors are as DecodeEvent's.
 // DecodeFrame never panics, whatever b holds.
 func DecodeFrame(b []byte, h *FrameHeader, dst []Event) ([]Event, error) {
 	if len(b) == 0 {
@@ -93,6 +94,7 @@ func DecodeFrame(b []byte, h *FrameHeader, dst []Event) ([]Event, error) {
 		return dst[:n0], err
 	}
 	off := FrameHeaderLen
+	var ver byte // the frame's event version
 	for range hd.Count {
 		l, n, err := uvarint(b[off:], MaxEventLen)
 		if err != nil {
@@ -107,12 +109,15 @@ func DecodeFrame(b []byte, h *FrameHeader, dst []Event) ([]Event, error) {
 		}
 		ev := b[off : off+int(l)]
 		off += int(l)
-		if ev[0] != Version {
-			return fail(ErrMalformed) // frames hold version 2 events only
+		if ver == 0 {
+			ver = ev[0]
+		}
+		if ev[0] != Version && ev[0] != VersionV2 || ev[0] != ver {
+			return fail(ErrMalformed) // a frame holds events of one version, 2 or later
 		}
 		dst = append(dst, Event{})
 		e := &dst[len(dst)-1]
-		if err := decodeEvent(ev, e, true); err != nil {
+		if err := decodeEvent(ev, e, ev[0]); err != nil {
 			return fail(err)
 		}
 		if e.Edge != hd.Edge {

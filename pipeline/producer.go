@@ -262,5 +262,8 @@ func (p *Producer) dial(ctx context.Context, network, addr string) (net.Conn, er
 	if p.aborted.Load() {
 		return nil, ErrClosed
 	}
+	if p.cfg.Dial != nil {
+		return p.cfg.Dial(ctx, network, addr)
+	}
 	return p.dialer.DialContext(ctx, network, addr)
 }

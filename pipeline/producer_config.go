@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -112,6 +113,9 @@ type ProducerConfig struct {
 	MaxWritesInFlight int
 	// DialTimeout bounds opening a connection to a broker. Default 2 s.
 	DialTimeout time.Duration
+	// Dial, when set, opens the connections to the brokers instead of a
+	// net.Dialer (a test's network that it can cut).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// MetadataTTL is how long the cluster layout (the topic's partition
 	// count, which places each key's events) is cached between refreshes.
 	// Default 5 s.

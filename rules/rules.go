@@ -114,6 +114,20 @@ var duplicateKeyNames = []string{"refuse", "first", "last"}
 
 func (d DuplicateKey) String() string { return enumName(duplicateKeyNames, int(d)) }
 
+// Scope is where a rule's limit holds: among the edges of one PoP (the
+// default), or across every PoP, each PoP adding what the others counted
+// for the key (package global).
+type Scope uint8
+
+const (
+	ScopePoP    Scope = iota // the limit holds within each PoP
+	ScopeGlobal              // the limit holds across PoPs
+)
+
+var scopeNames = []string{"pop", "global"}
+
+func (s Scope) String() string { return enumName(scopeNames, int(s)) }
+
 func enumName(names []string, i int) string {
 	if i >= 0 && i < len(names) {
 		return names[i]
@@ -150,6 +164,9 @@ type Rule struct {
 	IPv6Prefix int
 
 	Shadow bool // decide and count, never refuse
+	// Scope says whether the limit holds within the PoP or across PoPs
+	// (scope: global; sliding and fixed windows only).
+	Scope Scope
 	// Envoy marks a rule built from an envoyproxy/ratelimit descriptor: it
 	// is decided only through Envoy's rate limit service, and no HTTP
 	// request matches it.
@@ -325,6 +342,7 @@ type ruleYAML struct {
 	Mode         string             `yaml:"mode"`
 	Fail         string             `yaml:"fail"`
 	Shadow       bool               `yaml:"shadow"`
+	Scope        string             `yaml:"scope"`
 	Cost         *number            `yaml:"cost"`
 	CostHeader   string             `yaml:"cost_header"`
 	MaxCost      *number            `yaml:"max_cost"`
@@ -573,7 +591,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 	parseKind(f, y, r)
 	if r.Kind == Shed {
 		// A shed rule only classes routes: nothing else applies.
-		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" {
+		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" || y.Scope != "" {
 			f.fail("", "", "a shed rule takes only name, match and priority")
 		}
 		if f.n > 0 {
@@ -587,6 +605,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 	parsePolicy(f, y, r)
 	parseCost(f, y, r)
 	parseTiers(f, y, r)
+	parseScope(f, y, r)
 	if f.n == 0 && r.Kind == Rate {
 		checkCost(f, y, r)
 	}
@@ -601,6 +620,18 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 func (r *Rule) finish() {
 	r.nameBytes = []byte(r.Name)
 	r.Seed = xxhash.Sum64String(r.Name + "\x00" + r.Window.String() + "\x00" + r.Algorithm.String() + "\x00" + r.Kind.String())
+}
+
+func parseScope(f *fields, y ruleYAML, r *Rule) {
+	var ok bool
+	if r.Scope, ok = parseEnum[Scope](scopeNames, y.Scope); !ok {
+		f.fail("scope", strconv.Quote(y.Scope), "must be one of "+strings.Join(scopeNames, ", "))
+		return
+	}
+	if r.Scope == ScopeGlobal {
+		f.only(true, "scope", strconv.Quote(y.Scope), r.Kind == Rate && r.Algorithm.IsCounter(),
+			"rate rules of algorithm sliding_window or fixed_window (other PoPs' counts are window counts)")
+	}
 }
 
 func parseName(f *fields, name string) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,12 +15,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/poplimit/poplimit/judge"
-	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/poplimit/poplimit/global"
+	"github.com/poplimit/poplimit/judge"
+	"github.com/poplimit/poplimit/pipeline"
 )
 
 // config is the aggregator's configuration, built by parseFlags (or by a
@@ -50,6 +53,13 @@ type config struct {
 	// Pprof serves /debug/pprof/ on Listen (off by default: Listen has
 	// no authentication, keep it on loopback when this is on).
 	Pprof bool
+	// GlobalTopic receives, every GlobalInterval (0: never), the counts
+	// per PoP of the keys of global rules that matter (package global):
+	// the edges of every PoP read it. GlobalMinShare is global.TallyConfig's
+	// MinShare.
+	GlobalTopic    string
+	GlobalInterval time.Duration
+	GlobalMinShare float64
 
 	// onApply, when set (tests), sees every batch after the judge took it.
 	onApply func([]pipeline.Event)
@@ -69,6 +79,9 @@ func (c *config) validate() error {
 		if c.Partitions < 1 || c.Partitions > 10000 {
 			errs = append(errs, fmt.Errorf("aggregator: -partitions %d: must be between 1 and 10000", c.Partitions))
 		}
+	}
+	if c.GlobalInterval < 0 || c.GlobalMinShare < 0 || c.GlobalMinShare > 1 {
+		errs = append(errs, fmt.Errorf("aggregator: -global-interval %v, -global-min-share %v: want a duration not negative and a share between 0 and 1", c.GlobalInterval, c.GlobalMinShare))
 	}
 	if c.IdleFlush < 0 {
 		errs = append(errs, fmt.Errorf("aggregator: -idle-flush %v: must not be negative", c.IdleFlush))
@@ -111,6 +124,8 @@ type aggregator struct {
 	brokers  []string
 	judge    *judge.Judge
 	consumer *pipeline.Consumer
+	tally    *global.Tally // nil without GlobalInterval
+	pubStop  context.CancelFunc
 	http     *http.Server
 	ln       net.Listener
 
@@ -145,6 +160,9 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		port, _ := embeddedPort(cfg.Embedded) // validated
 		opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port),
 			kfake.SeedTopics(int32(cfg.Partitions), cfg.Consumer.Topic)}
+		if cfg.GlobalInterval > 0 {
+			opts = append(opts, kfake.SeedTopics(1, cmp.Or(cfg.GlobalTopic, global.DefaultTopic)))
+		}
 		if cfg.EmbeddedDataDir != "" {
 			opts = append(opts, kfake.DataDir(cfg.EmbeddedDataDir))
 		}
@@ -169,6 +187,20 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		return nil, err
 	}
 	undo = append(undo, func() { _ = a.consumer.Close() })
+
+	if cfg.GlobalInterval > 0 {
+		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare})
+		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
+			TLS: cc.TLS, SASL: cc.SASL}, cfg.GlobalInterval, log, a.reg)
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		a.pubStop = cancel
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); pub.Run(ctx) }()
+		undo = append(undo, cancel)
+	}
 
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("aggregator: -listen: %w", err)
@@ -222,6 +254,9 @@ func (a *aggregator) consume() {
 func (a *aggregator) apply(batch []pipeline.Event) error {
 	now := time.Now().UnixNano()
 	a.judge.Add(now, batch...)
+	if a.tally != nil {
+		a.tally.Add(batch...)
+	}
 	a.lastApply.Store(now)
 	if a.cfg.onApply != nil {
 		a.cfg.onApply(batch)
@@ -270,6 +305,9 @@ func (a *aggregator) Stop(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 		<-a.runDone
+		if a.pubStop != nil {
+			a.pubStop()
+		}
 		close(a.quit)
 		a.judge.Flush()
 		r := a.judge.Report()

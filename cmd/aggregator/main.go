@@ -49,6 +49,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/internal/kafkaauth"
 
 	"github.com/poplimit/poplimit/judge"
@@ -77,6 +78,9 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic the embedded broker creates")
 	fs.StringVar(&cfg.Consumer.Topic, "topic", "poplimit.decisions", "Kafka topic of decision events")
 	fs.StringVar(&cfg.Consumer.GroupID, "group", "poplimit-aggregator", "Kafka consumer group")
+	fs.StringVar(&cfg.GlobalTopic, "global-topic", global.DefaultTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
+	fs.DurationVar(&cfg.GlobalInterval, "global-interval", 100*time.Millisecond, "how often the counts of global rules' keys are published (0: never)")
+	fs.Float64Var(&cfg.GlobalMinShare, "global-min-share", 1.0/8, "a global rule's key is published while its units across PoPs reach this part of its limit")
 	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")
 	fs.DurationVar(&cfg.Judge.MaxClockSkew, "max-clock-skew", cfg.Judge.MaxClockSkew, "events more than -lateness plus this after the aggregator's clock are invalid (reason future), kept out of the watermark (0: off)")
 	fs.DurationVar(&cfg.Judge.MaxEventAge, "max-event-age", cfg.Judge.MaxEventAge, "events older than this behind the aggregator's clock are invalid (reason past), not judged (0: off)")

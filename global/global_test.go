@@ -1,0 +1,104 @@
+package global
+
+import (
+	"testing"
+	"time"
+
+	"github.com/poplimit/poplimit/pipeline"
+)
+
+const sec = int64(time.Second)
+
+func ev(pop string, at int64, cost uint32, d pipeline.Decision) pipeline.Event {
+	return pipeline.Event{Time: at, KeyHash: 7, Rule: []byte("g"), Cost: cost, Limit: 100, WindowMillis: 10_000,
+		Decision: d, Global: true, Pop: []byte(pop)}
+}
+
+// The tally counts per PoP what each counted (admitted units of a
+// throttle), rolls windows, publishes only keys that matter, and the
+// edges' table adds up the other PoPs' units as a sliding window does.
+func TestTallyToTable(t *testing.T) {
+	t0 := 1_800_000_000 * sec // a multiple of 10 s
+	tally := NewTally(TallyConfig{})
+	// 5 units: below 1/8 of 100, not published.
+	for i := range 5 {
+		tally.Add(ev("fra1", t0+int64(i)*sec/10, 1, pipeline.Allowed))
+	}
+	if cs := tally.Snapshot(nil, t0+sec); len(cs) != 0 {
+		t.Fatalf("5 units of 100: published %+v, want nothing", cs)
+	}
+	tally.Add(ev("fra1", t0+2*sec, 20, pipeline.Allowed), ev("ams2", t0+3*sec, 30, pipeline.Allowed),
+		ev("ams2", t0+3*sec, 50, pipeline.Limited), // refused: not counted
+		ev("ams2", t0+4*sec, 10, pipeline.Allowed)) // still window t0
+	tally.Add(pipeline.Event{Time: t0, KeyHash: 8, Cost: 90, Limit: 100, WindowMillis: 10_000, Pop: []byte("x")}) // scope pop: not counted
+	cs := tally.Snapshot(nil, t0+12*sec)                                                                          // in the next window: t0's counts are prev
+	if len(cs) != 1 {
+		t.Fatalf("snapshot: got %+v, want key 7 alone", cs)
+	}
+	c := cs[0]
+	want := []PopCount{{"ams2", 40, 0, t0 + 4*sec}, {"fra1", 25, 0, t0 + 2*sec}}
+	if c.Key != 7 || c.Start != (t0+10*sec)/1e6 || c.WindowMs != 10_000 || len(c.Pops) != 2 || c.Pops[0] != want[0] || c.Pops[1] != want[1] {
+		t.Fatalf("snapshot: got %+v, want key 7 from %d: %+v", c, (t0+10*sec)/1e6, want)
+	}
+	var m decoded
+	if err := decode(AppendCounts(nil, &c), &m); err != nil || m.heartbeat || m.c.Key != 7 || len(m.c.Pops) != 2 || m.c.Pops[1] != want[1] {
+		t.Fatalf("round trip: got %+v, %v", m, err)
+	}
+
+	tb := NewTable(TableConfig{Pop: "fra1"})
+	now := t0 + 12*sec
+	if _, fresh := tb.Others(7, now, 10*sec); fresh {
+		t.Error("fresh before any heartbeat")
+	}
+	tb.Beat(now)
+	tb.Apply(&m.c)
+	// At t0+12 s, 80 % of the previous window is in the trailing one: the
+	// others (ams2) counted 40 then, so 32.
+	if got, fresh := tb.Others(7, now, 10*sec); got != 32 || !fresh {
+		t.Errorf("others at +12 s: got %d, %v, want 32, fresh", got, fresh)
+	}
+	if got, _ := tb.Others(7, now, 60*sec); got != 0 {
+		t.Errorf("another window length: got %d, want 0", got)
+	}
+	if got, _ := tb.Others(9, now, 10*sec); got != 0 {
+		t.Errorf("a key not sent: got %d, want 0", got)
+	}
+	if _, fresh := tb.Others(7, now+3*sec, 10*sec); fresh {
+		t.Error("fresh 3 s after the last heartbeat (stale 2 s)")
+	}
+	if got, _ := tb.Others(7, t0+31*sec, 10*sec); got != 0 {
+		t.Errorf("two windows on: got %d, want 0", got)
+	}
+	// Two windows without units: dropped from the tally.
+	if cs := tally.Snapshot(nil, t0+31*sec); len(cs) != 0 {
+		t.Errorf("two windows idle: got %+v, want nothing", cs)
+	}
+	if n, _ := tally.Keys(); n != 0 {
+		t.Errorf("keys after two idle windows: got %d, want 0", n)
+	}
+}
+
+func TestDecodeRefusesGarbage(t *testing.T) {
+	c := Counts{Key: 1, Start: 2, WindowMs: 3, Pops: []PopCount{{"a", 1, 2, 3}}}
+	b := AppendCounts(nil, &c)
+	var m decoded
+	for i := range len(b) {
+		if err := decode(b[:i], &m); err == nil {
+			t.Errorf("decode of %d of %d bytes: got nil, want an error", i, len(b))
+		}
+	}
+	if err := decode(append(b, 0), &m); err == nil {
+		t.Error("decode with a trailing byte: got nil")
+	}
+	if err := decode(AppendHeartbeat(nil, 5), &m); err != nil || !m.heartbeat || m.at != 5 {
+		t.Errorf("heartbeat: got %+v, %v", m, err)
+	}
+}
+
+func TestTableOthersAllocates0(t *testing.T) {
+	tb := NewTable(TableConfig{Pop: "a"})
+	tb.Apply(&Counts{Key: 3, Start: 0, WindowMs: 1000, Pops: []PopCount{{"b", 1, 2, 3}}})
+	if n := testing.AllocsPerRun(100, func() { tb.Others(3, 500*int64(time.Millisecond), sec) }); n != 0 {
+		t.Errorf("Others: %v allocations, want 0", n)
+	}
+}
