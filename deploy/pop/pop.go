@@ -46,7 +46,33 @@ rules:
     window: 10s
 `
 
+// demoRulesGlobal are the demo rules of several PoPs (-pops 2): the
+// block and the per-client throttle hold across PoPs (scope: global), the
+// login rule in each PoP.
+const demoRulesGlobal = `
+match: all
+rules:
+  - name: abuse-block
+    limit: 300
+    window: 10s
+    action: block
+    timeout: 30s
+    scope: global
+  - name: login
+    path_prefix: /login
+    methods: [POST]
+    limit: 5
+    window: 1m
+    mode: sync
+    fail: closed
+  - name: per-client
+    limit: 100
+    window: 10s
+    scope: global
+`
+
 type options struct {
+	pops       int
 	shards     string
 	edges      string
 	origin     string
@@ -67,6 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("pop", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.IntVar(&o.pops, "pops", 1, "PoPs to run, each with its memcached shards and edges (PoP k's ports are PoP 1's plus 100×(k−1)); with 2 or more, the demo rules hold across PoPs (scope: global) and the replay deals each client over every edge of every PoP")
 	fs.StringVar(&o.shards, "memcache-ports", "11311,11312,11313", "loopback ports of the memcached shards")
 	fs.StringVar(&o.edges, "edge-ports", "7070,7072", "loopback ports of the edges (each admin listener on the next port)")
 	fs.StringVar(&o.origin, "origin", "127.0.0.1:7060", "address of the tiny origin behind the edges")
@@ -118,6 +145,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("-edge-ports: %w", err)
 	}
+	if o.pops < 1 || o.pops > 9 {
+		return fmt.Errorf("-pops %d: between 1 and 9", o.pops)
+	}
 	if o.dir == "" {
 		if o.dir, err = os.MkdirTemp("", "poplimit-pop-"); err != nil {
 			return err
@@ -141,7 +171,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rulesPath := o.rules
 	if rulesPath == "" {
 		rulesPath = filepath.Join(o.dir, "rules.yaml")
-		if err := os.WriteFile(rulesPath, []byte(demoRules), 0o644); err != nil {
+		demo := demoRules
+		if o.pops > 1 {
+			demo = demoRulesGlobal
+		}
+		if err := os.WriteFile(rulesPath, []byte(demo), 0o644); err != nil {
 			return err
 		}
 	}
@@ -157,24 +191,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var procs procSet
 	defer procs.stop(stdout)
 
-	// Memcached shards, or a loud fallback (said by ensureTools).
-	var memcache []string
+	// Memcached shards of each PoP, or a loud fallback (said by
+	// ensureTools).
+	memcache := make([][]string, o.pops)
 	if bin := found["memcached"]; bin != "" {
-		for _, p := range shardPorts {
-			addr := "127.0.0.1:" + strconv.Itoa(p)
-			args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(p), "-U", "0", "-m", "256", "-t", "2"}
-			if os.Geteuid() == 0 {
-				args = append(args, "-u", "root")
+		for k := range o.pops {
+			for _, p := range shardPorts {
+				p += 100 * k
+				addr := "127.0.0.1:" + strconv.Itoa(p)
+				args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(p), "-U", "0", "-m", "256", "-t", "2"}
+				if os.Geteuid() == 0 {
+					args = append(args, "-u", "root")
+				}
+				if err := procs.start(ctx, o.dir, "memcached-"+strconv.Itoa(p), bin, args...); err != nil {
+					return err
+				}
+				if err := waitTCP(ctx, addr); err != nil {
+					return fmt.Errorf("memcached on %s: %w (is the port taken? see -memcache-ports)", addr, err)
+				}
+				memcache[k] = append(memcache[k], addr)
 			}
-			if err := procs.start(ctx, o.dir, "memcached-"+strconv.Itoa(p), bin, args...); err != nil {
-				return err
-			}
-			if err := waitTCP(ctx, addr); err != nil {
-				return fmt.Errorf("memcached on %s: %w (is the port taken? see -memcache-ports)", addr, err)
-			}
-			memcache = append(memcache, addr)
+			say("%smemcached shards on %s", popName(o.pops, k, ": "), strings.Join(memcache[k], ", "))
 		}
-		say("memcached shards on %s", strings.Join(memcache, ", "))
 	}
 
 	// The aggregator and its embedded broker.
@@ -197,24 +235,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	go origin.Serve(oln)
 	defer origin.Shutdown()
 
-	// The edges.
+	// The edges of each PoP.
 	var targets, admins []string
-	for i, p := range edgePorts {
-		addr, admin := "127.0.0.1:"+strconv.Itoa(p), "127.0.0.1:"+strconv.Itoa(p+1)
-		args := []string{"-listen", addr, "-admin", admin, "-mode", "proxy", "-upstream", o.origin,
-			"-rules", rulesPath, "-edge-id", strconv.Itoa(i + 1), "-brokers", o.broker,
-			"-trusted-proxies", "127.0.0.0/8", "-log-level", "warn"}
-		if len(memcache) > 0 {
-			args = append(args, "-memcache", strings.Join(memcache, ","))
+	for k := range o.pops {
+		for i, p := range edgePorts {
+			p += 100 * k
+			id := k*len(edgePorts) + i + 1
+			addr, admin := "127.0.0.1:"+strconv.Itoa(p), "127.0.0.1:"+strconv.Itoa(p+1)
+			args := []string{"-listen", addr, "-admin", admin, "-mode", "proxy", "-upstream", o.origin,
+				"-rules", rulesPath, "-edge-id", strconv.Itoa(id), "-brokers", o.broker,
+				"-trusted-proxies", "127.0.0.0/8", "-log-level", "warn"}
+			if o.pops > 1 {
+				args = append(args, "-pop", popName(o.pops, k, ""))
+			}
+			if len(memcache[k]) > 0 {
+				args = append(args, "-memcache", strings.Join(memcache[k], ","))
+			}
+			name := "edge-" + strconv.Itoa(id)
+			if err := procs.start(ctx, o.dir, name, filepath.Join(o.dir, "edge"), args...); err != nil {
+				return err
+			}
+			if err := waitHTTP(ctx, "http://"+admin+"/healthz", procs.exited(name)); err != nil {
+				return fmt.Errorf("%s: %w (log: %s)%s", name, err, procs.log(name), procs.tail(name))
+			}
+			targets, admins = append(targets, addr), append(admins, admin)
 		}
-		name := "edge-" + strconv.Itoa(i+1)
-		if err := procs.start(ctx, o.dir, name, filepath.Join(o.dir, "edge"), args...); err != nil {
-			return err
-		}
-		if err := waitHTTP(ctx, "http://"+admin+"/healthz", procs.exited(name)); err != nil {
-			return fmt.Errorf("%s: %w (log: %s)%s", name, err, procs.log(name), procs.tail(name))
-		}
-		targets, admins = append(targets, addr), append(admins, admin)
 	}
 	say("edges on %s (proxy mode, origin %s)", strings.Join(targets, ", "), o.origin)
 
@@ -241,7 +286,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	// The built-in replay through both edges.
-	say("replaying %v of traffic at %.0f requests/s through both edges: Zipf clients, an abuser, credential stuffing", o.duration, o.rate)
+	if o.pops > 1 {
+		say("replaying %v of traffic at %.0f requests/s, each client dealt over every edge of the %d PoPs: Zipf clients, an abuser, credential stuffing", o.duration, o.rate, o.pops)
+	} else {
+		say("replaying %v of traffic at %.0f requests/s through both edges: Zipf clients, an abuser, credential stuffing", o.duration, o.rate)
+	}
 	rep, err := replay(ctx, o, targets, stdout)
 	if err != nil {
 		return err
@@ -254,13 +303,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := writeSummary(stdout, rep, windows); err != nil {
 		return err
 	}
-	if len(memcache) == 0 {
+	if len(memcache[0]) == 0 {
 		say("WARNING: without memcached each edge counted alone: the figures above are not a shared PoP's")
 	}
 	fmt.Fprintln(stdout)
 	say("look at:")
 	for i, a := range admins {
-		say("  edge-%d metrics   http://%s/metrics", i+1, a)
+		say("  edge-%d metrics   http://%s/metrics", i+1, a) // edge ids run on across PoPs
 	}
 	say("  accuracy report  http://%s/report", o.aggregator)
 	if promURL != "" {
@@ -293,6 +342,9 @@ func replay(ctx context.Context, o *options, targets []string, stdout io.Writer)
 	}
 	cfg := loadtest.ReplayConfig{Targets: targets, AggregatorURL: "http://" + o.aggregator + "/report",
 		AggregatorWait: 4 * time.Second, Align: o.align, Phase: o.phase}
+	if o.pops > 1 {
+		cfg.Spread = loadtest.RoundRobin // each client reaches every PoP
+	}
 	if o.align > 0 {
 		cfg.OnStart = func(start time.Time) {
 			fmt.Fprintf(stdout, "pop: the replay starts at %s (in %s): phase %s against a %s window grid\n",
@@ -303,6 +355,14 @@ func replay(ctx context.Context, o *options, targets []string, stdout io.Writer)
 		cfg.Progress = os.Stderr
 	}
 	return loadtest.Replay(ctx, cfg, loadtest.Mix(zipf, abuser, stuffing))
+}
+
+// popName is PoP k's name ("pop1", …) followed by sep, or "" with one PoP.
+func popName(pops, k int, sep string) string {
+	if pops == 1 {
+		return ""
+	}
+	return "pop" + strconv.Itoa(k+1) + sep
 }
 
 // ruleWindows returns each rule's window, from the rules file the edges

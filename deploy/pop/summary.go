@@ -126,8 +126,30 @@ func writeSummary(w io.Writer, rep *loadtest.Report, windows map[string]time.Dur
 	if jr.Late > 0 || jr.WrongKeysTruncated {
 		fmt.Fprintf(&b, "  (%d events arrived too late to be judged; wrong keys truncated: %v)\n", jr.Late, jr.WrongKeysTruncated)
 	}
+	writeScopes(&b, &jr)
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// writeScopes adds, when the edges have PoPs, the decisions by scope (a
+// global rule's keys judged across every PoP, a pop rule's in each) and
+// by PoP.
+func writeScopes(b *bytes.Buffer, jr *judge.Report) {
+	if len(jr.ByPop) < 2 && !slices.ContainsFunc(jr.ByScope, func(s judge.Breakdown) bool { return s.Name == "global" }) {
+		return
+	}
+	for _, s := range jr.ByScope {
+		what := "each key judged within its PoP"
+		if s.Name == "global" {
+			what = "each key judged across every PoP: the limit held for clients that reach several"
+		}
+		e := s.Enforced
+		fmt.Fprintf(b, "  scope %-6s %12d decisions, %s wrong (%d allowed, %d limited): %s\n", s.Name, e.Decisions,
+			percent(e.WrongRatio), e.WronglyAllowed, e.WronglyLimited, what)
+	}
+	for _, p := range jr.ByPop {
+		fmt.Fprintf(b, "  PoP %-8q %12d decisions, %s wrong\n", p.Name, p.Enforced.Decisions, percent(p.Enforced.WrongRatio))
+	}
 }
 
 // phaseText says where the replay's start fell in each window grid of the
