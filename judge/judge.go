@@ -146,7 +146,7 @@ type Judge struct {
 	rules     map[string]uint32
 	ruleNames []string
 	edges     map[uint16]struct{} // edges with a label of their own
-	pops      map[string]uint16   // PoP name → index into popNames
+	pops      map[string]uint32   // PoP name → index into popNames
 	popNames  []string            // "" for events of no PoP; "_other" past MaxEdges
 	keys      keyTable
 
@@ -177,7 +177,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 		maxAge:   int64(cfg.MaxEventAge),
 		rules:    make(map[string]uint32),
 		edges:    make(map[uint16]struct{}),
-		pops:     make(map[string]uint16),
+		pops:     make(map[string]uint32),
 		keys:     newKeyTable(),
 		cells:    make(map[cell]*counts),
 		late:     make(map[lateCell]int64),
@@ -338,48 +338,44 @@ func mod(x, m int64) int64 {
 	return r
 }
 
-// ruleIndex interns a rule name. The lookup by string(b) does not allocate;
-// a new name is copied. Past MaxRules, new names share the "_other" index.
-// A name that is not UTF-8 keeps an index of its own but is reported with
-// its invalid bytes replaced by U+FFFD (metric label values must be
-// UTF-8), so two rules may share a reported name: the report and the
-// metrics add their rows up by name.
+// ruleIndex interns a rule name (see intern). Past MaxRules, new names
+// share the "_other" index.
 func (j *Judge) ruleIndex(b []byte) uint32 {
-	if i, ok := j.rules[string(b)]; ok {
-		return i
+	i, added := intern(b, j.rules, &j.ruleNames, j.cfg.MaxRules)
+	if added {
+		j.perRule = append(j.perRule, ruleStats{})
 	}
-	name := string(b)
-	if len(j.ruleNames) >= j.cfg.MaxRules {
-		name = otherLabel
-		if i, ok := j.rules[name]; ok {
-			return i
-		}
-	}
-	i := uint32(len(j.ruleNames))
-	j.rules[name] = i
-	j.ruleNames = append(j.ruleNames, strings.ToValidUTF8(name, "\uFFFD"))
-	j.perRule = append(j.perRule, ruleStats{})
 	return i
 }
 
-// popIndex returns the index of the PoP named b in popNames, interning
-// it. PoPs share MaxEdges with the edges (a PoP has at least one): past
-// it, a new name is "_other". A name is made valid UTF-8 as a rule's is.
+// popIndex interns a PoP's name (see intern). PoPs share MaxEdges with the
+// edges (a PoP has at least one): past it, new names share "_other".
 func (j *Judge) popIndex(b []byte) uint16 {
-	if i, ok := j.pops[string(b)]; ok {
-		return i
+	i, _ := intern(b, j.pops, &j.popNames, min(j.cfg.MaxEdges, allPops-1)) // allPops is no PoP's index
+	return uint16(i)
+}
+
+// intern returns the index of name b in names, adding it if new (added).
+// The lookup by string(b) does not allocate; a new name is copied. Past
+// most names, a new name shares the "_other" index. A name that is not
+// UTF-8 keeps an index of its own but is reported with its invalid bytes
+// replaced by U+FFFD (metric label values must be UTF-8), so two names
+// may read alike: the report and the metrics add their rows up by name.
+func intern(b []byte, index map[string]uint32, names *[]string, most int) (i uint32, added bool) {
+	if i, ok := index[string(b)]; ok {
+		return i, false
 	}
 	name := string(b)
-	if len(j.popNames) >= j.cfg.MaxEdges {
+	if len(*names) >= most {
 		name = otherLabel
-		if i, ok := j.pops[name]; ok {
-			return i
+		if i, ok := index[name]; ok {
+			return i, false
 		}
 	}
-	i := uint16(len(j.popNames))
-	j.pops[name] = i
-	j.popNames = append(j.popNames, strings.ToValidUTF8(name, "\uFFFD"))
-	return i
+	i = uint32(len(*names))
+	index[name] = i
+	*names = append(*names, strings.ToValidUTF8(name, "\uFFFD"))
+	return i, true
 }
 
 // scopeName is the label of a cell's scope.

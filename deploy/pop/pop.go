@@ -25,7 +25,8 @@ import (
 // that only the abuser and the heaviest clients trip, a strict sync rule on
 // logins, and a per-client throttle. Every matching rule applies, in order;
 // the first refusal answers, so the block rule comes first to count every
-// attempt.
+// attempt. With several PoPs (-pops 2) the block and the per-client
+// throttle hold across PoPs (%[1]s is "global"), the login rule in each.
 const demoRules = `
 match: all
 rules:
@@ -34,6 +35,7 @@ rules:
     window: 10s
     action: block
     timeout: 30s
+    scope: %[1]s
   - name: login
     path_prefix: /login
     methods: [POST]
@@ -44,31 +46,7 @@ rules:
   - name: per-client
     limit: 100
     window: 10s
-`
-
-// demoRulesGlobal are the demo rules of several PoPs (-pops 2): the
-// block and the per-client throttle hold across PoPs (scope: global), the
-// login rule in each PoP.
-const demoRulesGlobal = `
-match: all
-rules:
-  - name: abuse-block
-    limit: 300
-    window: 10s
-    action: block
-    timeout: 30s
-    scope: global
-  - name: login
-    path_prefix: /login
-    methods: [POST]
-    limit: 5
-    window: 1m
-    mode: sync
-    fail: closed
-  - name: per-client
-    limit: 100
-    window: 10s
-    scope: global
+    scope: %[1]s
 `
 
 type options struct {
@@ -171,11 +149,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rulesPath := o.rules
 	if rulesPath == "" {
 		rulesPath = filepath.Join(o.dir, "rules.yaml")
-		demo := demoRules
+		scope := "pop"
 		if o.pops > 1 {
-			demo = demoRulesGlobal
+			scope = "global"
 		}
-		if err := os.WriteFile(rulesPath, []byte(demo), 0o644); err != nil {
+		if err := os.WriteFile(rulesPath, []byte(fmt.Sprintf(demoRules, scope)), 0o644); err != nil {
 			return err
 		}
 	}
