@@ -57,9 +57,13 @@ type CoreConfig struct {
 	Pop string
 	// GlobalShare is the part of a global rule's limit this PoP admits
 	// while it is cut off from the other PoPs' counts (CoreDeps.Global not
-	// fresh). Default 0.5.
+	// fresh). Default DefaultGlobalShare.
 	GlobalShare float64
 }
+
+// DefaultGlobalShare is CoreConfig.GlobalShare's default: two PoPs sharing
+// a client evenly.
+const DefaultGlobalShare = 0.5
 
 // GlobalView is what an edge knows of the other PoPs (package global's
 // Table): the units they counted for key in the sliding window of w ns
@@ -136,7 +140,7 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 		return nil, fmt.Errorf("edge: GlobalShare %v: must be between 0 and 1", cfg.GlobalShare)
 	}
 	if cfg.GlobalShare == 0 {
-		cfg.GlobalShare = 0.5
+		cfg.GlobalShare = DefaultGlobalShare
 	}
 	c := &Core{cfg: cfg, deps: deps, lim: deps.Limiter, blocks: deps.Blocks, pop: []byte(cfg.Pop)}
 	c.pool.New = func() any { return &Verdict{key: make([]byte, 0, 256)} }

@@ -92,8 +92,8 @@ type Options struct {
 	// GlobalStale is how long without the publisher's heartbeat before
 	// the edge counts itself cut off from the other PoPs; it then holds
 	// global rules to GlobalShare of their limits.
-	GlobalStale time.Duration // default 2s
-	GlobalShare float64       // default 0.5
+	GlobalStale time.Duration // default global.DefaultStale (2s)
+	GlobalShare float64       // default decision.DefaultGlobalShare (0.5)
 
 	Pprof bool // serve /debug/pprof/ on the admin listener
 	// PprofToken, when set, is the bearer token /debug/pprof/ requires
@@ -170,10 +170,10 @@ func (o Options) withDefaults() Options {
 		o.GlobalTopic = global.DefaultTopic
 	}
 	if o.GlobalStale == 0 {
-		o.GlobalStale = 2 * time.Second
+		o.GlobalStale = global.DefaultStale
 	}
 	if o.GlobalShare == 0 {
-		o.GlobalShare = 0.5
+		o.GlobalShare = decision.DefaultGlobalShare
 	}
 	if o.Sample == 0 {
 		o.Sample = 1

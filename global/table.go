@@ -13,16 +13,20 @@ type TableConfig struct {
 	// (they are in the PoP's store already). Required.
 	Pop string
 	// Stale is how long without the publisher's heartbeat before the view
-	// is cut off (Others reports it not fresh). Default 2 s.
+	// is cut off (Others reports it not fresh). Default DefaultStale.
 	Stale time.Duration
 	// MaxKeys bounds the keys held; past it, a new key's counts are not
 	// kept until an old one expires. Default 1<<20.
 	MaxKeys int
 }
 
+// DefaultStale is TableConfig.Stale's default: twenty of the aggregator's
+// default publish intervals.
+const DefaultStale = 2 * time.Second
+
 func (c TableConfig) withDefaults() TableConfig {
 	if c.Stale <= 0 {
-		c.Stale = 2 * time.Second
+		c.Stale = DefaultStale
 	}
 	if c.MaxKeys <= 0 {
 		c.MaxKeys = 1 << 20

@@ -12,16 +12,23 @@ import (
 type TallyConfig struct {
 	// MinShare is the part of a key's limit its units across PoPs, in its
 	// current and previous windows, must reach for the key to be
-	// published. Default 1/8.
+	// published. Default DefaultMinShare (1/8).
 	MinShare float64
 	// MaxKeys bounds the keys counted; past it, a new key is not counted
 	// until an idle one is dropped. Default 1<<20.
 	MaxKeys int
 }
 
+// DefaultMinShare is TallyConfig.MinShare's default, and DefaultInterval
+// the aggregator's default interval between two publications.
+const (
+	DefaultMinShare = 1.0 / 8
+	DefaultInterval = 100 * time.Millisecond
+)
+
 func (c TallyConfig) withDefaults() TallyConfig {
 	if c.MinShare <= 0 {
-		c.MinShare = 1.0 / 8
+		c.MinShare = DefaultMinShare
 	}
 	if c.MaxKeys <= 0 {
 		c.MaxKeys = 1 << 20
