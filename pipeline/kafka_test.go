@@ -226,19 +226,31 @@ func TestSamplingEndToEnd(t *testing.T) {
 	cfg.SampleRate = 0.25
 	p, reg := newProducer(t, cfg)
 	all := testEvents(1, 200, 5, 0)
+	// A global rule's events are never sampled out: the other PoPs'
+	// limits count on them.
+	globalKept := 0
+	for i := range all {
+		if i%50 == 0 && !pipeline.SampleKey(all[i].KeyHash, cfg.SampleRate) {
+			all[i].Global = true
+			globalKept++
+		}
+	}
 	var want []pipeline.Event
 	for i := range all {
-		if pipeline.SampleKey(all[i].KeyHash, cfg.SampleRate) {
+		if all[i].Global || pipeline.SampleKey(all[i].KeyHash, cfg.SampleRate) {
 			want = append(want, all[i])
 		}
 		p.Emit(&all[i])
+	}
+	if globalKept == 0 {
+		t.Fatal("no global event among those the sample drops: the test checks nothing of them")
 	}
 	closeProducer(t, p)
 	o := producerOutcomes(t, reg)
 	if o.delivered != float64(len(want)) || o.sampledOut != float64(len(all)-len(want)) {
 		t.Errorf("outcomes: got %+v, want %d delivered and %d sampled out", o, len(want), len(all)-len(want))
 	}
-	if n := len(want); n < 150 || n > 350 { // 1000 events of 200 keys at 0.25
+	if n := len(want) - globalKept; n < 150 || n > 350 { // 1000 events of 200 keys at 0.25
 		t.Errorf("kept events: got %d, want about 250", n)
 	}
 	var col collector

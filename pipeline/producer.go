@@ -176,17 +176,19 @@ func writerBatchSize(cfg ProducerConfig) int {
 // Emit queues a copy of e for sending and reports whether it did. It never
 // blocks and never allocates: it touches only the queue, never the network.
 // It returns false, and counts why, when e is sampled out, invalid (see
-// AppendEvent), the queue is full, or the producer is closed.
+// AppendEvent), the queue is full, or the producer is closed. An event of
+// a global rule is never sampled out: the other PoPs' limits count on it.
 //
-// The copy shares e.Rule's bytes until the event is encoded: Rule must be
-// immutable (a rule name from configuration), which spares Emit a copy.
+// The copy shares e.Rule's and e.Pop's bytes until the event is encoded:
+// they must be immutable (names from configuration), which spares Emit a
+// copy.
 func (p *Producer) Emit(e *Event) bool {
 	p.m.emitted.Inc()
 	if e.check() != nil {
 		p.m.droppedInvalid.Inc()
 		return false
 	}
-	if !SampleKey(e.KeyHash, p.cfg.SampleRate) {
+	if !e.Global && !SampleKey(e.KeyHash, p.cfg.SampleRate) {
 		p.m.sampledOut.Inc()
 		return false
 	}
