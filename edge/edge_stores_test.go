@@ -16,17 +16,7 @@ func TestTwoEdgesShareMemcached(t *testing.T) {
 	rules := "rules: [{name: shared, limit: 20, window: 1m}]"
 	a := startEdge(t, edgeOpts{rules: rules, memcache: addrs})
 	b := startEdge(t, edgeOpts{rules: rules, memcache: addrs})
-	allowed := 0
-	for i := 0; i < 60; i++ {
-		e := a
-		if i%2 == 1 {
-			e = b
-		}
-		if get(t, e.addr, "/").StatusCode == 200 {
-			allowed++
-		}
-		time.Sleep(5 * time.Millisecond) // let flushes land, as client think time would
-	}
+	allowed := alternate(t, a, b, 60)
 	if allowed < 20 || allowed > 22 {
 		t.Errorf("two edges admitted %d for one client under 20 per minute, want 20 (at most one more per edge)", allowed)
 	}
@@ -121,17 +111,7 @@ func TestTwoEdgesShareRedis(t *testing.T) {
 		return &testEdge{Edge: e, srv: e.Server, lim: e.Limiter, blocks: e.Blocks, addr: e.Addr(), reg: e.Registry}
 	}
 	a, b := start(), start()
-	allowed := 0
-	for i := 0; i < 60; i++ {
-		e := a
-		if i%2 == 1 {
-			e = b
-		}
-		if get(t, e.addr, "/").StatusCode == 200 {
-			allowed++
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	allowed := alternate(t, a, b, 60)
 	if allowed < 20 || allowed > 22 {
 		t.Errorf("two edges on one Redis admitted %d for one client under 20 per minute, want 20 (at most one more per edge)", allowed)
 	}
@@ -151,4 +131,22 @@ func TestTwoEdgesShareRedis(t *testing.T) {
 	if n := testenv.MetricSum(t, a.reg, "poplimit_redis_ops_total"); n == 0 {
 		t.Error("no Redis operation counted")
 	}
+}
+
+// alternate sends n requests to "/", alternately to a and b, 5 ms apart
+// (flushes land between them, as client think time would let them), and
+// returns how many were allowed.
+func alternate(t *testing.T, a, b *testEdge, n int) (allowed int) {
+	t.Helper()
+	for i := range n {
+		e := a
+		if i%2 == 1 {
+			e = b
+		}
+		if get(t, e.addr, "/").StatusCode == 200 {
+			allowed++
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return allowed
 }

@@ -75,10 +75,20 @@ func slowUpstream(t *testing.T, d time.Duration) string {
 
 // concurrently sends n requests at once and returns their statuses.
 func concurrently(t *testing.T, n int, addr, path string) map[int]int {
+	addrs := make([]string, n)
+	for i := range addrs {
+		addrs[i] = addr
+	}
+	return concurrentlyTo(t, addrs, path)
+}
+
+// concurrentlyTo sends one request to each of addrs at once and returns
+// their statuses.
+func concurrentlyTo(t *testing.T, addrs []string, path string) map[int]int {
 	var mu sync.Mutex
 	got := map[int]int{}
 	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
+	for _, addr := range addrs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -104,25 +114,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	cfg := httpedge.Config{Mode: httpedge.Proxy, Upstream: up, UpstreamTimeout: 2 * time.Second}
 	a := startEdge(t, edgeOpts{rules: rules, memcache: addrs, cfg: cfg})
 	b := startEdge(t, edgeOpts{rules: rules, memcache: addrs, cfg: cfg})
-	var mu sync.Mutex
-	got := map[int]int{}
-	var wg sync.WaitGroup
-	for _, e := range []*testEdge{a, b, a, b, a} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := client.Get("http://" + e.addr + "/slow")
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			resp.Body.Close()
-			mu.Lock()
-			got[resp.StatusCode]++
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	got := concurrentlyTo(t, []string{a.addr, b.addr, a.addr, b.addr, a.addr}, "/slow")
 	if got[200] != 2 || got[429] != 3 {
 		t.Errorf("5 concurrent requests across two edges under 2 in flight: %v, want 2×200 and 3×429", got)
 	}

@@ -23,12 +23,10 @@ const MaxPopLen = 32
 var ErrMalformed = errors.New("global: malformed message")
 
 // PopCount is what one PoP counted for a key: its units in the key's
-// previous and current windows, as of Last, the time of the latest of its
-// decisions counted (Unix ns): how old the counts are.
+// previous and current windows.
 type PopCount struct {
 	Pop        string
 	Prev, Curr uint64
-	Last       int64
 }
 
 // Counts is one key's counts per PoP, as of the window starting at Start
@@ -54,7 +52,6 @@ func AppendCounts(dst []byte, c *Counts) []byte {
 		dst = append(dst, name...)
 		dst = binary.AppendUvarint(dst, p.Prev)
 		dst = binary.AppendUvarint(dst, p.Curr)
-		dst = binary.BigEndian.AppendUint64(dst, uint64(p.Last))
 	}
 	return dst
 }
@@ -123,11 +120,6 @@ func decode(b []byte, m *decoded) error {
 			return ErrMalformed
 		}
 		off += k
-		if len(b)-off < 8 {
-			return ErrMalformed
-		}
-		p.Last = int64(binary.BigEndian.Uint64(b[off:]))
-		off += 8
 		c.Pops = append(c.Pops, p)
 	}
 	if off != len(b) || c.Start > math.MaxInt64/int64(1e6) || c.Start < math.MinInt64/int64(1e6) {

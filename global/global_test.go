@@ -36,7 +36,7 @@ func TestTallyToTable(t *testing.T) {
 		t.Fatalf("snapshot: got %+v, want key 7 alone", cs)
 	}
 	c := cs[0]
-	want := []PopCount{{"ams2", 40, 0, t0 + 4*sec}, {"fra1", 25, 0, t0 + 2*sec}}
+	want := []PopCount{{"ams2", 40, 0}, {"fra1", 25, 0}}
 	if c.Key != 7 || c.Start != (t0+10*sec)/1e6 || c.WindowMs != 10_000 || len(c.Pops) != 2 || c.Pops[0] != want[0] || c.Pops[1] != want[1] {
 		t.Fatalf("snapshot: got %+v, want key 7 from %d: %+v", c, (t0+10*sec)/1e6, want)
 	}
@@ -79,7 +79,7 @@ func TestTallyToTable(t *testing.T) {
 }
 
 func TestDecodeRefusesGarbage(t *testing.T) {
-	c := Counts{Key: 1, Start: 2, WindowMs: 3, Pops: []PopCount{{"a", 1, 2, 3}}}
+	c := Counts{Key: 1, Start: 2, WindowMs: 3, Pops: []PopCount{{"a", 1, 2}}}
 	b := AppendCounts(nil, &c)
 	var m decoded
 	for i := range len(b) {
@@ -97,7 +97,7 @@ func TestDecodeRefusesGarbage(t *testing.T) {
 
 func TestTableOthersAllocates0(t *testing.T) {
 	tb := NewTable(TableConfig{Pop: "a"})
-	tb.Apply(&Counts{Key: 3, Start: 0, WindowMs: 1000, Pops: []PopCount{{"b", 1, 2, 3}}})
+	tb.Apply(&Counts{Key: 3, Start: 0, WindowMs: 1000, Pops: []PopCount{{"b", 1, 2}}})
 	if n := testing.AllocsPerRun(100, func() { tb.Others(3, 500*int64(time.Millisecond), sec) }); n != 0 {
 		t.Errorf("Others: %v allocations, want 0", n)
 	}

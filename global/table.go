@@ -155,6 +155,3 @@ func (t *Table) expire(s *tableShard, now int64) {
 		}
 	}
 }
-
-// Len returns the number of keys held.
-func (t *Table) Len() int { return int(t.n.Load()) }

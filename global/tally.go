@@ -41,13 +41,7 @@ type keyTally struct {
 	start int64 // current window's start, Unix ns
 	win   int64 // ns
 	limit uint32
-	pops  map[string]*popTally
-}
-
-// popTally is one PoP's units of a key, and the time of its latest event.
-type popTally struct {
-	n    [2]uint64 // prev, curr
-	last int64
+	pops  map[string]*[2]uint64 // PoP → {prev, curr}
 }
 
 // Tally counts, per key of a global rule and per PoP, the units the PoP's
@@ -85,7 +79,7 @@ func (t *Tally) Add(evs ...pipeline.Event) {
 				t.dropped++
 				continue
 			}
-			k = &keyTally{start: start, win: w, pops: make(map[string]*popTally, 2)}
+			k = &keyTally{start: start, win: w, pops: make(map[string]*[2]uint64, 2)}
 			t.keys[e.KeyHash] = k
 		}
 		if k.win != w {
@@ -97,16 +91,15 @@ func (t *Tally) Add(evs ...pipeline.Event) {
 		k.roll(start)
 		c := k.pops[string(e.Pop)]
 		if c == nil {
-			c = new(popTally)
+			c = new([2]uint64)
 			k.pops[string(e.Pop)] = c
 		}
 		switch start {
 		case k.start:
-			c.n[1] += uint64(e.Cost)
+			c[1] += uint64(e.Cost)
 		case k.start - w:
-			c.n[0] += uint64(e.Cost)
+			c[0] += uint64(e.Cost)
 		}
-		c.last = max(c.last, e.Time)
 	}
 }
 
@@ -117,7 +110,7 @@ func (k *keyTally) roll(start int64) {
 		return
 	case start == k.start+k.win:
 		for _, c := range k.pops {
-			c.n[0], c.n[1] = c.n[1], 0
+			c[0], c[1] = c[1], 0
 		}
 	default:
 		clear(k.pops)
@@ -135,7 +128,7 @@ func (t *Tally) Snapshot(dst []Counts, now int64) []Counts {
 		k.roll(windowStart(now, k.win))
 		var total uint64
 		for _, c := range k.pops {
-			total += c.n[0] + c.n[1]
+			total += c[0] + c[1]
 		}
 		if total == 0 {
 			delete(t.keys, h) // two windows without a counted unit
@@ -146,8 +139,8 @@ func (t *Tally) Snapshot(dst []Counts, now int64) []Counts {
 		}
 		c := Counts{Key: h, Start: k.start / int64(time.Millisecond), WindowMs: uint32(k.win / int64(time.Millisecond))}
 		for pop, n := range k.pops {
-			if n.n[0]+n.n[1] > 0 {
-				c.Pops = append(c.Pops, PopCount{Pop: pop, Prev: n.n[0], Curr: n.n[1], Last: n.last})
+			if n[0]+n[1] > 0 {
+				c.Pops = append(c.Pops, PopCount{Pop: pop, Prev: n[0], Curr: n[1]})
 			}
 		}
 		sort.Slice(c.Pops, func(i, j int) bool { return c.Pops[i].Pop < c.Pops[j].Pop })

@@ -140,34 +140,7 @@ func TestEmitDuringClose(t *testing.T) {
 // producer, the consumer or kafka-go is left.
 func TestCloseStopsGoroutines(t *testing.T) {
 	_, addr := startBroker(t, 0, "events")
-	p, err := pipeline.NewProducer(fastProducerConfig(addr, "events"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs := testEvents(1, 5, 5, 0)
-	for i := range evs {
-		p.Emit(&evs[i])
-	}
-	closeProducer(t, p)
-	c, err := pipeline.NewConsumer(fastConsumerConfig(addr, "events", "judge"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var col collector
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	col.onAdd = func(total int) error {
-		if total >= len(evs) {
-			cancel()
-		}
-		return nil
-	}
-	if err := c.Run(ctx, col.apply); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
+	roundTrip(t, addr, nil, testEvents(1, 5, 5, 0))
 	leftover := func() []string {
 		buf := make([]byte, 1<<20)
 		buf = buf[:runtime.Stack(buf, true)]

@@ -243,3 +243,37 @@ func checkExactlyOnce(t *testing.T, got, want []pipeline.Event) {
 		t.Errorf("of %d events: got %d missing and %d duplicates, want 0 and 0", len(want), missing, dup)
 	}
 }
+
+// roundTrip sends evs through a producer to the broker at addr, topic
+// "events", closes it, then runs a consumer until it has applied them all
+// and closes it; both register their metrics with reg (nil: none).
+func roundTrip(t *testing.T, addr string, reg prometheus.Registerer, evs []pipeline.Event) {
+	t.Helper()
+	p, err := pipeline.NewProducer(fastProducerConfig(addr, "events"), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range evs {
+		p.Emit(&evs[i])
+	}
+	closeProducer(t, p)
+	c, err := pipeline.NewConsumer(fastConsumerConfig(addr, "events", "judge"), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var col collector
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	col.onAdd = func(total int) error {
+		if total >= len(evs) {
+			cancel()
+		}
+		return nil
+	}
+	if err := c.Run(ctx, col.apply); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -265,34 +265,7 @@ func TestMetricsLint(t *testing.T) {
 	t.Parallel()
 	_, addr := startBroker(t, 0, "events")
 	reg := prometheus.NewRegistry()
-	p, err := pipeline.NewProducer(fastProducerConfig(addr, "events"), reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs := testEvents(1, 3, 3, 0)
-	for i := range evs {
-		p.Emit(&evs[i])
-	}
-	closeProducer(t, p)
-	c, err := pipeline.NewConsumer(fastConsumerConfig(addr, "events", "judge"), reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var col collector
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	col.onAdd = func(total int) error {
-		if total >= len(evs) {
-			cancel()
-		}
-		return nil
-	}
-	if err := c.Run(ctx, col.apply); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
+	roundTrip(t, addr, reg, testEvents(1, 3, 3, 0))
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
