@@ -22,11 +22,24 @@ const MaxPopLen = 32
 // ErrMalformed reports a message that does not decode.
 var ErrMalformed = errors.New("global: malformed message")
 
-// PopCount is what one PoP counted for a key: its units in the key's
-// previous and current windows.
+// Slots is how many parts of its window a key's units are counted in:
+// the counts carry their window's shape, so that an edge can tell which
+// of the others' units are still in its trailing window.
+const Slots = 16
+
+// PopCount is what one PoP counted for a key: its units in each sixteenth
+// of the key's previous window (Units[:Slots]) and of its current one.
 type PopCount struct {
-	Pop        string
-	Prev, Curr uint64
+	Pop   string
+	Units [2 * Slots]uint64
+}
+
+// total is p's units in both windows.
+func (p *PopCount) total() (n uint64) {
+	for _, u := range p.Units {
+		n += u
+	}
+	return n
 }
 
 // Counts is one key's counts per PoP, as of the window starting at Start
@@ -50,8 +63,9 @@ func AppendCounts(dst []byte, c *Counts) []byte {
 		name := p.Pop[:min(len(p.Pop), MaxPopLen)]
 		dst = append(dst, byte(len(name)))
 		dst = append(dst, name...)
-		dst = binary.AppendUvarint(dst, p.Prev)
-		dst = binary.AppendUvarint(dst, p.Curr)
+		for _, u := range p.Units {
+			dst = binary.AppendUvarint(dst, u)
+		}
 	}
 	return dst
 }
@@ -111,15 +125,13 @@ func decode(b []byte, m *decoded) error {
 		}
 		p := PopCount{Pop: string(b[off : off+l])}
 		off += l
-		var k int
-		if p.Prev, k = binary.Uvarint(b[off:]); k <= 0 {
-			return ErrMalformed
+		for i := range p.Units {
+			var k int
+			if p.Units[i], k = binary.Uvarint(b[off:]); k <= 0 {
+				return ErrMalformed
+			}
+			off += k
 		}
-		off += k
-		if p.Curr, k = binary.Uvarint(b[off:]); k <= 0 {
-			return ErrMalformed
-		}
-		off += k
 		c.Pops = append(c.Pops, p)
 	}
 	if off != len(b) || c.Start > math.MaxInt64/int64(1e6) || c.Start < math.MinInt64/int64(1e6) {

@@ -36,7 +36,12 @@ func TestTallyToTable(t *testing.T) {
 		t.Fatalf("snapshot: got %+v, want key 7 alone", cs)
 	}
 	c := cs[0]
-	want := []PopCount{{"ams2", 40, 0}, {"fra1", 25, 0}}
+	// The window t0 is the previous one now, slots 0-15 of 625 ms: fra1's
+	// 5 units at 0-0.4 s in slot 0 and 20 at 2 s in slot 3; ams2's 30 at
+	// 3 s in slot 4 and 10 at 4 s in slot 6.
+	want := []PopCount{{Pop: "ams2"}, {Pop: "fra1"}}
+	want[0].Units[4], want[0].Units[6] = 30, 10
+	want[1].Units[0], want[1].Units[3] = 5, 20
 	if c.Key != 7 || c.Start != (t0+10*sec)/1e6 || c.WindowMs != 10_000 || len(c.Pops) != 2 || c.Pops[0] != want[0] || c.Pops[1] != want[1] {
 		t.Fatalf("snapshot: got %+v, want key 7 from %d: %+v", c, (t0+10*sec)/1e6, want)
 	}
@@ -52,10 +57,16 @@ func TestTallyToTable(t *testing.T) {
 	}
 	tb.Beat(now)
 	tb.Apply(&m.c)
-	// At t0+12 s, 80 % of the previous window is in the trailing one: the
-	// others (ams2) counted 40 then, so 32.
-	if got, fresh := tb.Others(7, now, 10*sec); got != 32 || !fresh {
-		t.Errorf("others at +12 s: got %d, %v, want 32, fresh", got, fresh)
+	// At t0+12 s the trailing window is (t0+2 s, t0+12 s]: both of ams2's
+	// slots (3-3.6 s and 4-4.4 s) are in it, 40 units. (Weighing the window's
+	// 40 as if even would say 32.)
+	if got, fresh := tb.Others(7, now, 10*sec); got != 40 || !fresh {
+		t.Errorf("others at +12 s: got %d, %v, want 40, fresh", got, fresh)
+	}
+	// At t0+13.9 s, slot 4 (2.5-3.125 s) is out and slot 6 (3.75-4.375 s)
+	// is cut: 10 × (4.375 - 3.9) / 0.625 = 7.6, so 8.
+	if got, _ := tb.Others(7, t0+13_900*sec/1000, 10*sec); got != 8 {
+		t.Errorf("others at +13.9 s: got %d, want 8", got)
 	}
 	if got, _ := tb.Others(7, now, 60*sec); got != 0 {
 		t.Errorf("another window length: got %d, want 0", got)
@@ -79,7 +90,7 @@ func TestTallyToTable(t *testing.T) {
 }
 
 func TestDecodeRefusesGarbage(t *testing.T) {
-	c := Counts{Key: 1, Start: 2, WindowMs: 3, Pops: []PopCount{{"a", 1, 2}}}
+	c := Counts{Key: 1, Start: 2, WindowMs: 3, Pops: []PopCount{{Pop: "a", Units: [2 * Slots]uint64{1, 2}}}}
 	b := AppendCounts(nil, &c)
 	var m decoded
 	for i := range len(b) {
@@ -97,7 +108,7 @@ func TestDecodeRefusesGarbage(t *testing.T) {
 
 func TestTableOthersAllocates0(t *testing.T) {
 	tb := NewTable(TableConfig{Pop: "a"})
-	tb.Apply(&Counts{Key: 3, Start: 0, WindowMs: 1000, Pops: []PopCount{{"b", 1, 2}}})
+	tb.Apply(&Counts{Key: 3, Start: 0, WindowMs: 1000, Pops: []PopCount{{Pop: "b", Units: [2 * Slots]uint64{1, 2}}}})
 	if n := testing.AllocsPerRun(100, func() { tb.Others(3, 500*int64(time.Millisecond), sec) }); n != 0 {
 		t.Errorf("Others: %v allocations, want 0", n)
 	}

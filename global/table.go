@@ -15,8 +15,8 @@ type TableConfig struct {
 	// Stale is how long without the publisher's heartbeat before the view
 	// is cut off (Others reports it not fresh). Default DefaultStale.
 	Stale time.Duration
-	// MaxKeys bounds the keys held; past it, a new key's counts are not
-	// kept until an old one expires. Default 1<<20.
+	// MaxKeys bounds the keys held (about 200 bytes each); past it, a new
+	// key's counts are not kept until an old one expires. Default 1<<18.
 	MaxKeys int
 }
 
@@ -29,18 +29,19 @@ func (c TableConfig) withDefaults() TableConfig {
 		c.Stale = DefaultStale
 	}
 	if c.MaxKeys <= 0 {
-		c.MaxKeys = 1 << 20
+		c.MaxKeys = 1 << 18
 	}
 	return c
 }
 
 const tableShards = 64
 
-// remote is one key's units counted by the other PoPs.
+// remote is one key's units counted by the other PoPs, per slot of its
+// previous and current windows.
 type remote struct {
-	start      int64 // the window of curr, Unix ns
-	win        int64 // ns
-	prev, curr uint64
+	start int64 // the current window's start, Unix ns
+	win   int64 // ns
+	units [2 * Slots]uint32
 }
 
 type tableShard struct {
@@ -79,10 +80,11 @@ func (t *Table) Fresh(now int64) bool {
 }
 
 // Others returns the units the other PoPs counted for key in the sliding
-// window of w ns ending at now (Unix ns): their previous window's units
-// weighted by its part still in the trailing window, and their current
-// window's, rounded up; and whether the view is fresh. A key the publisher
-// did not send counts 0 (its units across PoPs are below what matters).
+// window of w ns ending at now (Unix ns), rounded up, and whether the view
+// is fresh: every slot wholly in the trailing window, and the part of the
+// slot it cuts that is inside it (its units taken as even within it). A
+// key the publisher did not send counts 0 (its units across PoPs are below
+// what matters).
 func (t *Table) Others(key uint64, now, w int64) (units uint64, fresh bool) {
 	fresh = t.Fresh(now)
 	s := t.shard(key)
@@ -92,15 +94,20 @@ func (t *Table) Others(key uint64, now, w int64) (units uint64, fresh bool) {
 	if !ok || r.win != w {
 		return 0, fresh
 	}
-	cs := windowStart(now, w)
-	weight := 1 - float64(now-cs)/float64(w)
-	switch r.start {
-	case cs:
-		return r.curr + uint64(math.Ceil(float64(r.prev)*weight)), fresh
-	case cs - w:
-		return uint64(math.Ceil(float64(r.curr) * weight)), fresh
+	sw := w / Slots
+	from := now - w // the trailing window is (from, now]
+	var n float64
+	for i, u := range r.units {
+		end := r.start - w + int64(i+1)*sw // slot i is [end-sw, end)
+		switch {
+		case u == 0 || end <= from:
+		case end-sw >= from:
+			n += float64(u)
+		default:
+			n += float64(u) * float64(end-from) / float64(sw)
+		}
 	}
-	return 0, fresh
+	return uint64(math.Ceil(n)), fresh
 }
 
 // Apply takes one key's counts: the other PoPs' units replace what the
@@ -113,8 +120,9 @@ func (t *Table) Apply(c *Counts) {
 		if p.Pop == t.cfg.Pop {
 			continue
 		}
-		r.prev += p.Prev
-		r.curr += p.Curr
+		for i, u := range p.Units {
+			r.units[i] = uint32(min(uint64(r.units[i])+u, math.MaxUint32))
+		}
 	}
 	s := t.shard(c.Key)
 	s.mu.Lock()

@@ -41,7 +41,7 @@ type keyTally struct {
 	start int64 // current window's start, Unix ns
 	win   int64 // ns
 	limit uint32
-	pops  map[string]*[2]uint64 // PoP → {prev, curr}
+	pops  map[string]*[2 * Slots]uint64 // PoP → units per slot: the previous window's, then the current one's
 }
 
 // Tally counts, per key of a global rule and per PoP, the units the PoP's
@@ -79,7 +79,7 @@ func (t *Tally) Add(evs ...pipeline.Event) {
 				t.dropped++
 				continue
 			}
-			k = &keyTally{start: start, win: w, pops: make(map[string]*[2]uint64, 2)}
+			k = &keyTally{start: start, win: w, pops: make(map[string]*[2 * Slots]uint64, 2)}
 			t.keys[e.KeyHash] = k
 		}
 		if k.win != w {
@@ -91,14 +91,11 @@ func (t *Tally) Add(evs ...pipeline.Event) {
 		k.roll(start)
 		c := k.pops[string(e.Pop)]
 		if c == nil {
-			c = new([2]uint64)
+			c = new([2 * Slots]uint64)
 			k.pops[string(e.Pop)] = c
 		}
-		switch start {
-		case k.start:
-			c[1] += uint64(e.Cost)
-		case k.start - w:
-			c[0] += uint64(e.Cost)
+		if first := k.start - w; e.Time >= first {
+			c[min((e.Time-first)/(w/Slots), 2*Slots-1)] += uint64(e.Cost)
 		}
 	}
 }
@@ -110,7 +107,8 @@ func (k *keyTally) roll(start int64) {
 		return
 	case start == k.start+k.win:
 		for _, c := range k.pops {
-			c[0], c[1] = c[1], 0
+			copy(c[:Slots], c[Slots:])
+			clear(c[Slots:])
 		}
 	default:
 		clear(k.pops)
@@ -128,7 +126,9 @@ func (t *Tally) Snapshot(dst []Counts, now int64) []Counts {
 		k.roll(windowStart(now, k.win))
 		var total uint64
 		for _, c := range k.pops {
-			total += c[0] + c[1]
+			for _, u := range c {
+				total += u
+			}
 		}
 		if total == 0 {
 			delete(t.keys, h) // two windows without a counted unit
@@ -139,14 +139,14 @@ func (t *Tally) Snapshot(dst []Counts, now int64) []Counts {
 		}
 		c := Counts{Key: h, Start: k.start / int64(time.Millisecond), WindowMs: uint32(k.win / int64(time.Millisecond))}
 		for pop, n := range k.pops {
-			if n[0]+n[1] > 0 {
-				c.Pops = append(c.Pops, PopCount{Pop: pop, Prev: n[0], Curr: n[1]})
+			if p := (PopCount{Pop: pop, Units: *n}); p.total() > 0 {
+				c.Pops = append(c.Pops, p)
 			}
 		}
 		sort.Slice(c.Pops, func(i, j int) bool { return c.Pops[i].Pop < c.Pops[j].Pop })
 		if len(c.Pops) > MaxPops {
 			sort.Slice(c.Pops, func(i, j int) bool {
-				return c.Pops[i].Prev+c.Pops[i].Curr > c.Pops[j].Prev+c.Pops[j].Curr
+				return c.Pops[i].total() > c.Pops[j].total()
 			})
 			c.Pops = c.Pops[:MaxPops]
 		}
