@@ -160,6 +160,9 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		// The reply is the global count: the flusher need not read it.
 		e.flags &^= flagFailed | flagNeedCurr
 		if prevOK {
+			if p, _ := e.view(); prev > p {
+				s.histLate(e, prev-p)
+			}
 			e.prev = sat32(max(uint64(e.prev), prev))
 			// Within the grace after the window started, other edges'
 			// increments for the previous window may still be on their

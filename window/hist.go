@@ -39,8 +39,14 @@ import (
 //
 //	prev × (histogram mass after t − W) / (histogram mass)
 //
-// so increments that reach the view after the roll (late flushes of other
-// edges, the read of the previous window) scale the shape, as prev does.
+// where the units that reach the view of the previous window after the
+// roll (the other edges' last ones, in the read of the window or a late
+// reply) are recorded at the window's end: this edge saw none of them
+// before it, and spreading them over the shape it recorded would weigh
+// them as gone while they are still in the trailing window (with clients
+// dealt over every edge, that was most of the estimate's error). A
+// previous window this edge did not record, or whose count is still
+// larger than its shape's mass, scales the shape, as prev does.
 // Within a bucket of n units from first to last, one is taken to be at last
 // and n − 1 spread evenly over [first, last] (interpLast). Decisions
 // compare it exactly, in 128-bit integers, and a refusal's ReleaseAt is
@@ -299,12 +305,35 @@ func (s *shard) histNote(l *Limiter, i uint32, t int64, n, prev, curr, limit uin
 	if h.start != e.start {
 		return // not recording this window
 	}
+	s.histAdd(rec, e.hist-1, c, quantize(max(t, h.at), e.start, e.win, rec.q, rec.last), n)
+}
+
+// histLate records that entry e's view of its previous window grew by n
+// units after the roll (the other edges' last units, seen in the read of
+// the window or a late reply): at the window's last instant, since this
+// edge saw none of them before its end (the shape errs late). s.mu must
+// be held.
+func (s *shard) histLate(e *entry, n uint64) {
+	if e.hist == 0 || n == 0 {
+		return
+	}
+	rec := &s.hists.recs[e.hist-1]
+	for c := range 2 {
+		if h := &rec.h[c]; h.start == e.start-e.win && h.mass > 0 {
+			s.histAdd(rec, e.hist-1, c, rec.last, n)
+		}
+	}
+}
+
+// histAdd adds n units at quantum x, not before the last one recorded, to
+// half c of record id's histogram.
+func (s *shard) histAdd(rec *histRec, id uint32, c int, x uint32, n uint64) {
+	h := &rec.h[c]
 	n = min(n, uint64(math.MaxUint32-h.mass))
 	if n == 0 {
 		return
 	}
-	bs := s.hists.half(e.hist-1, c)
-	x := quantize(max(t, h.at), e.start, e.win, rec.q, rec.last)
+	bs := s.hists.half(id, c)
 	if h.nb > 0 {
 		b := &bs[h.nb-1]
 		x = max(x, b.l) // in time order

@@ -354,3 +354,37 @@ func BenchmarkDecideAsyncHotRefused(b *testing.B) {
 		})
 	}
 }
+
+// The other edges' units that this edge sees only after the roll (their
+// last ones of the window, in the read of the previous window) are placed
+// at the window's end, not spread over the shape this edge recorded: they
+// weigh fully in the trailing window for as long as they can be in it.
+func TestUnitsSeenAfterTheRollWeighAtTheWindowsEnd(t *testing.T) {
+	clock := newSimClock(t0) // t0 starts a 10 s window
+	store := NewMemStore(clock)
+	l := newTestLimiter(t, clock, store, Config{})
+	r := &Policy{Limit: 100, Window: 10 * time.Second}
+	ctx := context.Background()
+	const key = 42
+	// This edge: 40 units over the first 4 s of the window.
+	for range 40 {
+		if !l.Decide(ctx, clock.Now(), r, key, r.Limit, 1).Allowed {
+			t.Fatal("refused within the limit")
+		}
+		l.Flush(ctx, clock.Now())
+		clock.Add(100 * time.Millisecond)
+	}
+	// Another edge: 40 units at 9.9 s, which this edge never saw in the window.
+	ops := []Op{{Key: key, Start: t0.UnixMilli(), Delta: 40, TTL: 20 * time.Second}}
+	store.Do(ctx, ops)
+	// The next window: the flusher reads the previous one once its grace is over.
+	clock.Add(10*time.Second - 4*time.Second + time.Second)
+	l.Decide(ctx, clock.Now(), r, key, r.Limit, 1)
+	l.Flush(ctx, clock.Now())
+	// At 15 s the trailing window holds the 40 late units (and the one at 11 s).
+	clock.Add(4 * time.Second)
+	d := l.Decide(ctx, clock.Now(), r, key, r.Limit, 1)
+	if d.Estimate < 40 {
+		t.Errorf("estimate at 15 s %.2f, want at least the 41 units in the trailing window (the other edge's 40 at 9.9 s weigh fully)", d.Estimate)
+	}
+}

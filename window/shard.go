@@ -417,6 +417,7 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 			e.flags &^= flagFailed
 		}
 		before := uint64(e.curr) + uint64(e.infl) + uint64(e.pend)
+		prevBefore, _ := e.view()
 		switch {
 		case op.Delta > 0 && isCurr:
 			d := uint32(op.Delta)
@@ -465,6 +466,9 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 		}
 		if op.Err == nil && isCurr {
 			e.reply = uint16(min(e.off(t), 1<<15-1)) + 1
+		}
+		if p, _ := e.view(); isPrev && p > prevBefore {
+			s.histLate(e, p-prevBefore)
 		}
 		if after := uint64(e.curr) + uint64(e.infl) + uint64(e.pend); isCurr && after > before && e.hist != 0 {
 			// What the other edges admitted, seen now: the shape
