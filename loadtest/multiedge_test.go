@@ -117,16 +117,28 @@ func TestNearLimit(t *testing.T) {
 	}
 }
 
-// With -guess-peers, an edge counts what the others likely admitted since
-// its last reply: over the same trace dealt round-robin, fewer requests
-// are admitted past the limit.
-func TestOfflinePoPGuessPeers(t *testing.T) {
+// Over a trace dealt round-robin, an edge that decides on its view alone
+// admits past the limit what the other edge admitted since its last
+// reply; guessing it (-async-near-limit -guess-peers) admits fewer, and
+// deciding the requests that the others' units could turn by a round
+// trip (the default) makes fewer wrong decisions than either.
+func TestOfflinePoPNearLimit(t *testing.T) {
 	tr := nearLimit(t)
-	_, plain, _ := runPoP(t, loadtest.OfflineConfig{Edges: 2, Spread: loadtest.RoundRobin, RTT: time.Millisecond}, tr)
-	_, guess, _ := runPoP(t, loadtest.OfflineConfig{Edges: 2, Spread: loadtest.RoundRobin, RTT: time.Millisecond, GuessPeers: true}, tr)
-	if guess.Enforced.WronglyAllowed >= plain.Enforced.WronglyAllowed {
-		t.Errorf("wrongly allowed: %d guessing the others' units, %d not; want fewer guessing", guess.Enforced.WronglyAllowed, plain.Enforced.WronglyAllowed)
+	cfg := loadtest.OfflineConfig{Edges: 2, Spread: loadtest.RoundRobin, RTT: time.Millisecond, AsyncNearLimit: true}
+	_, local, _ := runPoP(t, cfg, tr)
+	cfg.GuessPeers = true
+	_, guess, _ := runPoP(t, cfg, tr)
+	cfg.AsyncNearLimit, cfg.GuessPeers = false, false
+	_, near, _ := runPoP(t, cfg, tr)
+	t.Logf("round-robin, wrongly allowed / limited: local %d / %d, guessing %d / %d, near-limit round trips %d / %d",
+		local.Enforced.WronglyAllowed, local.Enforced.WronglyLimited, guess.Enforced.WronglyAllowed, guess.Enforced.WronglyLimited,
+		near.Enforced.WronglyAllowed, near.Enforced.WronglyLimited)
+	if guess.Enforced.WronglyAllowed >= local.Enforced.WronglyAllowed {
+		t.Errorf("wrongly allowed: %d guessing the others' units, %d not; want fewer guessing", guess.Enforced.WronglyAllowed, local.Enforced.WronglyAllowed)
 	}
-	t.Logf("round-robin: wrongly allowed %d -> %d, wrongly limited %d -> %d", plain.Enforced.WronglyAllowed, guess.Enforced.WronglyAllowed,
-		plain.Enforced.WronglyLimited, guess.Enforced.WronglyLimited)
+	wrong := func(r judge.Tally) int64 { return r.WronglyAllowed + r.WronglyLimited }
+	if wrong(near.Enforced) >= wrong(local.Enforced) || wrong(near.Enforced) >= wrong(guess.Enforced) {
+		t.Errorf("wrong decisions: %d with near-limit round trips, %d local, %d guessing; want the fewest with round trips",
+			wrong(near.Enforced), wrong(local.Enforced), wrong(guess.Enforced))
+	}
 }

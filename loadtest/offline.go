@@ -70,6 +70,11 @@ type OfflineConfig struct {
 	MaxDefer time.Duration
 	// GuessPeers is the edges' window.Config.GuessPeers.
 	GuessPeers bool
+	// AsyncNearLimit is the edges' window.Config.AsyncNearLimit. Without
+	// it, the round trips of decisions near the limit are answered at
+	// once, with what the store holds then (the others' units less those
+	// still on their way).
+	AsyncNearLimit bool
 	// OnEvent, when not nil, is called with the decision event of every
 	// rule that decided a request, exactly as an edge emits it (Edge 0), on
 	// Offline's goroutine; the event is valid during the call. Fed to the
@@ -206,6 +211,7 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	for i := range cfg.Edges {
 		var o edge.Options
 		o.Limiter.FlushInterval, o.Limiter.MaxDefer, o.Limiter.GuessPeers = cfg.FlushInterval, cfg.MaxDefer, cfg.GuessPeers
+		o.Limiter.AsyncNearLimit = cfg.AsyncNearLimit
 		if cfg.Edges > 1 {
 			o.EdgeID = i + 1
 		}

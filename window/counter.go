@@ -36,11 +36,14 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 	prev, curr := e.view()
 	failed := e.flags&flagFailed != 0
 	var unseen uint64
-	if l.cfg.GuessPeers && !failed { // the rule's failure policy answers a key the store fails, not a guess
+	if l.cfg.GuessPeers && l.cfg.AsyncNearLimit && !failed { // the rule's failure policy answers a key the store fails, not a guess
 		unseen = e.othersUnseen(t)
 	}
 	s.counterVerdict(&d.Verdict, e, t, r, l.heldLimit(e, t, limit), prev, curr+unseen, cost)
 	v := &d.Verdict
+	if w.near && v.Allowed && !failed && e.flags&flagNeedCurr == 0 && v.Remaining < e.nearReach(t, limit) {
+		return stepSync // what the others may have admitted could fill the room (sync.go)
+	}
 	if !v.Allowed && unseen > 0 && r.Action == Throttle {
 		// Refused on what the others may have admitted since the last
 		// reply: learn what they did at the next flush, and let the
@@ -94,13 +97,18 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	s.mu.Lock()
 	i, _ := s.get(l, key, t, r)
 	e := &s.slab[i]
-	needPrev := e.flags&flagPrevKnown == 0
+	// An async key decided near its limit (not Config.AsyncNearLimit) sends
+	// its unsent units with the request's, so that the reply counts them,
+	// and leaves its previous window to the flusher.
+	sent := uint64(e.pend)
+	e.infl, e.pend = sat32(uint64(e.infl)+sent), 0
+	needPrev := e.flags&flagPrevKnown == 0 && r.Mode == Sync
 	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
 	s.mu.Unlock()
 
 	opsp := l.ops.Get().(*[]Op)
 	ops := (*opsp)[:0]
-	ops = append(ops, Op{Key: key, Start: start / 1e6, Delta: int64(cost), TTL: 2 * r.Window})
+	ops = append(ops, Op{Key: key, Start: start / 1e6, Delta: int64(cost + sent), TTL: 2 * r.Window})
 	if needPrev {
 		ops = append(ops, Op{Key: key, Start: (start - w) / 1e6})
 	}
@@ -117,6 +125,9 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		s.mu.Lock()
 		if e := s.lookup(key); e != nil {
 			e.flags |= flagFailed
+		}
+		if sent > 0 {
+			s.unsend(l, key, start, w, sent)
 		}
 		s.mu.Unlock()
 		return Decision{Verdict: Verdict{Allowed: true, ResetAt: start + w}, Limit: limit}, true
@@ -140,18 +151,23 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	if !v.Allowed && r.Action == Throttle {
 		seen = before // ours is taken back below: it was never admitted
 	}
+	if e == nil && sent > 0 {
+		s.landed(key, start, w, sent, inc.Value)
+	}
 	if e != nil {
+		e.infl -= min(e.infl, uint32(sent))
 		if e.flags&flagNeedCurr == 0 {
 			// The reply is a sample of the others' rate, as a
 			// flush's is.
-			e.noteRate(t, cost, inc.Value)
+			e.noteRate(t, cost+sent, inc.Value)
 		}
 		e.reply = uint16(min(e.off(t), 1<<15-1)) + 1
-		if old := uint64(e.curr); seen > old && r.Algorithm == SlidingWindowCounter {
+		if old := uint64(e.curr); seen > old+sent && r.Algorithm == SlidingWindowCounter {
 			// The view grows by what the reply shows: this request, if
-			// it counts, and the other edges' since the last reply.
+			// it counts, and the other edges' since the last reply
+			// (the units sent with it are in the shape already).
 			e.noteFirst(t)
-			s.histNote(l, i, t, seen-old, prev, old, limit)
+			s.histNote(l, i, t, seen-old-sent, prev, old, limit)
 		}
 		e.curr = sat32(max(uint64(e.curr), seen))
 		if v.Allowed || r.Action == Block {
@@ -190,4 +206,39 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		d.ReleaseAt = t + int64(r.Timeout)
 	}
 	return d, false
+}
+
+// unsend puts back the units sent with a near-limit decision whose
+// increment failed (for key's window starting at start, of w ns) among
+// its unsent units, for the flusher to send, as a flush's failure does.
+// s.mu must be held.
+func (s *shard) unsend(l *Limiter, key uint64, start, w int64, units uint64) {
+	i, ok := s.idx.get(key)
+	if !ok {
+		l.m.pendingDropped.Add(float64(units))
+		return
+	}
+	e := &s.slab[i]
+	switch e.start {
+	case start:
+		e.infl -= min(e.infl, uint32(units))
+		e.pend = sat32(uint64(e.pend) + units)
+	case start + w: // rolled meanwhile: the units are the previous window's
+		e.prevInfl -= min(e.prevInfl, uint32(units))
+		e.prevPend = sat32(uint64(e.prevPend) + units)
+	default:
+		l.m.pendingDropped.Add(float64(units))
+		return
+	}
+	s.enqueue(i)
+}
+
+// landed folds the reply to units sent with a near-limit decision into
+// key's view when the view rolled past their window (start, of w ns)
+// meanwhile: they are the previous window's now. s.mu must be held.
+func (s *shard) landed(key uint64, start, w int64, units, value uint64) {
+	if e := s.lookup(key); e != nil && e.start == start+w {
+		e.prevInfl -= min(e.prevInfl, uint32(units))
+		e.prev = max(e.prev, sat32(value))
+	}
 }

@@ -22,10 +22,14 @@ type replayConfig struct {
 	window time.Duration
 	phase  time.Duration // offset 0 this far past a window boundary
 	flush  time.Duration
-	edges  int        // limiters on one store, requests dealt round-robin (default 1)
-	pinned bool       // with edges: each client to one edge, by a hash of its address
-	diag   bool       // classify the wrongly allowed decisions
-	hist   histParams // the estimator's histograms (zero: the defaults)
+	edges  int           // limiters on one store, requests dealt round-robin (default 1)
+	pinned bool          // with edges: each client to one edge, by a hash of its address
+	diag   bool          // classify the wrongly allowed decisions
+	hist   histParams    // the estimator's histograms (zero: the defaults)
+	local  bool          // Config.AsyncNearLimit
+	guess  bool          // Config.GuessPeers
+	defer_ time.Duration // Config.MaxDefer
+	mode   Mode          // the rule's mode (zero: async)
 }
 
 type replayResult struct {
@@ -76,14 +80,14 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 	store := &opStore{Store: NewMemStore(clock)}
 	edges := make([]*Limiter, max(c.edges, 1))
 	for i := range edges {
-		l, err := New(Config{FlushInterval: c.flush, Clock: clock, hist: c.hist}, store)
+		l, err := New(Config{FlushInterval: c.flush, Clock: clock, hist: c.hist, AsyncNearLimit: c.local, GuessPeers: c.guess, MaxDefer: c.defer_}, store)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer l.Close(context.Background())
 		edges[i] = l
 	}
-	pol := &Policy{Limit: c.limit, Window: c.window}
+	pol := &Policy{Limit: c.limit, Window: c.window, Mode: c.mode}
 	sl := SlidingLog{Limit: int64(c.limit), Window: c.window}
 	type keyState struct {
 		admitted, attempts SlidingLogState
@@ -252,6 +256,10 @@ func TestEstimatorTraceReplay(t *testing.T) {
 		hp.interp = histInterp(i)
 	}
 	w := envDuration(t, "POPLIMIT_WINDOW", 10*time.Second)
+	var mode Mode
+	if os.Getenv("POPLIMIT_MODE") == "sync" {
+		mode = Sync
+	}
 	edges := 1
 	if v := os.Getenv("POPLIMIT_EDGES"); v != "" {
 		edges, _ = strconv.Atoi(v)
@@ -261,7 +269,7 @@ func TestEstimatorTraceReplay(t *testing.T) {
 			hp.buckets = k
 			worst, worstKey := 0.0, 0.0
 			for p := range 4 {
-				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: w * time.Duration(p) / 4, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != "", hist: hp})
+				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: w * time.Duration(p) / 4, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != "", hist: hp, local: os.Getenv("POPLIMIT_LOCAL") != "" || os.Getenv("POPLIMIT_GUESS") != "", guess: os.Getenv("POPLIMIT_GUESS") != "", mode: mode, defer_: envDuration(t, "POPLIMIT_MAX_DEFER", 0)})
 				worst, worstKey = max(worst, r.wrong()), max(worstKey, r.worst)
 				t.Logf("edges=%d k=%d flush=%v phase=%v: %d decisions, wrongly allowed %d, wrongly limited %d, wrong %.3f%%, worst key %.2f×, store ops/request %.4f, histograms %d",
 					edges, k, fl, w*time.Duration(p)/4, r.decisions, r.wrongAllowed, r.wrongLimited, 100*r.wrong(), r.worst, float64(r.storeOps)/float64(r.requests), r.hists)

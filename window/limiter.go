@@ -69,8 +69,22 @@ type Config struct {
 	// rate as the replies showed it (sync.go): fewer over-admissions when
 	// a client's requests are dealt over every edge, at the price of some
 	// refusals of clients within their limit and a read of the key after
-	// each refusal the guess made (BENCHMARKS.md). Default off.
+	// each refusal the guess made (BENCHMARKS.md). It applies only with
+	// AsyncNearLimit, whose round trips know what it guesses. Default off.
 	GuessPeers bool
+	// AsyncNearLimit keeps every async decision on the local view. By
+	// default (false) an async counter's request is decided by one store
+	// round trip, as a sync rule's, when the decision on the local view
+	// admits it but leaves less room than the other edges could have
+	// filled unseen since this edge's last reply (sync.go: twice what
+	// their recent rate, or this edge's own unsent units at its share,
+	// gives, and a sixteenth of the limit). Only keys whose replies show
+	// other edges' units pay the round trip, and only that near their
+	// limits: a key held by one edge never does. Should the round trip
+	// fail, the decision is the local view's, by the rule's failure
+	// policy; while the flusher backs off from a failing store none is
+	// tried. GuessPeers applies only with AsyncNearLimit.
+	AsyncNearLimit bool
 	// Clock is the limiter's time source for its flusher.
 	Clock Clock // default SystemClock
 	// Registerer receives the limiter's metrics; nil registers none.
@@ -131,6 +145,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxDefer < 0 || c.MaxDefer > time.Minute {
 		errs = append(errs, fmt.Errorf("window: MaxDefer %v: must be between 0 (off) and 1m", c.MaxDefer))
+	}
+	if c.GuessPeers && !c.AsyncNearLimit {
+		errs = append(errs, errors.New("window: GuessPeers: applies only with AsyncNearLimit (without it, a decision the others' unseen units could turn takes a round trip instead of a guess)"))
 	}
 	if c.NewKeyWait > time.Minute {
 		errs = append(errs, fmt.Errorf("window: NewKeyWait %v: must be at most 1m (negative: never wait)", c.NewKeyWait))
@@ -290,7 +307,7 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 		l.m.fallbackClosed.Inc()
 		return l.closed(t, r, limit)
 	}
-	w := waits{may: l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load()}
+	w := waits{may: l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load(), near: !l.cfg.AsyncNearLimit && counter && !l.down.Load()}
 	s := l.shardOf(key)
 	var d Decision
 	for {
@@ -304,6 +321,18 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 		s.mu.Unlock()
 		if st == stepWait {
 			t = l.waitForStore(ctx, &w, t, key, counter)
+			continue
+		}
+		if st == stepSync {
+			sd, failed := l.counterSync(ctx, t, r, key, limit, cost)
+			if !failed {
+				l.m.nearSyncs.Inc()
+				return sd
+			}
+			// The key is marked failed: decided on the view, by the
+			// rule's failure policy.
+			l.m.storeErrors.Inc()
+			w.near = false
 			continue
 		}
 		if w.waited() {

@@ -13,6 +13,7 @@ type metrics struct {
 	fallbackOpen   prometheus.Counter
 	fallbackClosed prometheus.Counter
 	shareHeld      prometheus.Counter // decisions held to the key's share while the store is split
+	nearSyncs      prometheus.Counter // async decisions made by a round trip near the limit
 	pendingDropped prometheus.Counter
 	evictions      prometheus.Counter
 	flushOps       prometheus.Histogram
@@ -41,6 +42,8 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 			Name: "window_reads_total", Help: "Reads of a key's window counts: its previous window, once per key per window, and its current one when it is new here and has no increment to send."}),
 		fallbackOpen:   fallbacks.WithLabelValues("open"),
 		fallbackClosed: fallbacks.WithLabelValues("closed"),
+		nearSyncs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "near_limit_syncs_total", Help: "Async decisions made by one store round trip because the units the other edges may have admitted since this edge's last reply could fill the key's room (unless -async-near-limit)."}),
 		shareHeld: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "share_held_total", Help: "Decisions of a key counted by this edge alone while the store was split (a shard ejected), decided against this edge's share of its limit."}),
 		pendingDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -70,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, m.syncCalls, m.flusherParks, waits, keys, split, m.shareHeld} {
+	for _, c := range []prometheus.Collector{m.storeOps, m.storeErrors, m.storeReads, fallbacks, m.pendingDropped, m.evictions, m.flushOps, m.flushSeconds, m.flushBackoffs, m.syncCalls, m.flusherParks, waits, keys, split, m.shareHeld, m.nearSyncs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

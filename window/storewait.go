@@ -14,12 +14,14 @@ const (
 	stepDecided  step = iota // decided on the view
 	stepFellBack             // decided on a view the store could not refresh
 	stepWait                 // wait for the store's reply (waits.ask), then look again
+	stepSync                 // decide by one store round trip: the others could fill the room (sync.go)
 )
 
 // waits is what an async decision has spent waiting for the store, and
 // the wait its last step asked for.
 type waits struct {
 	may      bool      // another wait is allowed
+	near     bool      // a counter near its limit may be decided by a round trip (not Config.AsyncNearLimit)
 	deadline time.Time // when every wait of the decision ends; zero: none yet
 
 	// The wait asked for. again lets a decision wait again after a reply

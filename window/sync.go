@@ -17,6 +17,18 @@ import (
 // one unit at least while they are active. A refusal that only this guess made stands until the next
 // flush's read of the key can have answered, and asks for that read.
 //
+// Unless Config.AsyncNearLimit is set, a decision does not guess: when
+// the local view admits the request but leaves less room than the others
+// could have filled unseen (nearReach: twice their likely unseen units, and a
+// sixteenth of the limit for a burst their rate cannot tell), the
+// request is decided as a sync rule's is, by one increment on the
+// request path that carries this edge's unsent units too, on the count
+// the store returns. Only keys whose replies show other edges' units pay
+// it, and only within that reach of their limits: a client dealt over
+// every edge at its limit, not one far below it or held by one edge.
+// Should the round trip fail, the view decides, by the rule's failure
+// policy.
+//
 // When a key's units go to the store. Every flush sends the units of the
 // keys that could matter now, and a key far from its limit keeps its
 // units for a while: one increment carries many requests, and most keys
@@ -134,6 +146,36 @@ func (e *entry) guessShare(own, value uint64) {
 // shareSteps is about the number of units under which a window's sample
 // of the share weighs less than the share it updates.
 const shareSteps = 4
+
+// nearReach is how close to key e's limit, in units of room left after a
+// decision at t, the decision takes a round trip (unless
+// Config.AsyncNearLimit): 0 while e's replies show no other edge's units (its share is all of
+// the key's), else twice what the others likely admitted unseen (the
+// margin syncDue takes for the round trip), and a sixteenth of the limit
+// for what a rate cannot tell (a burst). What they admitted unseen is
+// the larger of their recent rate over the time since the last reply
+// and, at this edge's share, as many unsent units as this edge has (as
+// many as this edge's while the share is not known: a key new here, at
+// its onset). A rate past what orate holds (2^16 - 1 units a window)
+// tells nothing: every decision that admits takes the round trip. None
+// does in a window under a millisecond. s.mu must be held.
+func (e *entry) nearReach(t int64, limit uint64) uint64 {
+	switch {
+	case e.orate == 0 && e.share == 255, e.win < int64(time.Millisecond):
+		// (A window under a millisecond shares its counter's name, in
+		// milliseconds, with its neighbours: the store's count is not
+		// its own.)
+		return 0
+	case e.orate == math.MaxUint16:
+		return limit
+	}
+	mine := uint64(e.pend) + uint64(e.infl)
+	theirs := mine
+	if e.share != 0 {
+		theirs = mine * uint64(255-e.share) / uint64(e.share)
+	}
+	return 2*max(e.othersUnseen(t), theirs) + (limit+15)/16
+}
 
 // othersUnseen estimates the units the other edges admitted, at t, since
 // the store last told this edge the key's count: their recent rate (from

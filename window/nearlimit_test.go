@@ -1,0 +1,216 @@
+package window
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// dealt runs n requests of one key dealt alternately over two limiters
+// on one store, 20 ms apart, each limiter flushing after its own
+// decision (as its flusher does within a flush interval): what an edge
+// learns of the other's units comes only from the replies to its own
+// operations. It returns the requests admitted.
+func dealt(t *testing.T, cfg Config, store Store, clock *simClock, n int) (admitted int, ls [2]*Limiter) {
+	t.Helper()
+	r := mustRules(t, "rules: [{name: k, limit: 50, window: 1m}]").Rules[0]
+	for i := range ls {
+		ls[i] = newTestLimiter(t, clock, store, cfg)
+	}
+	key := r.Hash([]byte("203.0.113.9"))
+	ctx := context.Background()
+	for i := range n {
+		l := ls[i%2]
+		if d := l.Decide(ctx, clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed {
+			admitted++
+		}
+		l.Flush(ctx, clock.Now())
+		clock.Add(20 * time.Millisecond)
+	}
+	return admitted, ls
+}
+
+// A key dealt over two edges is held to its limit exactly when the
+// decisions that the other edge's unseen units could turn take a round
+// trip; without it, the edges admit past the limit.
+func TestNearLimitHoldsAKeyDealtOverTwoEdges(t *testing.T) {
+	without, _ := dealt(t, Config{AsyncNearLimit: true}, NewMemStore(nil), newSimClock(t0), 200)
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	with, ls := dealt(t, Config{}, store, clock, 200)
+	syncs := testutil.ToFloat64(ls[0].m.nearSyncs) + testutil.ToFloat64(ls[1].m.nearSyncs)
+	t.Logf("limit 50: admitted %d without, %d with near-limit decisions taking a round trip (%v round trips)", without, with, syncs)
+	if without <= 50 {
+		t.Errorf("with every decision local the two edges admitted %d, want more than the limit of 50 (the case this test is for)", without)
+	}
+	if with != 50 {
+		t.Errorf("with near-limit round trips the two edges admitted %d, want the limit, 50", with)
+	}
+	// Only the decisions near the limit took a round trip, and every unit
+	// admitted is counted once in the store.
+	if syncs == 0 || syncs > 100 {
+		t.Errorf("%v near-limit round trips, want some and fewer than the 150 decisions past the limit's reach", syncs)
+	}
+	ops := []Op{{Key: mustRules(t, "rules: [{name: k, limit: 50, window: 1m}]").Rules[0].Hash([]byte("203.0.113.9")), Start: t0.UnixMilli()}}
+	store.Do(context.Background(), ops)
+	if ops[0].Value != uint64(with) {
+		t.Errorf("store counts %d, want the %d admitted", ops[0].Value, with)
+	}
+}
+
+// A near-limit round trip that fails leaves the decision to the view and
+// the rule's failure policy, counted, and loses none of the units it
+// carried.
+func TestNearLimitFailureFallsBackToTheView(t *testing.T) {
+	clock := newSimClock(t0)
+	store := &countingStore{Store: NewMemStore(clock)}
+	r := mustRules(t, "rules: [{name: k, limit: 50, window: 1m}]").Rules[0]
+	key := r.Hash([]byte("203.0.113.9"))
+	ctx := context.Background()
+	var ls [2]*Limiter
+	for i := range ls {
+		ls[i] = newTestLimiter(t, clock, store, Config{})
+	}
+	// Both edges' replies show the other's units: up to 4 short of the limit.
+	admitted := 0
+	for i := 0; admitted < 46; i++ {
+		l := ls[i%2]
+		if l.Decide(ctx, clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
+			admitted++
+		}
+		l.Flush(ctx, clock.Now())
+		clock.Add(20 * time.Millisecond)
+	}
+	// An admission left unsent, then the store fails.
+	l := ls[0]
+	if !l.Decide(ctx, clock.Now(), &r.Policy, key, r.Limit, 1).Allowed {
+		t.Fatal("the 47th request was refused")
+	}
+	admitted++
+	store.fail.Store(true)
+	var d Decision
+	for range 4 {
+		clock.Add(20 * time.Millisecond)
+		if d = l.Decide(ctx, clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed {
+			admitted++
+		}
+		if d.Fallback != FallbackNone {
+			break
+		}
+	}
+	if d.Fallback != FallbackOpen || !d.Allowed {
+		t.Fatalf("with the store failing near the limit: fallback %d allowed %v, want the view's admission, failing open", d.Fallback, d.Allowed)
+	}
+	if testutil.ToFloat64(l.m.fallbackOpen) == 0 || testutil.ToFloat64(l.m.storeErrors) == 0 {
+		t.Error("the failed round trip or its fallback was not counted")
+	}
+	store.fail.Store(false)
+	l.Flush(ctx, clock.Now())
+	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
+	store.Store.Do(ctx, ops)
+	if ops[0].Value != uint64(admitted) {
+		t.Errorf("store counts %d after recovery, want the %d admitted (the units the failed round trip carried are sent again)", ops[0].Value, admitted)
+	}
+}
+
+// A decision near the limit that takes its round trip allocates no more
+// than a sync rule's decision does (the store call's deadline: a context
+// and its timer, over MemStore as over memcached).
+func TestNearLimitAllocatesAsASyncDecision(t *testing.T) {
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	a := newTestLimiter(t, clock, store, Config{Shards: 1})
+	b := newTestLimiter(t, clock, store, Config{Shards: 1})
+	r := &Policy{Limit: 4, Window: time.Minute}
+	sr := &Policy{Limit: 1 << 30, Window: time.Minute, Mode: Sync}
+	ctx := context.Background()
+	const keys = 1000
+	// Each key: A, B and A again admitted one unit each, so that A's
+	// replies show B's units and its view has room for one.
+	for _, l := range []*Limiter{a, b, a} {
+		for k := range uint64(keys) {
+			l.Decide(ctx, clock.Now(), r, k+1, r.Limit, 1)
+			l.Decide(ctx, clock.Now(), sr, k+1+keys, sr.Limit, 1)
+		}
+		l.Flush(ctx, clock.Now())
+		clock.Add(time.Second)
+	}
+	now := clock.Now()
+	mallocs := func(f func(k uint64)) uint64 {
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		for k := range uint64(keys) {
+			f(k + 1)
+		}
+		runtime.ReadMemStats(&ms1)
+		return ms1.Mallocs - ms0.Mallocs
+	}
+	before := testutil.ToFloat64(a.m.nearSyncs)
+	near := mallocs(func(k uint64) {
+		if !a.Decide(ctx, now, r, k, r.Limit, 1).Allowed {
+			t.Fatalf("key %d refused", k)
+		}
+	})
+	if n := testutil.ToFloat64(a.m.nearSyncs) - before; n != keys {
+		t.Fatalf("%v of %d decisions took the round trip, want all", n, keys)
+	}
+	sync := mallocs(func(k uint64) { a.Decide(ctx, now, sr, k+keys, sr.Limit, 1) })
+	t.Logf("allocations per decision: near the limit %.2f, a sync rule's %.2f", float64(near)/keys, float64(sync)/keys)
+	if near > sync+keys/20 { // (the tables' amortized growth aside)
+		t.Errorf("a near-limit decision allocates %.2f times, a sync rule's %.2f: want no more", float64(near)/keys, float64(sync)/keys)
+	}
+}
+
+// Concurrent decisions of one key that both running edges know, near-limit
+// round trips among them, count every admitted unit once and hold the
+// limit (run under -race by the test command).
+func TestNearLimitConcurrent(t *testing.T) {
+	store := NewMemStore(nil)
+	var ls [2]*Limiter
+	for i := range ls {
+		ls[i] = newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond})
+		ls[i].Start()
+	}
+	r := &Policy{Limit: 200, Window: time.Hour}
+	const key = 7
+	var admitted atomic.Int64
+	// The key known to both edges first, dealt over them, far from its limit.
+	for i := range 100 {
+		if ls[i%2].Decide(context.Background(), time.Now(), r, key, r.Limit, 1).Allowed {
+			admitted.Add(1)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 150 {
+				if ls[(g+i)%2].Decide(context.Background(), time.Now(), r, key, r.Limit, 1).Allowed {
+					admitted.Add(1)
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+		}()
+	}
+	wg.Wait()
+	syncs := testutil.ToFloat64(ls[0].m.nearSyncs) + testutil.ToFloat64(ls[1].m.nearSyncs)
+	for _, l := range ls {
+		l.Close(context.Background())
+	}
+	ops := []Op{{Key: key, Start: windowStart(time.Now().UnixNano(), int64(time.Hour)) / 1e6}}
+	store.Do(context.Background(), ops)
+	t.Logf("1300 requests over two edges, limit 200: %d admitted, %v near-limit round trips, store %d", admitted.Load(), syncs, ops[0].Value)
+	if n := admitted.Load(); n > 208 || n < 190 {
+		t.Errorf("%d admitted, want the limit of 200 (within the 8 decisions in flight at once)", n)
+	}
+	if ops[0].Value != uint64(admitted.Load()) {
+		t.Errorf("store counts %d, want the %d admitted", ops[0].Value, admitted.Load())
+	}
+}
