@@ -36,7 +36,7 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 	prev, curr := e.view()
 	failed := e.flags&flagFailed != 0
 	var unseen uint64
-	if l.cfg.GuessPeers && l.cfg.AsyncNearLimit && !failed { // the rule's failure policy answers a key the store fails, not a guess
+	if l.cfg.GuessPeers && !failed { // (only with AsyncNearLimit: Validate) the rule's failure policy answers a key the store fails, not a guess
 		unseen = e.othersUnseen(t)
 	}
 	s.counterVerdict(&d.Verdict, e, t, r, l.heldLimit(e, t, limit), prev, curr+unseen, cost)

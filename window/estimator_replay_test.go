@@ -18,18 +18,18 @@ import (
 
 // replayConfig is one judged replay of a trace through one Limiter.
 type replayConfig struct {
-	limit  uint64
-	window time.Duration
-	phase  time.Duration // offset 0 this far past a window boundary
-	flush  time.Duration
-	edges  int           // limiters on one store, requests dealt round-robin (default 1)
-	pinned bool          // with edges: each client to one edge, by a hash of its address
-	diag   bool          // classify the wrongly allowed decisions
-	hist   histParams    // the estimator's histograms (zero: the defaults)
-	local  bool          // Config.AsyncNearLimit
-	guess  bool          // Config.GuessPeers
-	defer_ time.Duration // Config.MaxDefer
-	mode   Mode          // the rule's mode (zero: async)
+	limit    uint64
+	window   time.Duration
+	phase    time.Duration // offset 0 this far past a window boundary
+	flush    time.Duration
+	edges    int           // limiters on one store, requests dealt round-robin (default 1)
+	pinned   bool          // with edges: each client to one edge, by a hash of its address
+	diag     bool          // classify the wrongly allowed decisions
+	hist     histParams    // the estimator's histograms (zero: the defaults)
+	local    bool          // Config.AsyncNearLimit
+	guess    bool          // Config.GuessPeers
+	maxDefer time.Duration // Config.MaxDefer
+	mode     Mode          // the rule's mode (zero: async)
 }
 
 type replayResult struct {
@@ -80,7 +80,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 	store := &opStore{Store: NewMemStore(clock)}
 	edges := make([]*Limiter, max(c.edges, 1))
 	for i := range edges {
-		l, err := New(Config{FlushInterval: c.flush, Clock: clock, hist: c.hist, AsyncNearLimit: c.local, GuessPeers: c.guess, MaxDefer: c.defer_}, store)
+		l, err := New(Config{FlushInterval: c.flush, Clock: clock, hist: c.hist, AsyncNearLimit: c.local, GuessPeers: c.guess, MaxDefer: c.maxDefer}, store)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +269,7 @@ func TestEstimatorTraceReplay(t *testing.T) {
 			hp.buckets = k
 			worst, worstKey := 0.0, 0.0
 			for p := range 4 {
-				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: w * time.Duration(p) / 4, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != "", hist: hp, local: os.Getenv("POPLIMIT_LOCAL") != "" || os.Getenv("POPLIMIT_GUESS") != "", guess: os.Getenv("POPLIMIT_GUESS") != "", mode: mode, defer_: envDuration(t, "POPLIMIT_MAX_DEFER", 0)})
+				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: w * time.Duration(p) / 4, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != "", hist: hp, local: os.Getenv("POPLIMIT_LOCAL") != "" || os.Getenv("POPLIMIT_GUESS") != "", guess: os.Getenv("POPLIMIT_GUESS") != "", mode: mode, maxDefer: envDuration(t, "POPLIMIT_MAX_DEFER", 0)})
 				worst, worstKey = max(worst, r.wrong()), max(worstKey, r.worst)
 				t.Logf("edges=%d k=%d flush=%v phase=%v: %d decisions, wrongly allowed %d, wrongly limited %d, wrong %.3f%%, worst key %.2f×, store ops/request %.4f, histograms %d",
 					edges, k, fl, w*time.Duration(p)/4, r.decisions, r.wrongAllowed, r.wrongLimited, 100*r.wrong(), r.worst, float64(r.storeOps)/float64(r.requests), r.hists)

@@ -18,15 +18,15 @@ import (
 // operations. It returns the requests admitted.
 func dealt(t *testing.T, cfg Config, store Store, clock *simClock, n int) (admitted int, ls [2]*Limiter) {
 	t.Helper()
-	r := mustRules(t, "rules: [{name: k, limit: 50, window: 1m}]").Rules[0]
+	r := &Policy{Limit: 50, Window: time.Minute}
 	for i := range ls {
 		ls[i] = newTestLimiter(t, clock, store, cfg)
 	}
-	key := r.Hash([]byte("203.0.113.9"))
+	const key = 9
 	ctx := context.Background()
 	for i := range n {
 		l := ls[i%2]
-		if d := l.Decide(ctx, clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed {
+		if d := l.Decide(ctx, clock.Now(), r, key, r.Limit, 1); d.Allowed {
 			admitted++
 		}
 		l.Flush(ctx, clock.Now())
@@ -56,7 +56,7 @@ func TestNearLimitHoldsAKeyDealtOverTwoEdges(t *testing.T) {
 	if syncs == 0 || syncs > 100 {
 		t.Errorf("%v near-limit round trips, want some and fewer than the 150 decisions past the limit's reach", syncs)
 	}
-	ops := []Op{{Key: mustRules(t, "rules: [{name: k, limit: 50, window: 1m}]").Rules[0].Hash([]byte("203.0.113.9")), Start: t0.UnixMilli()}}
+	ops := []Op{{Key: 9, Start: t0.UnixMilli()}}
 	store.Do(context.Background(), ops)
 	if ops[0].Value != uint64(with) {
 		t.Errorf("store counts %d, want the %d admitted", ops[0].Value, with)
@@ -122,6 +122,9 @@ func TestNearLimitFailureFallsBackToTheView(t *testing.T) {
 // than a sync rule's decision does (the store call's deadline: a context
 // and its timer, over MemStore as over memcached).
 func TestNearLimitAllocatesAsASyncDecision(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops sync.Pool items at random: allocation counts say nothing under it")
+	}
 	clock := newSimClock(t0)
 	store := NewMemStore(clock)
 	a := newTestLimiter(t, clock, store, Config{Shards: 1})

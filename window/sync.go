@@ -149,19 +149,21 @@ const shareSteps = 4
 
 // nearReach is how close to key e's limit, in units of room left after a
 // decision at t, the decision takes a round trip (unless
-// Config.AsyncNearLimit): 0 while e's replies show no other edge's units (its share is all of
-// the key's), else twice what the others likely admitted unseen (the
-// margin syncDue takes for the round trip), and a sixteenth of the limit
-// for what a rate cannot tell (a burst). What they admitted unseen is
-// the larger of their recent rate over the time since the last reply
-// and, at this edge's share, as many unsent units as this edge has (as
-// many as this edge's while the share is not known: a key new here, at
-// its onset). A rate past what orate holds (2^16 - 1 units a window)
+// Config.AsyncNearLimit): 0 while e's recent replies show no other edge's
+// units (their rate is 0 and the share known: a key held by this edge, or
+// one the others left, or one a split store counts here alone, which the
+// hold to the share answers), else twice what the others likely admitted
+// unseen (the margin syncDue takes for the round trip), and a sixteenth
+// of the limit for what a rate cannot tell (a burst). What they admitted
+// unseen is the larger of their recent rate over the time since the last
+// reply and, at this edge's share, as many unsent units as this edge has
+// (as many as this edge's while the share is not known: a key new here,
+// at its onset). A rate past what orate holds (2^16 - 1 units a window)
 // tells nothing: every decision that admits takes the round trip. None
 // does in a window under a millisecond. s.mu must be held.
 func (e *entry) nearReach(t int64, limit uint64) uint64 {
 	switch {
-	case e.orate == 0 && e.share == 255, e.win < int64(time.Millisecond):
+	case e.orate == 0 && e.share != 0, e.win < int64(time.Millisecond):
 		// (A window under a millisecond shares its counter's name, in
 		// milliseconds, with its neighbours: the store's count is not
 		// its own.)
