@@ -79,11 +79,12 @@ type Config struct {
 	// filled unseen since this edge's last reply (sync.go: twice what
 	// their recent rate, or this edge's own unsent units at its share,
 	// gives, and a sixteenth of the limit). Only keys whose replies show
-	// other edges' units pay the round trip, and only that near their
-	// limits: a key held by one edge never does. Should the round trip
-	// fail, the decision is the local view's, by the rule's failure
-	// policy; while the flusher backs off from a failing store none is
-	// tried. GuessPeers applies only with AsyncNearLimit.
+	// other edges' units (or that are too new here for their share to be
+	// known) pay the round trip, and only that near their limits: a key
+	// held by one edge does not once its first reply says so. Should the
+	// round trip fail, the decision is the local view's, by the rule's
+	// failure policy; while the flusher backs off from a failing store
+	// none is tried. GuessPeers applies only with AsyncNearLimit.
 	AsyncNearLimit bool
 	// Clock is the limiter's time source for its flusher.
 	Clock Clock // default SystemClock
