@@ -308,7 +308,8 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 		l.m.fallbackClosed.Inc()
 		return l.closed(t, r, limit)
 	}
-	w := waits{may: l.cfg.NewKeyWait > 0 && l.started.Load() && !l.down.Load(), near: !l.cfg.AsyncNearLimit && counter && !l.down.Load()}
+	up := !l.down.Load()
+	w := waits{may: l.cfg.NewKeyWait > 0 && l.started.Load() && up, near: !l.cfg.AsyncNearLimit && counter && up}
 	s := l.shardOf(key)
 	var d Decision
 	for {
