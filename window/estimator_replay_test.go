@@ -147,6 +147,9 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 			sl.Add(&ks.attempts, tt, 1)
 			if n+1 <= int64(c.limit) {
 				res.wrongLimited++
+				if c.diag {
+					res.diag[l.diagnoseLimited(h, tt, d, tt < ks.release[ei] && d.ReleaseAt == 0, float64(sl.Count(&ks.admitted, tt)))]++
+				}
 			}
 		}
 	}
@@ -189,6 +192,41 @@ func (l *Limiter) diagnose(key uint64, t int64, d Decision, exact float64) strin
 		return "inbase/" + bucket
 	}
 	return "shaped/" + bucket
+}
+
+// diagnoseLimited names what a wrongly refused decision rested on.
+func (l *Limiter) diagnoseLimited(key uint64, t int64, d Decision, cached bool, exact float64) string {
+	if cached {
+		return "L/cache"
+	}
+	s := l.shardOf(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.lookup(key)
+	if e == nil {
+		return "L/gone"
+	}
+	over := d.Estimate - exact
+	bucket := "over<1"
+	switch {
+	case over >= 5:
+		bucket = "over>=5"
+	case over >= 2:
+		bucket = "over2-5"
+	case over >= 1:
+		bucket = "over1-2"
+	}
+	ps, _ := s.shapes(e, 0)
+	kind := "shaped"
+	switch {
+	case e.hist == 0:
+		kind = "nohist"
+	case ps.h == nil:
+		kind = "nopsh"
+	case ps.h.base > 0 && t-e.win < ps.h.at:
+		kind = "inbase"
+	}
+	return fmt.Sprintf("L/%s/%s", kind, bucket)
 }
 
 func envDuration(t testing.TB, name string, def time.Duration) time.Duration {

@@ -55,8 +55,9 @@ import (
 // histogram, and every window the histogram did not see, keep the uniform
 // estimate and Release.
 //
-// Histograms live in a bounded side table per shard, at most MaxKeys/16
-// in all (a record is about 870 bytes with k = 32); a key that finds it
+// Histograms live in a bounded side table per shard, at most MaxKeys/32
+// in all (a record is 1,640 bytes with k = 64: at most 54 MB for the
+// default MaxKeys); a key that finds it
 // full keeps the uniform estimate for the window (counted by
 // poplimit_window_histograms_exhausted_total). The store is unchanged:
 // still two counters per key and window, still one increment per dirty key
@@ -66,21 +67,21 @@ import (
 // operator configuration: Config.hist carries them, unexported, so that the
 // package's tests can compare estimators; a zero field takes its default.
 type histParams struct {
-	buckets    int        // k, buckets per window (rounded down to even); default 32
+	buckets    int        // k, buckets per window (rounded down to even); default 64
 	onsetShift uint       // a view reaching ⌈L/2^onsetShift⌉ starts recording; default 4
-	keysDiv    int        // at most MaxKeys/keysDiv histograms in all; default 16; negative: none
+	keysDiv    int        // at most MaxKeys/keysDiv histograms in all; default 32; negative: none
 	interp     histInterp // how a bucket's units are placed over it; default interpLast
 }
 
 func (p histParams) withDefaults() histParams {
 	if p.buckets == 0 {
-		p.buckets = 32
+		p.buckets = 64
 	}
 	if p.onsetShift == 0 {
 		p.onsetShift = 4
 	}
 	if p.keysDiv == 0 {
-		p.keysDiv = 16
+		p.keysDiv = 32
 	}
 	return p
 }
@@ -578,7 +579,7 @@ func newHistMetrics(reg prometheus.Registerer, l *Limiter) (*histMetrics, error)
 	const ns, sub = "poplimit", "window"
 	m := &histMetrics{
 		exhausted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "histograms_exhausted_total", Help: "Hot keys that found no free window-shape histogram (MaxKeys/16 in all) and kept the uniform sliding-window estimate for a window."}),
+			Name: "histograms_exhausted_total", Help: "Hot keys that found no free window-shape histogram (MaxKeys/32 in all) and kept the uniform sliding-window estimate for a window."}),
 	}
 	if reg == nil {
 		return m, nil

@@ -135,13 +135,13 @@ func TestShapedReleaseIsExact(t *testing.T) {
 	}
 }
 
-// TestHistogramsAreBounded: the side table holds at most MaxKeys/16
+// TestHistogramsAreBounded: the side table holds at most MaxKeys/32
 // histograms; a hot key that finds it full keeps the uniform estimate for
 // the window (counted once), and a histogram is freed with its key, or when
 // its key's window ends below the threshold.
 func TestHistogramsAreBounded(t *testing.T) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{MaxKeys: 64, Shards: 1})
+	l := newTestLimiter(t, clock, NewMemStore(clock), Config{MaxKeys: 128, Shards: 1})
 	pol := &Policy{Limit: 100, Window: 10 * time.Second}
 	ctx := context.Background()
 	for k := range 10 {
@@ -150,7 +150,7 @@ func TestHistogramsAreBounded(t *testing.T) {
 		}
 	}
 	if n := l.Histograms(); n != 4 {
-		t.Errorf("%d histograms, want 4 (MaxKeys 64 / 16)", n)
+		t.Errorf("%d histograms, want 4 (MaxKeys 128 / 32)", n)
 	}
 	if n := testutil.ToFloat64(l.hm.exhausted); n != 6 {
 		t.Errorf("exhausted counted %v times, want 6 (once per key and window)", n)
