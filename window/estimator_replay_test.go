@@ -92,6 +92,8 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 	type keyState struct {
 		admitted, attempts SlidingLogState
 		release            []int64 // per edge: its block cache
+		adm                []int64 // admitted instants (POPLIMIT_DUMP)
+		admBy              []int   // their edges
 	}
 	keys := map[uint64]*keyState{}
 	res := replayResult{diag: map[string]int{}}
@@ -135,6 +137,10 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 			prior := sl.Count(&ks.admitted, tt)
 			sl.Add(&ks.admitted, tt, 1)
 			sl.Add(&ks.attempts, tt, 1)
+			if c.diag {
+				ks.adm = append(ks.adm, tt)
+				ks.admBy = append(ks.admBy, ei)
+			}
 			if prior+1 > int64(c.limit) {
 				res.wrongAllowed++
 				res.worst = max(res.worst, float64(prior+1)/float64(c.limit))
@@ -148,7 +154,32 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 			if n+1 <= int64(c.limit) {
 				res.wrongLimited++
 				if c.diag {
-					res.diag[l.diagnoseLimited(h, tt, d, tt < ks.release[ei] && d.ReleaseAt == 0, float64(sl.Count(&ks.admitted, tt)))]++
+					cause := l.diagnoseLimited(h, tt, d, tt < ks.release[ei] && d.ReleaseAt == 0, float64(sl.Count(&ks.admitted, tt)))
+					res.diag[cause]++
+					if os.Getenv("POPLIMIT_DUMP") != "" && strings.HasPrefix(cause, "L/shaped/over2") && res.diag["dump"] < 12 {
+						res.diag["dump"]++
+						w := int64(c.window)
+						start := tt - ((tt%w)+w)%w
+						var inPrev, inCurr, prevWin int
+						for _, a := range ks.adm {
+							if a >= start-w && a < start {
+								prevWin++
+							}
+							if a > tt-w && a < start {
+								inPrev++
+							} else if a >= start && a <= tt {
+								inCurr++
+							}
+						}
+						var near []string
+						for j, a := range ks.adm {
+							if a >= tt-w-w/10 && a < tt-w+w/10 {
+								near = append(near, fmt.Sprintf("%d@%.3f", ks.admBy[j], float64(a-(start-w))/1e9))
+							}
+						}
+						t.Logf("  true prev near u: %s", strings.Join(near, " "))
+						t.Logf("edge %d key %x at %.3fs of window: estimate %.2f, exact %d (prev part %d of %d, curr %d); %s", ei, h, float64(tt-start)/1e9, d.Estimate, inPrev+inCurr, inPrev, prevWin, inCurr, l.dumpKey(h, tt))
+					}
 				}
 			}
 		}
@@ -229,6 +260,32 @@ func (l *Limiter) diagnoseLimited(key uint64, t int64, d Decision, cached bool, 
 	return fmt.Sprintf("L/%s/%s", kind, bucket)
 }
 
+// dumpKey describes key's view and the shape of its previous window near
+// t − W, for POPLIMIT_DUMP.
+func (l *Limiter) dumpKey(key uint64, t int64) string {
+	s := l.shardOf(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.lookup(key)
+	prev, curr := e.view()
+	ps, _ := s.shapes(e, curr)
+	out := fmt.Sprintf("view prev %d curr %d (pend %d infl %d) share %d orate %d reply %.3fs", prev, curr, e.pend, e.infl, e.share, e.orate, float64(e.replied()-e.start)/1e9)
+	if ps.h != nil {
+		u := t - e.win
+		a, n, f, lst := ps.after(u)
+		out += fmt.Sprintf("; prev shape mass %d base %d, part %.2f", ps.h.mass, ps.h.base, ps.prevPart(uint64(prev), a, n, f, lst, u))
+		var bs []string
+		for j := range ps.b {
+			nn, ff, ll := ps.seg(j)
+			if ll > u-e.win/5 && ff < u+e.win/5 {
+				bs = append(bs, fmt.Sprintf("%d@%.3f-%.3f", nn, float64(ff-ps.h.start)/1e9, float64(ll-ps.h.start)/1e9))
+			}
+		}
+		out += " near u: " + strings.Join(bs, " ")
+	}
+	return out
+}
+
 func envDuration(t testing.TB, name string, def time.Duration) time.Duration {
 	if v := os.Getenv(name); v != "" {
 		d, err := time.ParseDuration(v)
@@ -249,7 +306,11 @@ func envDuration(t testing.TB, name string, def time.Duration) time.Duration {
 // own block cache; POPLIMIT_SPREAD=client pins each client to one edge),
 // POPLIMIT_INTERP (last, even or ends) and POPLIMIT_ONSET_SHIFT set the
 // histograms' placement of a bucket's units and onset (histParams),
-// POPLIMIT_DIAG=1 classifies the wrongly admitted decisions.
+// POPLIMIT_DIAG=1 classifies the wrong decisions (the wrongly limited
+// ones prefixed L/), and POPLIMIT_DUMP=1 with it logs the first dozen
+// refusals whose estimate exceeded the exact count by 2 to 5: the key's
+// view, its shape near the trailing window's start and the true admissions
+// there, by edge.
 func TestEstimatorTraceReplay(t *testing.T) {
 	path := os.Getenv("POPLIMIT_TRACE")
 	if path == "" {
