@@ -113,7 +113,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 	if i, ok := s.idx.get(key); ok {
 		e := &s.slab[i]
 		if t >= e.start+e.win {
-			fresh = s.roll(l, i, t)
+			fresh = s.roll(l, i, t, r)
 		}
 		if o := e.off16(t); o > e.lastOff {
 			e.lastOff = o
@@ -137,12 +137,16 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 	return i, true
 }
 
-// roll moves entry i to the window containing t and reports whether the
-// view was reset (idle for a whole window or more). s.mu must be held.
-func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
+// roll moves entry i, of rule r, to the window containing t and reports
+// whether the view was reset (idle for a whole window or more). The
+// window that ends is read from the store once its grace is over (the
+// other edges' last units), unless the key's units were this edge's alone
+// (alone) and its rule is async. s.mu must be held.
+func (s *shard) roll(l *Limiter, i uint32, t int64, r *Policy) (reset bool) {
 	e := &s.slab[i]
 	start := windowStart(t, e.win)
 	s.histRoll(e, start, uint64(e.curr)+uint64(e.infl)+uint64(e.pend))
+	known := r.Mode != Sync && e.alone(start)
 	if start == e.start+e.win {
 		// The current window becomes the previous one; anything still
 		// unsent for the window before it is lost.
@@ -166,8 +170,26 @@ func (s *shard) roll(l *Limiter, i uint32, t int64) (reset bool) {
 	e.first, e.reply, e.lastOff, e.own = 0, 0, 0, 0
 	e.start = start
 	e.flags &^= flagPrevKnown | flagNoHist
+	if known && !reset && e.prevPend+e.prevInfl == 0 {
+		// Its view of the window that ended is the store's count: nothing
+		// to read (nor, with no units unsent, to send).
+		e.flags |= flagPrevKnown
+		return reset
+	}
 	s.enqueue(i)
 	return reset
+}
+
+// alone reports whether key e's units of its window, which ends at end,
+// were all this edge's as far as its replies tell: its share of them
+// (over the windows that ended before) is whole, within rounding, the
+// replies show no other edge's, and the last one came in the window's
+// last sixteenth. Such a key is held by this edge (a balancer that hashes
+// the client's address) and was until the end: the others cannot have
+// added to the window after the last reply, beyond what they admitted in
+// its last sixteenth if the client moved just then. s.mu must be held.
+func (e *entry) alone(end int64) bool {
+	return e.orate == 0 && e.share >= 250 && e.reply != 0 && e.replied() >= end-e.win/2
 }
 
 // count adds cost units at t to entry i's unsent increments; sendBy

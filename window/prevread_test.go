@@ -1,0 +1,89 @@
+package window
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// readLog is a Store that records the reads of ended windows.
+type readLog struct {
+	Store
+	clock *simClock
+	mu    sync.Mutex
+	prev  map[uint64]int // key → reads of a window that had ended
+}
+
+func (s *readLog) Do(ctx context.Context, ops []Op) {
+	s.mu.Lock()
+	for _, op := range ops {
+		if op.Delta == 0 && op.Start*1e6+int64(10*time.Second) <= s.clock.Now().UnixNano() {
+			s.prev[op.Key]++
+		}
+	}
+	s.mu.Unlock()
+	s.Store.Do(ctx, ops)
+}
+
+// A key whose units were this edge's alone until its window's last half
+// (a client a balancer holds on one edge) is not read again when the
+// window ends: this edge's view of it is the store's count. A key the
+// other edge also counted is, and so is one this edge last heard of early
+// in the window, whose client may have gone on elsewhere; that read brings
+// the other edge's units into the estimate.
+func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
+	clock := newSimClock(t0) // t0 starts a 10 s window
+	store := &readLog{Store: NewMemStore(clock), clock: clock, prev: map[uint64]int{}}
+	a := newTestLimiter(t, clock, store, Config{})
+	b := newTestLimiter(t, clock, store, Config{})
+	r := &Policy{Limit: 100, Window: 10 * time.Second}
+	ctx := context.Background()
+	const held, dealt, moved = 1, 2, 3
+	// Two windows: held and moved only on a, dealt on both.
+	for w := range 2 {
+		for step := range 50 {
+			now := clock.Now()
+			a.Decide(ctx, now, r, held, r.Limit, 1)
+			a.Decide(ctx, now, r, dealt, r.Limit, 1)
+			if step%2 == 0 {
+				b.Decide(ctx, now, r, dealt, r.Limit, 1)
+			}
+			switch {
+			case w == 0 || step < 10:
+				a.Decide(ctx, now, r, moved, r.Limit, 1)
+			case step < 40:
+				// In the second window moved's client goes to b after 2 s.
+				b.Decide(ctx, now, r, moved, r.Limit, 1)
+			}
+			a.Flush(ctx, now)
+			b.Flush(ctx, now)
+			clock.Add(200 * time.Millisecond)
+		}
+	}
+	// The third window: each key comes back to a, which flushes past the
+	// grace.
+	readsBefore := map[uint64]int{}
+	for k, n := range store.prev {
+		readsBefore[k] = n
+	}
+	var est float64
+	for _, k := range []uint64{held, dealt, moved} {
+		a.Decide(ctx, clock.Now(), r, k, r.Limit, 1)
+	}
+	for range 3 {
+		clock.Add(50 * time.Millisecond)
+		a.Flush(ctx, clock.Now())
+	}
+	est = a.Decide(ctx, clock.Now(), r, moved, r.Limit, 1).Estimate
+	for k, want := range map[uint64]int{held: 0, dealt: 1, moved: 1} {
+		if got := store.prev[k] - readsBefore[k]; got != want {
+			t.Errorf("key %d: %d reads of the ended window by a, want %d", k, got, want)
+		}
+	}
+	// moved: 10 units on a then 30 on b in the ended window, about 99 % of
+	// which still weigh; a's own 2 in this window.
+	if est < 39 {
+		t.Errorf("moved: estimate %.1f, want the other edge's 30 units counted (about 41)", est)
+	}
+}
