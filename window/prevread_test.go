@@ -67,7 +67,6 @@ func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
 	for k, n := range store.prev {
 		readsBefore[k] = n
 	}
-	var est float64
 	for _, k := range []uint64{held, dealt, moved} {
 		a.Decide(ctx, clock.Now(), r, k, r.Limit, 1)
 	}
@@ -75,7 +74,7 @@ func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
 		clock.Add(50 * time.Millisecond)
 		a.Flush(ctx, clock.Now())
 	}
-	est = a.Decide(ctx, clock.Now(), r, moved, r.Limit, 1).Estimate
+	est := a.Decide(ctx, clock.Now(), r, moved, r.Limit, 1).Estimate
 	for k, want := range map[uint64]int{held: 0, dealt: 1, moved: 1} {
 		if got := store.prev[k] - readsBefore[k]; got != want {
 			t.Errorf("key %d: %d reads of the ended window by a, want %d", k, got, want)

@@ -184,10 +184,11 @@ func (s *shard) roll(l *Limiter, i uint32, t int64, r *Policy) (reset bool) {
 // were all this edge's as far as its replies tell: its share of them
 // (over the windows that ended before) is whole, within rounding, the
 // replies show no other edge's, and the last one came in the window's
-// last sixteenth. Such a key is held by this edge (a balancer that hashes
-// the client's address) and was until the end: the others cannot have
-// added to the window after the last reply, beyond what they admitted in
-// its last sixteenth if the client moved just then. s.mu must be held.
+// second half. Such a key is held by this edge (a balancer that hashes
+// the client's address) and was until late in the window: the others
+// cannot have added to it after the last reply, unless the client moved
+// to them in the window's last half and comes back here. s.mu must be
+// held.
 func (e *entry) alone(end int64) bool {
 	return e.orate == 0 && e.share >= 250 && e.reply != 0 && e.replied() >= end-e.win/2
 }
