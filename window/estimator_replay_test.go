@@ -145,7 +145,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 				res.wrongAllowed++
 				res.worst = max(res.worst, float64(prior+1)/float64(c.limit))
 				if c.diag {
-					res.diag[l.diagnose(h, tt, d, float64(prior))]++
+					res.diag[l.diagnose(h, tt, "under", float64(prior)-d.Estimate)]++
 				}
 			}
 		} else {
@@ -154,7 +154,10 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 			if n+1 <= int64(c.limit) {
 				res.wrongLimited++
 				if c.diag {
-					cause := l.diagnoseLimited(h, tt, d, tt < ks.release[ei] && d.ReleaseAt == 0, float64(sl.Count(&ks.admitted, tt)))
+					cause := "L/cache" // refused by this edge's block cache
+					if tt >= ks.release[ei] || d.ReleaseAt != 0 {
+						cause = "L/" + l.diagnose(h, tt, "over", d.Estimate-float64(sl.Count(&ks.admitted, tt)))
+					}
 					res.diag[cause]++
 					if os.Getenv("POPLIMIT_DUMP") != "" && strings.HasPrefix(cause, "L/shaped/over2") && res.diag["dump"] < 12 {
 						res.diag["dump"]++
@@ -193,8 +196,10 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 	return res
 }
 
-// diagnose names what a wrongly admitted decision's estimate rested on.
-func (l *Limiter) diagnose(key uint64, t int64, d Decision, exact float64) string {
+// diagnose names what a wrong decision's estimate rested on: by how much
+// it missed the exact count (word: "under" for a wrong admission, "over"
+// for a wrong refusal) and the part of the view that held the miss.
+func (l *Limiter) diagnose(key uint64, t int64, word string, miss float64) string {
 	s := l.shardOf(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -202,62 +207,25 @@ func (l *Limiter) diagnose(key uint64, t int64, d Decision, exact float64) strin
 	if e == nil {
 		return "gone"
 	}
-	under := exact - d.Estimate
-	bucket := "under<1"
+	bucket := word + "<1"
 	switch {
-	case under >= 5:
-		bucket = "under>=5"
-	case under >= 2:
-		bucket = "under2-5"
-	case under >= 1:
-		bucket = "under1-2"
-	}
-	if e.hist == 0 {
-		return "nohist/" + bucket
+	case miss >= 5:
+		bucket = word + ">=5"
+	case miss >= 2:
+		bucket = word + "2-5"
+	case miss >= 1:
+		bucket = word + "1-2"
 	}
 	ps, _ := s.shapes(e, 0)
-	if ps.h == nil {
+	switch {
+	case e.hist == 0:
+		return "nohist/" + bucket
+	case ps.h == nil:
 		return "nopsh/" + bucket
-	}
-	if ps.h.base > 0 && t-e.win < ps.h.at {
+	case ps.h.base > 0 && t-e.win < ps.h.at:
 		return "inbase/" + bucket
 	}
 	return "shaped/" + bucket
-}
-
-// diagnoseLimited names what a wrongly refused decision rested on.
-func (l *Limiter) diagnoseLimited(key uint64, t int64, d Decision, cached bool, exact float64) string {
-	if cached {
-		return "L/cache"
-	}
-	s := l.shardOf(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.lookup(key)
-	if e == nil {
-		return "L/gone"
-	}
-	over := d.Estimate - exact
-	bucket := "over<1"
-	switch {
-	case over >= 5:
-		bucket = "over>=5"
-	case over >= 2:
-		bucket = "over2-5"
-	case over >= 1:
-		bucket = "over1-2"
-	}
-	ps, _ := s.shapes(e, 0)
-	kind := "shaped"
-	switch {
-	case e.hist == 0:
-		kind = "nohist"
-	case ps.h == nil:
-		kind = "nopsh"
-	case ps.h.base > 0 && t-e.win < ps.h.at:
-		kind = "inbase"
-	}
-	return fmt.Sprintf("L/%s/%s", kind, bucket)
 }
 
 // dumpKey describes key's view and the shape of its previous window near
@@ -382,7 +350,7 @@ func TestEstimatorTraceReplay(t *testing.T) {
 					for _, n := range names {
 						fmt.Fprintf(&b, " %s=%d", n, r.diag[n])
 					}
-					t.Logf("  wrongly allowed by cause:%s", b.String())
+					t.Logf("  wrong decisions by cause (L/: wrongly limited):%s", b.String())
 				}
 			}
 			t.Logf("edges=%d k=%d flush=%v: worst phase %.3f%% wrong, worst key %.2f×", edges, k, fl, 100*worst, worstKey)
