@@ -224,11 +224,24 @@ func TestPoPDataReachesEveryRuleAndDashboard(t *testing.T) {
 			break
 		}
 	}
+	// The overshoot's mean averages the wrongly allowed decisions' excess:
+	// with none (an accurate run) it has nothing to average and its
+	// queries are rightly empty, which the judge's count of them, exported
+	// and zero, shows.
+	none := false
+	if n, err := promQuery(base, "sum(poplimit_aggregator_overshoot_ratio_count) == 0"); err == nil && n > 0 {
+		none = true
+	}
 	var empty []check
 	for i, c := range checks {
-		if !answered[i] {
-			empty = append(empty, c)
+		if answered[i] {
+			continue
 		}
+		if none && strings.Contains(c.expr, "overshoot") {
+			t.Logf("no decision was wrongly allowed: %s has nothing to average (%s)", c.where, c.expr)
+			continue
+		}
+		empty = append(empty, c)
 	}
 	for _, c := range empty {
 		t.Errorf("no data from a running PoP: %s: %s", c.where, c.expr)
