@@ -78,7 +78,7 @@ type Config struct {
 	// admits it but leaves less room than the other edges could have
 	// filled unseen since this edge's last reply (sync.go: twice what
 	// their recent rate, or this edge's own unsent units at its share,
-	// gives, and an eighth of the limit). Only keys whose replies show
+	// gives, and a sixteenth of the limit). Only keys whose replies show
 	// other edges' units (or that are too new here for their share to be
 	// known) pay the round trip, and only that near their limits: a key
 	// held by one edge does not once its first reply says so. Should the

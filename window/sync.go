@@ -19,8 +19,8 @@ import (
 //
 // Unless Config.AsyncNearLimit is set, a decision does not guess: when
 // the local view admits the request but leaves less room than the others
-// could have filled unseen (nearReach: twice their likely unseen units, and an
-// eighth of the limit for a burst their rate cannot tell), the
+// could have filled unseen (nearReach: twice their likely unseen units, and a
+// sixteenth of the limit for a burst their rate cannot tell), the
 // request is decided as a sync rule's is, by one increment on the
 // request path that carries this edge's unsent units too, on the count
 // the store returns. Only keys whose replies show other edges' units pay
@@ -153,8 +153,8 @@ const shareSteps = 4
 // units (their rate is 0 and the share known: a key held by this edge, or
 // one the others left, or one a split store counts here alone, which the
 // hold to the share answers), else twice what the others likely admitted
-// unseen (the margin syncDue takes for the round trip), and an eighth of
-// the limit for what a rate cannot tell (a burst). What they admitted
+// unseen (the margin syncDue takes for the round trip), and a sixteenth
+// of the limit for what a rate cannot tell (a burst). What they admitted
 // unseen is the larger of their recent rate over the time since the last
 // reply and, at this edge's share, as many unsent units as this edge has
 // (as many as this edge's while the share is not known: a key new here,
@@ -176,7 +176,7 @@ func (e *entry) nearReach(t int64, limit uint64) uint64 {
 	if e.share != 0 {
 		theirs = mine * uint64(255-e.share) / uint64(e.share)
 	}
-	return 2*max(e.othersUnseen(t), theirs) + (limit+7)/8
+	return 2*max(e.othersUnseen(t), theirs) + (limit+15)/16
 }
 
 // othersUnseen estimates the units the other edges admitted, at t, since
