@@ -24,7 +24,7 @@ type replayConfig struct {
 	flush    time.Duration
 	edges    int           // limiters on one store, requests dealt round-robin (default 1)
 	pinned   bool          // with edges: each client to one edge, by a hash of its address
-	diag     bool          // classify the wrongly allowed decisions
+	diag     bool          // classify the wrong decisions
 	hist     histParams    // the estimator's histograms (zero: the defaults)
 	local    bool          // Config.AsyncNearLimit
 	guess    bool          // Config.GuessPeers
@@ -161,27 +161,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 					res.diag[cause]++
 					if os.Getenv("POPLIMIT_DUMP") != "" && strings.HasPrefix(cause, "L/shaped/over2") && res.diag["dump"] < 12 {
 						res.diag["dump"]++
-						w := int64(c.window)
-						start := tt - ((tt%w)+w)%w
-						var inPrev, inCurr, prevWin int
-						for _, a := range ks.adm {
-							if a >= start-w && a < start {
-								prevWin++
-							}
-							if a > tt-w && a < start {
-								inPrev++
-							} else if a >= start && a <= tt {
-								inCurr++
-							}
-						}
-						var near []string
-						for j, a := range ks.adm {
-							if a >= tt-w-w/10 && a < tt-w+w/10 {
-								near = append(near, fmt.Sprintf("%d@%.3f", ks.admBy[j], float64(a-(start-w))/1e9))
-							}
-						}
-						t.Logf("  true prev near u: %s", strings.Join(near, " "))
-						t.Logf("edge %d key %x at %.3fs of window: estimate %.2f, exact %d (prev part %d of %d, curr %d); %s", ei, h, float64(tt-start)/1e9, d.Estimate, inPrev+inCurr, inPrev, prevWin, inCurr, l.dumpKey(h, tt))
+						logRefusal(t, l, h, tt, int64(c.window), ei, d.Estimate, ks.adm, ks.admBy)
 					}
 				}
 			}
@@ -226,6 +206,31 @@ func (l *Limiter) diagnose(key uint64, t int64, word string, miss float64) strin
 		return "inbase/" + bucket
 	}
 	return "shaped/" + bucket
+}
+
+// logRefusal logs a wrong refusal of key at t by edge ei (POPLIMIT_DUMP):
+// the true admissions adm (by edge admBy) near the trailing window's start
+// and in its parts, beside the edge's view and shape (dumpKey).
+func logRefusal(t testing.TB, l *Limiter, key uint64, tt, w int64, ei int, est float64, adm []int64, admBy []int) {
+	start := tt - ((tt%w)+w)%w
+	var inPrev, inCurr, prevWin int
+	var near []string
+	for j, a := range adm {
+		switch {
+		case a >= start-w && a < start:
+			prevWin++
+			if a > tt-w {
+				inPrev++
+			}
+		case a >= start && a <= tt:
+			inCurr++
+		}
+		if a >= tt-w-w/10 && a < tt-w+w/10 {
+			near = append(near, fmt.Sprintf("%d@%.3f", admBy[j], float64(a-(start-w))/1e9))
+		}
+	}
+	t.Logf("  true prev near u: %s", strings.Join(near, " "))
+	t.Logf("edge %d key %x at %.3fs of window: estimate %.2f, exact %d (prev part %d of %d, curr %d); %s", ei, key, float64(tt-start)/1e9, est, inPrev+inCurr, inPrev, prevWin, inCurr, l.dumpKey(key, tt))
 }
 
 // dumpKey describes key's view and the shape of its previous window near
