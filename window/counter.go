@@ -53,6 +53,9 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 		v.ReleaseAt = min(v.ReleaseAt, t+2*int64(l.cfg.FlushInterval)+int64(l.cfg.StoreTimeout)/4)
 	}
 	if w.may && v.Allowed && !failed && !fresh && e.flags&flagNeedCurr != 0 {
+		// The read answers with the previous window too (sync.go).
+		e.flags |= flagRefresh
+		s.enqueue(i)
 		w.ask(false, true, l.cfg.NewKeyWait, 0)
 		return stepWait
 	}

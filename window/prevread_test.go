@@ -86,3 +86,55 @@ func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
 		t.Errorf("moved: estimate %.1f, want the other edge's 30 units counted (about 41)", est)
 	}
 }
+
+// A key an edge meets once in its window costs the store one operation,
+// the increment whose reply is the window's count: its previous window is
+// read only at a second decision here. That read brings in the other
+// edges' units of the window that ended: a client that comes to this edge
+// at its limit, after one request, is decided on them from the flush after
+// its second request on (which is decided without them).
+func TestAKeySeenOnceIsNotReadInItsPreviousWindow(t *testing.T) {
+	clock := newSimClock(t0) // t0 starts a 10 s window
+	store := &readLog{Store: NewMemStore(clock), clock: clock, prev: map[uint64]int{}}
+	a := newTestLimiter(t, clock, store, Config{})
+	b := newTestLimiter(t, clock, store, Config{})
+	r := &Policy{Limit: 100, Window: 10 * time.Second}
+	ctx := context.Background()
+	const moved = 1
+	for range 100 {
+		a.Decide(ctx, clock.Now(), r, moved, r.Limit, 1)
+	}
+	a.Flush(ctx, clock.Now())
+	// Half a second into the next window: about 92 of moved's 100 still
+	// weigh when b has read them.
+	clock.Add(10*time.Second + 500*time.Millisecond)
+	decide := func(key uint64) bool { return b.Decide(ctx, clock.Now(), r, key, r.Limit, 1).Allowed }
+	flush := func() {
+		for range 3 { // past the grace
+			clock.Add(50 * time.Millisecond)
+			b.Flush(ctx, clock.Now())
+		}
+	}
+	for k := uint64(100); k < 150; k++ {
+		if !decide(k) {
+			t.Fatalf("key %d: its one request refused", k)
+		}
+	}
+	if !decide(moved) {
+		t.Fatal("moved: the first request on b refused (it is decided on b's empty view)")
+	}
+	flush()
+	for k := uint64(100); k < 150; k++ {
+		if n := store.prev[k]; n != 0 {
+			t.Fatalf("key %d, seen once: %d reads of its previous window, want 0", k, n)
+		}
+	}
+	second := b.Decide(ctx, clock.Now(), r, moved, r.Limit, 1).Estimate
+	flush()
+	third := b.Decide(ctx, clock.Now(), r, moved, r.Limit, 1).Estimate
+	if n := store.prev[moved]; n != 1 || third < 90 {
+		t.Errorf("moved: %d reads of the window at its limit on a, want 1 (from its second decision on b); third request's estimate %.1f, want a's units counted (over 90)",
+			n, third)
+	}
+	t.Logf("moved's estimate on b: %.1f at its second request, %.1f at its third", second, third)
+}

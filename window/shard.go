@@ -375,8 +375,12 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6})
 			l.m.storeReads.Inc()
 		}
+		// A key new here with one unit, no decision waiting on it, leaves
+		// its previous window unread (sync.go): most such keys are seen
+		// once.
+		once := e.flags&(flagNeedCurr|flagRefresh) == flagNeedCurr && e.own <= 1 && e.prev|e.prevInfl|e.prevPend == 0
 		e.flags &^= flagRefresh
-		if e.flags&flagPrevKnown == 0 {
+		if e.flags&flagPrevKnown == 0 && !once {
 			if t < e.start+l.grace {
 				s.enqueue(i) // other edges' last flushes may still land
 				continue

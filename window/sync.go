@@ -94,6 +94,25 @@ func (l *Limiter) shareOf(e *entry, t int64, limit uint64) uint64 {
 	return max(1, uint64(math.Round(float64(limit)*float64(e.share)/255)))
 }
 
+// A key new here reads its previous window at its second decision. Most
+// keys an edge meets for the first time it meets once in their window (a
+// crawler's one request, a client passing through), and a key's first
+// decision here is made on the local view, before any read, in any case.
+// The flush that sends that first unit learns the current window's count
+// from the increment's reply and leaves the previous window unread while
+// the key has had one unit here, so a key seen once costs the store one
+// operation, not two. A later unit has its key's units sent at the next
+// flush (syncDue), which reads the previous window; until that reply,
+// decisions are made without the previous window's weight. So a client
+// that comes to this edge at its limit from another, after one request,
+// is admitted past its limit for a flush interval and a round trip, not
+// for a fresh limit. A request that comes before the first increment's
+// reply waits for the store's counts, as the second request of a key new
+// here always has (Config.NewKeyWait), and has the flush read both
+// windows (flagRefresh); one that comes while that increment is on its
+// way gets the current window's count from its reply, and the previous
+// window's at the next flush.
+
 // lazyAll is a time past every due time: take moves every waiting entry.
 const lazyAll = math.MaxInt64
 
@@ -101,7 +120,7 @@ const lazyAll = math.MaxInt64
 // leaves room units admissible, must be sent: t for the next flush. s.mu
 // must be held.
 func (l *Limiter) syncDue(e *entry, t int64, r *Policy, allowed bool, room uint64) int64 {
-	if l.cfg.MaxDefer <= 0 || !allowed || e.flags&(flagNeedCurr|flagFailed) != 0 || e.share == 0 {
+	if l.cfg.MaxDefer <= 0 || !allowed || e.flags&(flagNeedCurr|flagFailed) != 0 || e.flags&flagPrevKnown == 0 || e.share == 0 {
 		return t
 	}
 	// Unseen by the PoP: this edge's unsent units over its share.
