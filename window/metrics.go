@@ -39,7 +39,7 @@ func newMetrics(reg prometheus.Registerer, l *Limiter) (*metrics, error) {
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "store_errors_total", Help: "Store operations that failed."}),
 		storeReads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "window_reads_total", Help: "Reads of a key's window counts: its previous window, once per key per window unless its units were this edge's alone, and its current one when it is new here and has no increment to send."}),
+			Name: "window_reads_total", Help: "Reads of a key's window counts: its previous window, once per key per window unless its units were this edge's alone or it is new here with one unit in the window, and its current one when it is new here and has no increment to send."}),
 		fallbackOpen:   fallbacks.WithLabelValues("open"),
 		fallbackClosed: fallbacks.WithLabelValues("closed"),
 		nearSyncs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
