@@ -56,8 +56,10 @@ type Config struct {
 	// off from a store that fails; negative never waits.
 	NewKeyWait time.Duration // default StoreTimeout
 	// MaxDefer, when set, lets a key far from its limit keep its unsent
-	// units for up to MaxDefer, and at most a sixteenth of the rule's
-	// window, so that one increment carries many requests; a key whose
+	// units for up to MaxDefer, at most a sixteenth of the rule's window
+	// and never past the window's end (the other edges read an ended
+	// window once, after its grace), so that one increment carries many
+	// requests; a key whose
 	// unsent units could matter (this edge's, and at its share of the key's
 	// traffic the other edges' likewise, against the room left: sync.go)
 	// is sent at the next flush. It costs accuracy when a key's requests

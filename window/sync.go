@@ -40,8 +40,11 @@ import (
 // edges' unsent units likewise, twice over for the round trip, against
 // the units still admissible after the decision. Such a key, a refused
 // one, and one this edge has no reply for yet go at the next flush; the
-// others wait at most Config.MaxDefer (when set), and at most a
-// sixteenth of the rule's window.
+// others wait at most Config.MaxDefer (when set), at most a sixteenth
+// of the rule's window, and never past the window's end: the other edges
+// read an ended window once, when its grace is over, and a unit that
+// lands after that read would be missed by them for the whole of the
+// next window.
 
 // A split store. While a part of the store is out (Store.Whole false: a
 // memcached shard ejected) its keys are counted afresh on another part,
@@ -128,7 +131,7 @@ func (l *Limiter) syncDue(e *entry, t int64, r *Policy, allowed bool, room uint6
 	if 2*unseen >= room {
 		return t
 	}
-	return t + min(int64(l.cfg.MaxDefer), int64(r.Window)/16)
+	return min(t+min(int64(l.cfg.MaxDefer), int64(r.Window)/16), e.start+e.win)
 }
 
 // noteShare folds the window that ends into e's share of the key's

@@ -77,6 +77,48 @@ func TestDeferredSends(t *testing.T) {
 	}
 }
 
+// A deferred unit waits at most until its window ends: the flush at the
+// window's end sends it, so that the other edges' reads of the ended window
+// (once its grace is over) count it. Waiting its whole MaxDefer, it would
+// land after those reads, and the other edges would miss it for the whole
+// of the next window.
+func TestDeferredUnitsGoByTheirWindowsEnd(t *testing.T) {
+	ctx := context.Background()
+	clock := newSimClock(t0) // t0 starts a 10 s window
+	store := NewMemStore(clock)
+	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, MaxDefer: 500 * time.Millisecond})
+	pol := &Policy{Limit: 1000, Window: 10 * time.Second}
+	const key = 9
+	// The key's first replies (a count, then this edge's share), and past
+	// the grace, its previous window's read.
+	for range 3 {
+		l.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1)
+		clock.Add(200 * time.Millisecond)
+		l.Flush(ctx, clock.Now())
+	}
+	clock.Add(time.Second) // the third unit's wait is over
+	l.Flush(ctx, clock.Now())
+	clock.t.Store(t0.Add(9800 * time.Millisecond).UnixNano())
+	for range 10 {
+		l.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1)
+	}
+	count := func() uint64 {
+		ops := []Op{{Key: key, Start: t0.UnixNano() / 1e6}}
+		store.Do(ctx, ops)
+		return ops[0].Value
+	}
+	clock.Add(100 * time.Millisecond)
+	l.Flush(ctx, clock.Now())
+	if n := count(); n != 3 {
+		t.Fatalf("the store counts %d 100 ms after the units, want 3: the 10 far below the limit wait", n)
+	}
+	clock.t.Store(t0.Add(10 * time.Second).UnixNano())
+	l.Flush(ctx, clock.Now())
+	if n := count(); n != 13 {
+		t.Errorf("the store counts %d of the window at its end, want 13: its deferred units sent by then", n)
+	}
+}
+
 // A last flush sends the units that wait.
 func TestCloseSendsDeferredUnits(t *testing.T) {
 	ctx := context.Background()
