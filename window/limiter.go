@@ -55,15 +55,14 @@ type Config struct {
 	// applies once Start runs the flusher, and not while the flusher backs
 	// off from a store that fails; negative never waits.
 	NewKeyWait time.Duration // default StoreTimeout
-	// MaxDefer, when set, lets a key far from its limit keep its unsent
-	// units for up to MaxDefer, at most a sixteenth of the rule's window
-	// and never past the window's end (the other edges read an ended
-	// window once, after its grace), so that one increment carries many
-	// requests; a key whose
-	// unsent units could matter (this edge's, and at its share of the key's
-	// traffic the other edges' likewise, against the room left: sync.go)
-	// is sent at the next flush. It costs accuracy when a key's requests
-	// are dealt over several edges (BENCHMARKS.md). Default 0: every key
+	// MaxDefer lets a key held by this edge alone (the last window's units
+	// all this edge's, the replies since showing no other edge's) and far
+	// from its limit keep its unsent units for up to MaxDefer, at most a
+	// sixteenth of the rule's window and never past the window's end (the
+	// other edges read an ended window once, after its grace), so that
+	// one increment carries many requests; a key whose unsent units could
+	// fill the room left (sync.go), and every key dealt over several
+	// edges, is sent at the next flush. Default 0: 1s; negative: every key
 	// with units is sent at the next flush.
 	MaxDefer time.Duration
 	// GuessPeers has a decision count the units the other edges likely
@@ -123,6 +122,9 @@ func (c *Config) setDefaults() {
 	if c.NewKeyWait == 0 {
 		c.NewKeyWait = c.StoreTimeout
 	}
+	if c.MaxDefer == 0 {
+		c.MaxDefer = time.Second
+	}
 	if c.Clock == nil {
 		c.Clock = SystemClock
 	}
@@ -146,8 +148,8 @@ func (c Config) Validate() error {
 	if c.MaxFlushOps < 0 || c.MaxFlushOps > 1<<20 {
 		errs = append(errs, fmt.Errorf("window: MaxFlushOps %d: must be between 0 (default) and 2^20", c.MaxFlushOps))
 	}
-	if c.MaxDefer < 0 || c.MaxDefer > time.Minute {
-		errs = append(errs, fmt.Errorf("window: MaxDefer %v: must be between 0 (off) and 1m", c.MaxDefer))
+	if c.MaxDefer > time.Minute {
+		errs = append(errs, fmt.Errorf("window: MaxDefer %v: must be at most 1m (0: the default; negative: off)", c.MaxDefer))
 	}
 	if c.GuessPeers && !c.AsyncNearLimit {
 		errs = append(errs, errors.New("window: GuessPeers: applies only with AsyncNearLimit (without it, a decision the others' unseen units could turn takes a round trip instead of a guess)"))

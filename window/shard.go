@@ -164,6 +164,11 @@ func (s *shard) roll(l *Limiter, i uint32, t int64, r *Policy) (reset bool) {
 		}
 		e.prev, e.prevInfl, e.prevPend = 0, 0, 0
 		e.flags |= flagNeedCurr
+		if !l.splitSince(t, 2*e.win) {
+			// What the replies said of the key's traffic is stale: a
+			// client back after a while may be dealt otherwise.
+			e.share, e.orate = 0, 0
+		}
 		reset = true
 	}
 	e.curr, e.infl, e.pend = 0, 0, 0

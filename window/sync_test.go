@@ -6,10 +6,25 @@ import (
 	"time"
 )
 
-// With MaxDefer, a key far below its limit sends its units at most every
-// MaxDefer, one increment for many requests; the same key near its limit
-// sends them at every flush; a deferred unit reaches the store by its due
-// time, and Close sends what still waits.
+// heldAlone gives key, under pol, a window of units on l alone before
+// the window starting at t0, so that l's replies show the key held by this
+// edge (its share whole), as a balancer that hashes the client holds it.
+func heldAlone(t *testing.T, l *Limiter, clock *simClock, pol *Policy, key uint64) {
+	t.Helper()
+	clock.t.Store(t0.Add(-pol.Window).UnixNano())
+	for range 4 {
+		l.Decide(context.Background(), clock.Now(), pol, key, pol.Limit, 1)
+		clock.Add(5 * time.Millisecond)
+		l.Flush(context.Background(), clock.Now())
+	}
+	clock.t.Store(t0.UnixNano())
+}
+
+// With MaxDefer, a key held by this edge and far below its limit sends
+// its units at most every MaxDefer, one increment for many requests; the
+// same key near its limit sends them at every flush; a deferred unit
+// reaches the store by its due time, and Close sends what still waits. A
+// key dealt over several edges sends them at every flush.
 func TestDeferredSends(t *testing.T) {
 	ctx := context.Background()
 	for _, tt := range []struct {
@@ -19,11 +34,11 @@ func TestDeferredSends(t *testing.T) {
 		// the increments of 100 requests, one every 10 ms, flushed every 5 ms
 		minIncrs, maxIncrs int64
 	}{
-		{"off", 0, 1000, 100, 100},
+		{"off", -1, 1000, 100, 100},
 		{"far from the limit", 100 * time.Millisecond, 1000, 9, 12},
 		// Sent when this edge's unsent units could fill the room left:
 		// ever more often as it shrinks, at once for the last ones.
-		{"near the limit", 100 * time.Millisecond, 104, 12, 40},
+		{"near the limit", 100 * time.Millisecond, 107, 12, 40},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			clock := newSimClock(t0)
@@ -31,6 +46,7 @@ func TestDeferredSends(t *testing.T) {
 			l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, MaxDefer: tt.maxDefer})
 			pol := &Policy{Limit: tt.limit, Window: time.Minute}
 			key := uint64(7)
+			heldAlone(t, l, clock, pol, key)
 			// Past the grace in which a window's previous count is read
 			// again at every flush.
 			clock.Add(time.Second)
@@ -45,7 +61,7 @@ func TestDeferredSends(t *testing.T) {
 				if !l.Decide(ctx, clock.Now(), pol, key, tt.limit, 1).Allowed {
 					t.Fatal("refused within the limit")
 				}
-				if k == 99 && tt.limit == 104 { // room 1: the unit goes at the next flush
+				if k == 99 && tt.limit == 107 { // no room left (the window before weighs 3.9): the unit goes at the next flush
 					before := store.incrs.Load()
 					clock.Add(5 * time.Millisecond)
 					l.Flush(ctx, clock.Now())
@@ -66,7 +82,7 @@ func TestDeferredSends(t *testing.T) {
 			}
 			// Nothing waits longer than MaxDefer: the store holds every unit
 			// once that long has passed.
-			clock.Add(tt.maxDefer + 5*time.Millisecond)
+			clock.Add(max(tt.maxDefer, 0) + 5*time.Millisecond)
 			l.Flush(ctx, clock.Now())
 			ops := []Op{{Key: key, Start: windowStart(clock.Now().UnixNano(), int64(time.Minute)) / 1e6}}
 			store.Do(ctx, ops)
@@ -74,6 +90,47 @@ func TestDeferredSends(t *testing.T) {
 				t.Errorf("the store counts %d after MaxDefer, want 103", ops[0].Value)
 			}
 		})
+	}
+}
+
+// A key whose requests are dealt over two edges sends its units at every
+// flush, by default as with MaxDefer set: the other edge decides on the
+// store's count, and units kept back would be missing from it. The same
+// requests held by one edge take a few increments.
+func TestDealtKeysSendAtEveryFlush(t *testing.T) {
+	ctx := context.Background()
+	for _, dealt := range []bool{true, false} {
+		clock := newSimClock(t0)
+		store := &countingStore{Store: NewMemStore(clock)}
+		a := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
+		b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
+		pol := &Policy{Limit: 1000, Window: 10 * time.Second}
+		const key = 5
+		// Two windows of the same spread, so that the replies say it,
+		// then past the grace: 40 requests, one every 10 ms.
+		var incrs int64
+		for w := range 3 {
+			clock.t.Store(t0.Add(time.Duration(w)*pol.Window + time.Second).UnixNano())
+			incrs = store.incrs.Load()
+			for k := range 40 {
+				e := a
+				if dealt && k%2 == 1 {
+					e = b
+				}
+				if !e.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1).Allowed {
+					t.Fatal("refused within the limit")
+				}
+				for range 2 {
+					clock.Add(5 * time.Millisecond)
+					a.Flush(ctx, clock.Now())
+					b.Flush(ctx, clock.Now())
+				}
+			}
+		}
+		n := store.incrs.Load() - incrs
+		if dealt && n < 40 || !dealt && n > 4 {
+			t.Errorf("dealt %v: %d increments for the third window's 40 requests, want 40 dealt, at most 4 held", dealt, n)
+		}
 	}
 }
 
@@ -89,8 +146,9 @@ func TestDeferredUnitsGoByTheirWindowsEnd(t *testing.T) {
 	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, MaxDefer: 500 * time.Millisecond})
 	pol := &Policy{Limit: 1000, Window: 10 * time.Second}
 	const key = 9
-	// The key's first replies (a count, then this edge's share), and past
-	// the grace, its previous window's read.
+	heldAlone(t, l, clock, pol, key)
+	// The key's replies in this window, and past the grace, its previous
+	// window's read.
 	for range 3 {
 		l.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1)
 		clock.Add(200 * time.Millisecond)

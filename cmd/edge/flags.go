@@ -87,7 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	})
 	fs.DurationVar(&o.Limiter.StoreTimeout, "store-timeout", o.Limiter.StoreTimeout, "timeout of one store operation")
 	fs.DurationVar(&o.Limiter.FlushInterval, "flush-interval", o.Limiter.FlushInterval, "how often coalesced increments go to the store")
-	fs.DurationVar(&o.Limiter.MaxDefer, "max-defer", o.Limiter.MaxDefer, "let a key far from its limit keep its increments unsent this long at most (a sixteenth of its window at most, never past its end): fewer store operations, less accuracy when a client is dealt over several edges; 0: off")
+	fs.DurationVar(&o.Limiter.MaxDefer, "max-defer", 0, "let a key held by this edge alone and far from its limit keep its increments unsent this long at most (a sixteenth of its window at most, never past its end), so one increment carries many requests; a key dealt over several edges goes at every flush (0: 1s; negative: every key at every flush)")
 	fs.BoolVar(&o.Limiter.GuessPeers, "guess-peers", o.Limiter.GuessPeers, "with -async-near-limit: count the units other edges likely admitted on a key since this edge's last reply, at their recent rate: fewer over-admissions when clients are dealt over every edge, some refusals within the limit")
 	fs.BoolVar(&o.Limiter.AsyncNearLimit, "async-near-limit", o.Limiter.AsyncNearLimit, "keep every async decision local, even of a key dealt over several edges near its limit (by default such a decision, when what the other edges may have admitted unseen could fill the key's room, takes one store round trip)")
 	fs.IntVar(&o.Limiter.MaxKeys, "max-keys", o.Limiter.MaxKeys, "keys with a local view at most")
