@@ -102,9 +102,12 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	e := &s.slab[i]
 	// An async key decided near its limit (not Config.AsyncNearLimit) sends
 	// its unsent units with the request's, so that the reply counts them,
-	// and leaves its previous window to the flusher.
+	// and leaves its previous window to the flusher. The request's units
+	// are in flight too until the reply: the view counts them, so that a
+	// decision made on it meanwhile does not admit into the room this one
+	// may take (its reply takes them back if it refuses).
 	sent := uint64(e.pend)
-	e.infl, e.pend = sat32(uint64(e.infl)+sent), 0
+	e.infl, e.pend = sat32(uint64(e.infl)+sent+cost), 0
 	needPrev := e.flags&flagPrevKnown == 0 && r.Mode == Sync
 	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
 	s.mu.Unlock()
@@ -129,9 +132,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		if e := s.lookup(key); e != nil {
 			e.flags |= flagFailed
 		}
-		if sent > 0 {
-			s.unsend(l, key, start, w, sent)
-		}
+		s.unsend(l, key, start, w, sent, cost)
 		s.mu.Unlock()
 		return Decision{Verdict: Verdict{Allowed: true, ResetAt: start + w}, Limit: limit}, true
 	}
@@ -154,11 +155,11 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	if !v.Allowed && r.Action == Throttle {
 		seen = before // ours is taken back below: it was never admitted
 	}
-	if e == nil && sent > 0 {
-		s.landed(key, start, w, sent, inc.Value)
+	if e == nil {
+		s.landed(key, start, w, sent+cost, inc.Value)
 	}
 	if e != nil {
-		e.infl -= min(e.infl, uint32(sent))
+		e.infl -= min(e.infl, uint32(sent+cost))
 		if e.flags&flagNeedCurr == 0 {
 			// The reply is a sample of the others' rate, as a
 			// flush's is.
@@ -213,9 +214,10 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 
 // unsend puts back the units sent with a near-limit decision whose
 // increment failed (for key's window starting at start, of w ns) among
-// its unsent units, for the flusher to send, as a flush's failure does.
-// s.mu must be held.
-func (s *shard) unsend(l *Limiter, key uint64, start, w int64, units uint64) {
+// its unsent units, for the flusher to send, as a flush's failure does,
+// and takes the request's own units out of flight: the view decides it
+// again. s.mu must be held.
+func (s *shard) unsend(l *Limiter, key uint64, start, w int64, units, request uint64) {
 	i, ok := s.idx.get(key)
 	if !ok {
 		l.m.pendingDropped.Add(float64(units))
@@ -224,16 +226,18 @@ func (s *shard) unsend(l *Limiter, key uint64, start, w int64, units uint64) {
 	e := &s.slab[i]
 	switch e.start {
 	case start:
-		e.infl -= min(e.infl, uint32(units))
+		e.infl -= min(e.infl, uint32(units+request))
 		e.pend = sat32(uint64(e.pend) + units)
 	case start + w: // rolled meanwhile: the units are the previous window's
-		e.prevInfl -= min(e.prevInfl, uint32(units))
+		e.prevInfl -= min(e.prevInfl, uint32(units+request))
 		e.prevPend = sat32(uint64(e.prevPend) + units)
 	default:
 		l.m.pendingDropped.Add(float64(units))
 		return
 	}
-	s.enqueue(i)
+	if units > 0 {
+		s.enqueue(i)
+	}
 }
 
 // landed folds the reply to units sent with a near-limit decision into

@@ -217,3 +217,62 @@ func TestNearLimitConcurrent(t *testing.T) {
 		t.Errorf("store counts %d, want the %d admitted", ops[0].Value, admitted.Load())
 	}
 }
+
+// gateStore holds the first call that increments, once armed, until
+// released: a round trip out.
+type gateStore struct {
+	Store
+	armed      atomic.Bool
+	held, free chan struct{}
+}
+
+func (s *gateStore) Do(ctx context.Context, ops []Op) {
+	if len(ops) > 0 && ops[0].Delta > 0 && s.armed.CompareAndSwap(true, false) {
+		close(s.held)
+		<-s.free
+	}
+	s.Store.Do(ctx, ops)
+}
+
+// A request decided by a round trip counts in the view while the round
+// trip is out, so that a decision made on the view meanwhile (a
+// concurrent request's, on a key whose replies say it is this edge's
+// alone) does not admit into the room this one takes; the reply settles
+// it. Without it, concurrent requests of one key on one edge were
+// admitted one past the limit now and then.
+func TestRoundTripCountsInTheViewWhileOut(t *testing.T) {
+	ctx := context.Background()
+	clock := newSimClock(t0)
+	store := &gateStore{Store: NewMemStore(clock), held: make(chan struct{}), free: make(chan struct{})}
+	l := newTestLimiter(t, clock, store, Config{})
+	pol := &Policy{Limit: 10, Window: 10 * time.Second}
+	const key = 3
+	for range 9 {
+		l.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1)
+	}
+	l.Flush(ctx, clock.Now())
+	view := func() uint64 {
+		s := l.shardOf(key)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		_, curr := s.lookup(key).view()
+		return curr
+	}
+	store.armed.Store(true)
+	done := make(chan Decision)
+	go func() {
+		d, _ := l.counterSync(ctx, clock.Now().UnixNano(), pol, key, pol.Limit, 1)
+		done <- d
+	}()
+	<-store.held
+	if v := view(); v != 10 {
+		t.Errorf("the view counts %d while the round trip for the tenth unit is out, want 10", v)
+	}
+	close(store.free)
+	if d := <-done; !d.Allowed {
+		t.Fatal("the tenth unit refused")
+	}
+	if v := view(); v != 10 {
+		t.Errorf("the view counts %d after the reply, want 10", v)
+	}
+}
