@@ -30,24 +30,14 @@ func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
 	b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, Registerer: reg})
 	b.Start()
 	var allowed, fallbacks atomic.Int64
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range 40 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			d := b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
-			if d.Allowed {
-				allowed.Add(1)
-			}
-			if d.Fallback != FallbackNone {
-				fallbacks.Add(1)
-			}
-		}()
+	for _, d := range atOnce(40, func() Decision { return b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1) }) {
+		if d.Allowed {
+			allowed.Add(1)
+		}
+		if d.Fallback != FallbackNone {
+			fallbacks.Add(1)
+		}
 	}
-	close(start)
-	wg.Wait()
 	if allowed.Load() != 10 || fallbacks.Load() != 0 {
 		t.Errorf("a fresh edge admitted %d of a burst of 40 (%d fallbacks) after 90 elsewhere, want 10 (0)", allowed.Load(), fallbacks.Load())
 	}
@@ -57,6 +47,25 @@ func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
 	if timedOut != 0 {
 		t.Errorf("%v waits timed out on a working store", timedOut)
 	}
+}
+
+// atOnce makes n decisions from as many goroutines released together,
+// and returns them.
+func atOnce(n int, decide func() Decision) []Decision {
+	out := make([]Decision, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			out[i] = decide()
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return out
 }
 
 // TestNewKeyRefusedLocallyDoesNotWait: when this edge's own count already
@@ -313,20 +322,11 @@ func TestNewEdgeBurstCountsThePreviousWindow(t *testing.T) {
 	b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
 	b.Start()
 	var allowed atomic.Int64
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range 40 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			if b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1).Allowed {
-				allowed.Add(1)
-			}
-		}()
+	for _, d := range atOnce(40, func() Decision { return b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1) }) {
+		if d.Allowed {
+			allowed.Add(1)
+		}
 	}
-	close(start)
-	wg.Wait()
 	if n := allowed.Load(); n > 7 {
 		t.Errorf("a fresh edge admitted %d of a burst of 40 from a client at its limit in the window before, want at most 7 (5 of room, the first request, one for rounding)", n)
 	}

@@ -26,6 +26,14 @@ func (s *readLog) Do(ctx context.Context, ops []Op) {
 	s.Store.Do(ctx, ops)
 }
 
+// twoEdgesReadLogged is two edges over one store that logs the reads of
+// ended 10 s windows, at t0 (which starts one).
+func twoEdgesReadLogged(t *testing.T) (*simClock, *readLog, *Limiter, *Limiter) {
+	clock := newSimClock(t0)
+	store := &readLog{Store: NewMemStore(clock), clock: clock, prev: map[uint64]int{}}
+	return clock, store, newTestLimiter(t, clock, store, Config{}), newTestLimiter(t, clock, store, Config{})
+}
+
 // A key whose units were this edge's alone until its window's last half
 // (a client a balancer holds on one edge) is not read again when the
 // window ends: this edge's view of it is the store's count. A key the
@@ -33,10 +41,7 @@ func (s *readLog) Do(ctx context.Context, ops []Op) {
 // in the window, whose client may have gone on elsewhere; that read brings
 // the other edge's units into the estimate.
 func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
-	clock := newSimClock(t0) // t0 starts a 10 s window
-	store := &readLog{Store: NewMemStore(clock), clock: clock, prev: map[uint64]int{}}
-	a := newTestLimiter(t, clock, store, Config{})
-	b := newTestLimiter(t, clock, store, Config{})
+	clock, store, a, b := twoEdgesReadLogged(t)
 	r := &Policy{Limit: 100, Window: 10 * time.Second}
 	ctx := context.Background()
 	const held, dealt, moved = 1, 2, 3
@@ -94,10 +99,7 @@ func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
 // at its limit, after one request, is decided on them from the flush after
 // its second request on (which is decided without them).
 func TestAKeySeenOnceIsNotReadInItsPreviousWindow(t *testing.T) {
-	clock := newSimClock(t0) // t0 starts a 10 s window
-	store := &readLog{Store: NewMemStore(clock), clock: clock, prev: map[uint64]int{}}
-	a := newTestLimiter(t, clock, store, Config{})
-	b := newTestLimiter(t, clock, store, Config{})
+	clock, store, a, b := twoEdgesReadLogged(t)
 	r := &Policy{Limit: 100, Window: 10 * time.Second}
 	ctx := context.Background()
 	const moved = 1
