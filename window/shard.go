@@ -470,6 +470,9 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 				}
 				e.curr = max(e.curr, sat32(op.Value))
 				e.flags &^= flagNeedCurr
+				if e.share == 254 && e.orate == 0 && e.heldSoFar(t, op.Value) && !l.splitSince(t, 0) {
+					e.share = 255 // the guess made whole (sync.go)
+				}
 			}
 		case op.Delta > 0 && isPrev:
 			d := uint32(op.Delta)

@@ -36,7 +36,10 @@ import (
 //
 // Only a key held by this edge keeps its units: its share of the last
 // window it ended was whole (all its units there this edge's, as the
-// replies showed them) and its replies since show no other edge's. A key
+// replies showed them), or in its first window here the store's count
+// has held only this edge's units, four or more, for a sixteenth of the
+// window since the first (heldSoFar), and its replies since show no other
+// edge's. A key
 // dealt over several edges sends its units at the next flush: the others
 // decide on the store's count, and units kept here would be missing from
 // it (measured: round-robin, the near-limit workload 0.145 % wrong
@@ -166,15 +169,28 @@ func (e *entry) noteShare() {
 // guessShare sets e's share, not known yet, from one reply: this edge's
 // increment of own units took the counter from e.curr to value. A first
 // guess until a window's end says better (noteShare); short of whole, so
-// that only a window's count says a key is held by this edge alone (one
-// reply may have come before the other edges' first units). s.mu must be
-// held.
+// that one reply, which may have come before the other edges' first
+// units, does not say a key is held by this edge alone (heldSoFar does).
+// s.mu must be held.
 func (e *entry) guessShare(own, value uint64) {
 	if own == 0 || value < uint64(e.curr) || e.win < int64(time.Millisecond) {
 		return
 	}
 	total := max(value-uint64(e.curr), own)
 	e.share = uint8(min(254, max(1, own*255/total)))
+}
+
+// heldSoFar reports whether key e's count in the store, value after a
+// reply at t, is this edge's units alone, four or more, the first of them
+// a sixteenth of the window ago or more: long enough for the other edges'
+// units, had the client been dealt over them, to show in the count. A
+// guessed share is then made whole, so that the key keeps its units
+// (syncDue) from its first window here, not its second. s.mu must be
+// held.
+func (e *entry) heldSoFar(t int64, value uint64) bool {
+	sent := uint64(e.own) - min(uint64(e.own), uint64(e.infl)+uint64(e.pend))
+	return e.own >= 4 && e.first != 0 && value <= sent &&
+		t-(e.start+int64(e.first-1)<<firstShift(e.win)) >= e.win/16
 }
 
 // shareSteps is about the number of units under which a window's sample

@@ -134,6 +134,45 @@ func TestDealtKeysSendAtEveryFlush(t *testing.T) {
 	}
 }
 
+// In a key's first window here, its units start waiting once the store's
+// count has been this edge's units alone, four or more, for a sixteenth of
+// the window: held by this edge. Before that, and with another edge's
+// unit in the count, they go at every flush.
+func TestAKeyIsHeldOnceItsCountIsThisEdgesAlone(t *testing.T) {
+	ctx := context.Background()
+	for _, other := range []bool{false, true} {
+		clock := newSimClock(t0.Add(time.Second))
+		store := &countingStore{Store: NewMemStore(clock)}
+		a := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
+		b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
+		pol := &Policy{Limit: 1000, Window: 10 * time.Second}
+		const key = 6
+		if other {
+			b.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1)
+			b.Flush(ctx, clock.Now())
+		}
+		decide := func(n int) int64 {
+			before := store.incrs.Load()
+			for range n {
+				a.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1)
+				for range 2 {
+					clock.Add(5 * time.Millisecond)
+					a.Flush(ctx, clock.Now())
+				}
+			}
+			return store.incrs.Load() - before
+		}
+		if n := decide(20); n != 20 {
+			t.Errorf("another edge's unit in the count %v: %d increments for the first 20 requests (200 ms), want 20", other, n)
+		}
+		clock.Add(500 * time.Millisecond) // a sixteenth of the window since the first
+		decide(1)
+		if n := decide(20); other && n != 20 || !other && n > 2 {
+			t.Errorf("another edge's unit in the count %v: %d increments for 20 requests after 700 ms, want 20 with it, at most 2 without", other, n)
+		}
+	}
+}
+
 // A deferred unit waits at most until its window ends: the flush at the
 // window's end sends it, so that the other edges' reads of the ended window
 // (once its grace is over) count it. Waiting its whole MaxDefer, it would
