@@ -463,16 +463,13 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 				// the first count this edge sees of the key, how much of
 				// the key's traffic is this edge's.
 				if e.flags&flagNeedCurr == 0 {
-					if e.share == 0 && !l.splitSince(t, 0) {
-						e.guessShare(uint64(d), op.Value)
+					if !l.splitSince(t, 0) {
+						e.guessShare(t, uint64(d), op.Value)
 					}
 					e.noteRate(t, uint64(d), op.Value)
 				}
 				e.curr = max(e.curr, sat32(op.Value))
 				e.flags &^= flagNeedCurr
-				if e.share == 254 && e.orate == 0 && e.heldSoFar(t, op.Value) && !l.splitSince(t, 0) {
-					e.share = 255 // the guess made whole (sync.go)
-				}
 			}
 		case op.Delta > 0 && isPrev:
 			d := uint32(op.Delta)

@@ -38,7 +38,7 @@ import (
 // window it ended was whole (all its units there this edge's, as the
 // replies showed them), or in its first window here the store's count
 // has held only this edge's units, four or more, for a sixteenth of the
-// window since the first (heldSoFar), and its replies since show no other
+// window since the first (guessShare), and its replies since show no other
 // edge's. A key
 // dealt over several edges sends its units at the next flush: the others
 // decide on the store's count, and units kept here would be missing from
@@ -135,12 +135,9 @@ func (l *Limiter) syncDue(e *entry, t int64, r *Policy, allowed bool, room uint6
 	if l.cfg.MaxDefer <= 0 || !allowed || e.flags&(flagNeedCurr|flagFailed) != 0 || e.flags&flagPrevKnown == 0 {
 		return t
 	}
-	if e.orate != 0 || e.share < 255 {
-		return t // not held by this edge alone
-	}
-	// Unseen by the PoP: this edge's unsent units over its share.
-	unseen := uint64(e.pend) * 255 / uint64(e.share)
-	if 2*unseen >= room {
+	if e.orate != 0 || e.share < 255 || 2*uint64(e.pend) >= room {
+		// Dealt over several edges, or held here with unsent units the
+		// round trip's margin could not hide from the room left.
 		return t
 	}
 	return min(t+min(int64(l.cfg.MaxDefer), int64(r.Window)/16), e.start+e.win)
@@ -166,31 +163,29 @@ func (e *entry) noteShare() {
 	e.share = uint8(min(255, max(1, s+0.5)))
 }
 
-// guessShare sets e's share, not known yet, from one reply: this edge's
-// increment of own units took the counter from e.curr to value. A first
-// guess until a window's end says better (noteShare); short of whole, so
-// that one reply, which may have come before the other edges' first
-// units, does not say a key is held by this edge alone (heldSoFar does).
-// s.mu must be held.
-func (e *entry) guessShare(own, value uint64) {
-	if own == 0 || value < uint64(e.curr) || e.win < int64(time.Millisecond) {
-		return
+// guessShare guesses e's share from a reply at t, until a window's end
+// says better (noteShare): this edge's increment of own units took the
+// counter from e.curr to value. A first guess is short of whole, since
+// one reply may come before the other edges' first units; it is made
+// whole once the count has been this edge's units alone, four or more,
+// the first of them a sixteenth of the window ago (long enough for the
+// other edges' units, had the client been dealt over them, to show), so
+// that a key held here keeps its units (syncDue) from its first window,
+// not its second. s.mu must be held.
+func (e *entry) guessShare(t int64, own, value uint64) {
+	switch {
+	case e.share == 0:
+		if own == 0 || value < uint64(e.curr) || e.win < int64(time.Millisecond) {
+			return
+		}
+		total := max(value-uint64(e.curr), own)
+		e.share = uint8(min(254, max(1, own*255/total)))
+	case e.share == 254 && e.orate == 0 && e.own >= 4 && e.first != 0:
+		sent := uint64(e.own) - min(uint64(e.own), uint64(e.infl)+uint64(e.pend))
+		if value <= sent && t-e.instant(e.first) >= e.win/16 {
+			e.share = 255
+		}
 	}
-	total := max(value-uint64(e.curr), own)
-	e.share = uint8(min(254, max(1, own*255/total)))
-}
-
-// heldSoFar reports whether key e's count in the store, value after a
-// reply at t, is this edge's units alone, four or more, the first of them
-// a sixteenth of the window ago or more: long enough for the other edges'
-// units, had the client been dealt over them, to show in the count. A
-// guessed share is then made whole, so that the key keeps its units
-// (syncDue) from its first window here, not its second. s.mu must be
-// held.
-func (e *entry) heldSoFar(t int64, value uint64) bool {
-	sent := uint64(e.own) - min(uint64(e.own), uint64(e.infl)+uint64(e.pend))
-	return e.own >= 4 && e.first != 0 && value <= sent &&
-		t-(e.start+int64(e.first-1)<<firstShift(e.win)) >= e.win/16
 }
 
 // shareSteps is about the number of units under which a window's sample
@@ -251,7 +246,13 @@ func (e *entry) replied() int64 {
 	if e.reply == 0 {
 		return e.start
 	}
-	return e.start + int64(e.reply-1)<<firstShift(e.win)
+	return e.instant(e.reply)
+}
+
+// instant is the time a 1-based offset of e's window (first, reply)
+// stands for, Unix ns.
+func (e *entry) instant(off uint16) int64 {
+	return e.start + int64(off-1)<<firstShift(e.win)
 }
 
 // noteRate folds a reply at t into the other edges' recent rate: the
