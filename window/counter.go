@@ -182,6 +182,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		if prevOK {
 			if p, _ := e.view(); prev > p {
 				s.histLate(e, prev-p)
+				l.shareLate(e, p, prev-p)
 			}
 			e.prev = sat32(max(uint64(e.prev), prev))
 			// Within the grace after the window started, other edges'

@@ -154,6 +154,10 @@ type FlushStats struct {
 func (l *Limiter) Flush(ctx context.Context, now time.Time) FlushStats {
 	t := now.UnixNano()
 	split := !l.store.Whole()
+	if split && !l.split.Load() {
+		l.splitEnded.Store(l.splitAt.Load())
+		l.splitFrom.Store(t)
+	}
 	l.split.Store(split)
 	if split {
 		l.splitAt.Store(t)

@@ -226,6 +226,11 @@ type Limiter struct {
 	done    chan struct{}
 	wg      sync.WaitGroup
 	close   sync.Once
+
+	// splitFrom is the first flush of the current or last split, and
+	// splitEnded the last flush of the split before it (0: none), Unix
+	// ns (splitIn).
+	splitFrom, splitEnded atomic.Int64
 }
 
 // New returns a Limiter over store. Call Start to run its flusher (Flush can

@@ -64,7 +64,7 @@ func (s *hintStore) Do(ctx context.Context, ops []Op) {
 func TestFlushHintsNewCounters(t *testing.T) {
 	clock := newSimClock(t0.Add(50 * time.Second))
 	store := &hintStore{MemStore: NewMemStore(clock)}
-	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, NewKeyWait: -1})
+	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, NewKeyWait: -1, MaxDefer: -1}) // every unit at the next flush
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("k"))
 	step := func() {

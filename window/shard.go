@@ -153,8 +153,8 @@ func (s *shard) roll(l *Limiter, i uint32, t int64, r *Policy) (reset bool) {
 		if e.prevPend > 0 {
 			l.m.pendingDropped.Add(float64(e.prevPend))
 		}
-		if !l.splitSince(t, 2*e.win) {
-			e.noteShare() // a split store's shares stand (heldLimit)
+		if l.foldsShare(e, start) {
+			e.noteShare()
 		}
 		e.prev, e.prevInfl, e.prevPend = e.curr, e.infl, e.pend
 	} else {
@@ -501,6 +501,7 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 		}
 		if p, _ := e.view(); isPrev && p > prevBefore {
 			s.histLate(e, p-prevBefore)
+			l.shareLate(e, prevBefore, p-prevBefore)
 		}
 		if after := uint64(e.curr) + uint64(e.infl) + uint64(e.pend); isCurr && after > before && e.hist != 0 {
 			// What the other edges admitted, seen now: the shape
