@@ -20,9 +20,11 @@ func (s *shard) counterVerdict(v *Verdict, e *entry, t int64, r *Policy, limit, 
 		sw.decideFixed(v, t, curr, cost)
 	case e != nil && e.hist != 0:
 		ps, cs := s.shapes(e, curr)
-		sw.decideShaped(v, t, prev, curr, cost, &ps, &cs)
+		sw.decideShaped(v, t, prev, curr, cost, e.spans(), &ps, &cs)
+	case e != nil:
+		sw.decide(v, t, prev, curr, cost, e.spans())
 	default:
-		sw.decide(v, t, prev, curr, cost)
+		sw.decide(v, t, prev, curr, cost, sw.even())
 	}
 }
 
@@ -183,6 +185,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			if p, _ := e.view(); prev > p {
 				s.histLate(e, prev-p)
 				l.shareLate(e, p, prev-p)
+				e.pfirst = 0
 			}
 			e.prev = sat32(max(uint64(e.prev), prev))
 			// Within the grace after the window started, other edges'

@@ -23,15 +23,15 @@ func TestEntryStays64Bytes(t *testing.T) {
 // now is prev, curr with shapes ps, cs, if it sends nothing more: in the
 // next window curr becomes prev, with its shape cs (zero when it will not
 // be kept), and two windows on the view is empty.
-func shapedDecideAt(sw SlidingWindow, now int64, prev, curr uint64, ps, cs shape, t int64, cost uint64) bool {
+func shapedDecideAt(sw SlidingWindow, now int64, prev, curr uint64, sp spans, ps, cs shape, t int64, cost uint64) bool {
 	var none shape
 	var v Verdict
 	switch windowStart(t, int64(sw.Window)) - windowStart(now, int64(sw.Window)) {
 	case 0:
-		sw.decideShaped(&v, t, prev, curr, cost, &ps, &cs)
+		sw.decideShaped(&v, t, prev, curr, cost, sp, &ps, &cs)
 		return v.Allowed
 	case int64(sw.Window):
-		sw.decideShaped(&v, t, curr, 0, cost, &cs, &none)
+		sw.decideShaped(&v, t, curr, 0, cost, spans{sp.next, sw.even().next}, &cs, &none)
 		return v.Allowed
 	}
 	return sw.Decide(t, 0, 0, cost).Allowed
@@ -89,6 +89,7 @@ func TestShapedReleaseIsExact(t *testing.T) {
 			s.mu.Lock()
 			e := s.lookup(key)
 			prev, curr := e.view()
+			sp := e.spans()
 			ps, cs := s.shapes(e, curr)
 			// Copies: the Limiter's calls below may roll the halves.
 			var psh, csh histHalf
@@ -103,15 +104,15 @@ func TestShapedReleaseIsExact(t *testing.T) {
 			}
 			s.mu.Unlock()
 			sw := SlidingWindow{Limit: limit, Window: w}
-			if rel < tt || !shapedDecideAt(sw, tt, prev, curr, ps, cs, rel, cost) {
+			if rel < tt || !shapedDecideAt(sw, tt, prev, curr, sp, ps, cs, rel, cost) {
 				t.Fatalf("trial %d (W %v, L %d, interp %d): refused at %d with ReleaseAt %d, which the estimate does not admit", trial, w, limit, interp, tt, rel)
 			}
-			if rel > tt && shapedDecideAt(sw, tt, prev, curr, ps, cs, rel-1, cost) {
+			if rel > tt && shapedDecideAt(sw, tt, prev, curr, sp, ps, cs, rel-1, cost) {
 				t.Fatalf("trial %d (W %v, L %d, interp %d): ReleaseAt %d, but the estimate admits 1 ns before", trial, w, limit, interp, rel)
 			}
 			if w <= 100*time.Microsecond && ps.h != nil {
 				for u := tt; u < rel; u++ {
-					if shapedDecideAt(sw, tt, prev, curr, ps, cs, u, cost) {
+					if shapedDecideAt(sw, tt, prev, curr, sp, ps, cs, u, cost) {
 						t.Fatalf("trial %d: ReleaseAt %d, but the estimate admits at %d", trial, rel, u)
 					}
 				}
@@ -386,5 +387,46 @@ func TestUnitsSeenAfterTheRollWeighAtTheWindowsEnd(t *testing.T) {
 	d := l.Decide(ctx, clock.Now(), r, key, r.Limit, 1)
 	if d.Estimate < 40 {
 		t.Errorf("estimate at 15 s %.2f, want at least the 41 units in the trailing window (the other edge's 40 at 9.9 s weigh fully)", d.Estimate)
+	}
+}
+
+// TestALateStartCountsWholeInTheNextWindow: a client whose first units
+// come 0.3 s before a window ends, too few for a shape (under a sixteenth
+// of the limit), then runs at twice its limit: its trailing window never
+// holds more than the limit. Spread over the whole window, those units
+// weighed less and less in the next one while all of them still counted,
+// and the client got about the limit plus what they had lost (105 of 100).
+// Dealt over two edges, or with another edge's units in the view, the
+// units are spread over the whole window as before (no edge knows when the
+// others' came).
+func TestALateStartCountsWholeInTheNextWindow(t *testing.T) {
+	const limit = 100
+	w := 10 * time.Second
+	clock := newSimClock(t0)
+	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	pol := &Policy{Limit: limit, Window: w}
+	key := uint64(0x1a7e)
+	ctx := context.Background()
+	judge := SlidingLog{Limit: 1 << 20, Window: w}
+	var log SlidingLogState
+	worst := uint64(0)
+	decide := func(tt int64) {
+		clock.t.Store(tt)
+		if l.Decide(ctx, time.Unix(0, tt), pol, key, limit, 1).Allowed {
+			judge.Add(&log, tt, 1)
+			worst = max(worst, uint64(judge.Count(&log, tt)))
+		}
+		l.Flush(ctx, time.Unix(0, tt))
+	}
+	base := t0.UnixNano() // on the window grid
+	for k := range 6 {
+		decide(base + int64(9700*time.Millisecond) + int64(k)*int64(10*time.Millisecond))
+	}
+	for tt := base + int64(w); tt < base+int64(2*w); tt += int64(w) / (2 * limit) {
+		decide(tt)
+	}
+	t.Logf("most admitted in a trailing window: %d of %d", worst, limit)
+	if worst > limit {
+		t.Errorf("the client had %d in a trailing window: want at most its limit, %d", worst, limit)
 	}
 }

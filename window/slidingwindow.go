@@ -52,20 +52,33 @@ func windowStart(now, w int64) int64 {
 // does not change anything: the caller counts.
 func (s SlidingWindow) Decide(now int64, prev, curr, cost uint64) Verdict {
 	var v Verdict
-	s.decide(&v, now, prev, curr, cost)
+	s.decide(&v, now, prev, curr, cost, s.even())
 	return v
 }
 
+// spans are the parts of the previous and of the current window, in ns up
+// to their ends, over which their units are spread when no shape places
+// them: the Window, or less for a key whose units there began late (the
+// Limiter's entry.spans). The current window's is the one it will have
+// once it is the previous one, for a release past it.
+type spans struct{ prev, next int64 }
+
+// even is the spans of units spread over the whole windows.
+func (s SlidingWindow) even() spans { return spans{int64(s.Window), int64(s.Window)} }
+
 // decide is Decide writing its verdict into v, field by field: the
-// Limiter decides into the Decision it returns.
-func (s SlidingWindow) decide(v *Verdict, now int64, prev, curr, cost uint64) {
+// Limiter decides into the Decision it returns. The previous window's
+// units are spread evenly over its last sp.prev ns, so that at elapsed ns
+// into the current window they weigh min(span, Window − elapsed)/span.
+func (s SlidingWindow) decide(v *Verdict, now int64, prev, curr, cost uint64, sp spans) {
 	w := int64(s.Window)
 	start := windowStart(now, w)
-	left := uint64(w - (now - start)) // the previous window's weight × W
-	est := float64(prev)*float64(left)/float64(w) + float64(curr)
+	span := min(max(sp.prev, 1), w)
+	left := uint64(min(w-(now-start), span)) // the previous window's weight × span
+	est := float64(prev)*float64(left)/float64(span) + float64(curr)
 	v.Estimate, v.ResetAt = est, start+w
-	// prev×left + (curr+cost)×W ≤ Limit×W
-	if le128(add128(mul128(prev, left), mul128(curr+cost, uint64(w))), mul128(s.Limit, uint64(w))) {
+	// prev×left + (curr+cost)×span ≤ Limit×span
+	if le128(add128(mul128(prev, left), mul128(curr+cost, uint64(span))), mul128(s.Limit, uint64(span))) {
 		v.Allowed, v.Remaining, v.ReleaseAt = true, 0, 0
 		if r := float64(s.Limit) - est - float64(cost); r > 0 {
 			v.Remaining = uint64(r)
@@ -73,7 +86,7 @@ func (s SlidingWindow) decide(v *Verdict, now int64, prev, curr, cost uint64) {
 		return
 	}
 	v.Allowed, v.Remaining = false, 0
-	v.ReleaseAt = s.Release(now, prev, curr, cost)
+	v.ReleaseAt = s.release(now, prev, curr, cost, sp)
 }
 
 // Release returns the first instant (Unix ns, not before now) at which a
@@ -84,6 +97,12 @@ func (s SlidingWindow) decide(v *Verdict, now int64, prev, curr, cost uint64) {
 // the current count becomes the previous one and decays in turn. The result
 // is exact to the nanosecond: Decide admits at it and refuses 1 ns before.
 func (s SlidingWindow) Release(now int64, prev, curr, cost uint64) int64 {
+	return s.release(now, prev, curr, cost, s.even())
+}
+
+// release is Release with the windows' units spread over their spans
+// (decide).
+func (s SlidingWindow) release(now int64, prev, curr, cost uint64, sp spans) int64 {
 	if cost > s.Limit {
 		return 0
 	}
@@ -94,11 +113,13 @@ func (s SlidingWindow) Release(now int64, prev, curr, cost uint64) int64 {
 		if prev == 0 {
 			return now
 		}
-		// prev×(W−e) ≤ (room−curr)×W  ⇔  e ≥ W − ⌊(room−curr)×W / prev⌋
-		return max(now, start+w-int64(min(div128(mul128(room-curr, uint64(w)), prev), uint64(w))))
+		// prev×min(span, W−e) ≤ (room−curr)×span  ⇔  e ≥ W − ⌊(room−curr)×span / prev⌋
+		span := min(max(sp.prev, 1), w)
+		return max(now, start+w-int64(min(div128(mul128(room-curr, uint64(span)), prev), uint64(span))))
 	}
-	// Next window: curr×(W−e) ≤ room×W  ⇔  e ≥ W − ⌊room×W / curr⌋
-	return start + 2*w - int64(div128(mul128(room, uint64(w)), curr))
+	// Next window: curr×min(span, W−e) ≤ room×span  ⇔  e ≥ W − ⌊room×span / curr⌋
+	span := min(max(sp.next, 1), w)
+	return start + 2*w - int64(div128(mul128(room, uint64(span)), curr))
 }
 
 // decideShaped is decide for a key whose previous window's units are placed
@@ -108,11 +129,11 @@ func (s SlidingWindow) Release(now int64, prev, curr, cost uint64) int64 {
 // integers. A refusal's ReleaseAt is releaseShaped's, which uses cs, the
 // shape of the current window, for an instant in the next one. A zero
 // shape is the uniform assumption: with both zero this is Decide.
-func (s SlidingWindow) decideShaped(v *Verdict, now int64, prev, curr, cost uint64, ps, cs *shape) {
+func (s SlidingWindow) decideShaped(v *Verdict, now int64, prev, curr, cost uint64, sp spans, ps, cs *shape) {
 	if ps.h == nil {
-		s.decide(v, now, prev, curr, cost)
+		s.decide(v, now, prev, curr, cost, sp)
 		if !v.Allowed && cs.h != nil {
-			v.ReleaseAt = s.releaseShaped(now, prev, curr, cost, ps, cs)
+			v.ReleaseAt = s.releaseShaped(now, prev, curr, cost, sp, ps, cs)
 		}
 		return
 	}
@@ -130,7 +151,7 @@ func (s SlidingWindow) decideShaped(v *Verdict, now int64, prev, curr, cost uint
 			return
 		}
 	}
-	v.ReleaseAt = s.releaseShaped(now, prev, curr, cost, ps, cs)
+	v.ReleaseAt = s.releaseShaped(now, prev, curr, cost, sp, ps, cs)
 }
 
 // releaseShaped is Release under decideShaped's estimate: the first instant
@@ -138,8 +159,9 @@ func (s SlidingWindow) decideShaped(v *Verdict, now int64, prev, curr, cost uint
 // sent nothing more, 0 if never. In this window the previous one's shape
 // is walked until enough of it has left the trailing window; past it, the
 // current window becomes the previous one, with its shape cs when it will
-// have one (zero: evenly spread, as Release assumes).
-func (s SlidingWindow) releaseShaped(now int64, prev, curr, cost uint64, ps, cs *shape) int64 {
+// have one (zero: spread over sp.next). Without a shape ps, the previous
+// window's units are spread over sp.prev, as decide spreads them.
+func (s SlidingWindow) releaseShaped(now int64, prev, curr, cost uint64, sp spans, ps, cs *shape) int64 {
 	if cost > s.Limit {
 		return 0
 	}
@@ -147,16 +169,16 @@ func (s SlidingWindow) releaseShaped(now int64, prev, curr, cost uint64, ps, cs 
 	start := windowStart(now, w)
 	room := s.Limit - cost
 	if curr <= room {
+		if ps.h == nil {
+			return s.release(now, prev, curr, cost, sp)
+		}
 		if prev == 0 {
 			return now
-		}
-		if ps.h == nil {
-			return max(now, start+w-int64(min(div128(mul128(room-curr, uint64(w)), prev), uint64(w))))
 		}
 		return ps.first(now-w, prev, room-curr) + w
 	}
 	if cs.h == nil {
-		return start + 2*w - int64(div128(mul128(room, uint64(w)), curr))
+		return s.release(now, prev, curr, cost, sp)
 	}
 	return cs.first(start, curr, room) + w
 }
