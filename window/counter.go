@@ -185,7 +185,6 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			if p, _ := e.view(); prev > p {
 				s.histLate(e, prev-p)
 				l.shareLate(e, p, prev-p)
-				e.pfirst = 0
 			}
 			e.prev = sat32(max(uint64(e.prev), prev))
 			// Within the grace after the window started, other edges'

@@ -272,7 +272,9 @@ func envDuration(t testing.TB, name string, def time.Duration) time.Duration {
 
 // TestEstimatorTraceReplay judges a trace (POPLIMIT_TRACE, a loadtest gen
 // JSON-lines file) at four phases of the window grid, as loadtest offline
-// -judge -phases 4 does, and logs the accuracy and store operations per
+// -judge -phases 4 does (POPLIMIT_PHASE shifts all four: 9.7s starts the
+// first 0.3 s before a boundary of a 10 s window, the hardest for a
+// client's onset), and logs the accuracy and store operations per
 // request. POPLIMIT_K lists bucket counts to compare (default the
 // package's), POPLIMIT_FLUSH flush intervals, POPLIMIT_EDGES deals the
 // requests round-robin to that many limiters on one store (each with its
@@ -341,10 +343,11 @@ func TestEstimatorTraceReplay(t *testing.T) {
 			hp.buckets = k
 			worst, worstKey := 0.0, 0.0
 			for p := range 4 {
-				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: w * time.Duration(p) / 4, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != "", hist: hp, local: os.Getenv("POPLIMIT_LOCAL") != "" || os.Getenv("POPLIMIT_GUESS") != "", guess: os.Getenv("POPLIMIT_GUESS") != "", mode: mode, maxDefer: envDuration(t, "POPLIMIT_MAX_DEFER", 0)})
+				ph := (envDuration(t, "POPLIMIT_PHASE", 0) + w*time.Duration(p)/4) % w
+				r := replayTrace(t, lines, replayConfig{limit: 100, window: w, phase: ph, flush: fl, edges: edges, pinned: os.Getenv("POPLIMIT_SPREAD") == "client", diag: os.Getenv("POPLIMIT_DIAG") != "", hist: hp, local: os.Getenv("POPLIMIT_LOCAL") != "" || os.Getenv("POPLIMIT_GUESS") != "", guess: os.Getenv("POPLIMIT_GUESS") != "", mode: mode, maxDefer: envDuration(t, "POPLIMIT_MAX_DEFER", 0)})
 				worst, worstKey = max(worst, r.wrong()), max(worstKey, r.worst)
 				t.Logf("edges=%d k=%d flush=%v phase=%v: %d decisions, wrongly allowed %d, wrongly limited %d, wrong %.3f%%, worst key %.2f×, store ops/request %.4f, histograms %d",
-					edges, k, fl, w*time.Duration(p)/4, r.decisions, r.wrongAllowed, r.wrongLimited, 100*r.wrong(), r.worst, float64(r.storeOps)/float64(r.requests), r.hists)
+					edges, k, fl, ph, r.decisions, r.wrongAllowed, r.wrongLimited, 100*r.wrong(), r.worst, float64(r.storeOps)/float64(r.requests), r.hists)
 				if len(r.diag) > 0 {
 					var names []string
 					for n := range r.diag {

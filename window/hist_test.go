@@ -392,41 +392,55 @@ func TestUnitsSeenAfterTheRollWeighAtTheWindowsEnd(t *testing.T) {
 
 // TestALateStartCountsWholeInTheNextWindow: a client whose first units
 // come 0.3 s before a window ends, too few for a shape (under a sixteenth
-// of the limit), then runs at twice its limit: its trailing window never
-// holds more than the limit. Spread over the whole window, those units
-// weighed less and less in the next one while all of them still counted,
-// and the client got about the limit plus what they had lost (105 of 100).
-// Dealt over two edges, or with another edge's units in the view, the
-// units are spread over the whole window as before (no edge knows when the
-// others' came).
+// of the limit), then runs at twice its limit, on one edge or dealt over
+// two: its trailing window never holds more than the limit. Spread over
+// the whole window, those units weighed less and less in the next one
+// while all of them still counted, and the client got about the limit
+// plus what they had lost (105 of 100, on one edge or two).
 func TestALateStartCountsWholeInTheNextWindow(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		worst := lateStart(t, n)
+		t.Logf("%d edges: most admitted in a trailing window: %d of 100", n, worst)
+		if worst > 100 {
+			t.Errorf("%d edges: the client had %d in a trailing window: want at most its limit, 100", n, worst)
+		}
+	}
+}
+
+// lateStart runs TestALateStartCountsWholeInTheNextWindow's client over n
+// edges and returns the most it had admitted in a trailing window.
+func lateStart(t *testing.T, n int) uint64 {
 	const limit = 100
 	w := 10 * time.Second
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	store := NewMemStore(clock)
+	edges := make([]*Limiter, n)
+	for i := range edges {
+		edges[i] = newTestLimiter(t, clock, store, Config{})
+	}
 	pol := &Policy{Limit: limit, Window: w}
 	key := uint64(0x1a7e)
 	ctx := context.Background()
 	judge := SlidingLog{Limit: 1 << 20, Window: w}
 	var log SlidingLogState
-	worst := uint64(0)
+	worst, k := uint64(0), 0
 	decide := func(tt int64) {
 		clock.t.Store(tt)
-		if l.Decide(ctx, time.Unix(0, tt), pol, key, limit, 1).Allowed {
+		if edges[k%n].Decide(ctx, time.Unix(0, tt), pol, key, limit, 1).Allowed {
 			judge.Add(&log, tt, 1)
 			worst = max(worst, uint64(judge.Count(&log, tt)))
 		}
-		l.Flush(ctx, time.Unix(0, tt))
+		k++
+		for _, e := range edges {
+			e.Flush(ctx, time.Unix(0, tt))
+		}
 	}
 	base := t0.UnixNano() // on the window grid
-	for k := range 6 {
-		decide(base + int64(9700*time.Millisecond) + int64(k)*int64(10*time.Millisecond))
+	for i := range 6 {
+		decide(base + int64(9700*time.Millisecond) + int64(i)*int64(10*time.Millisecond))
 	}
 	for tt := base + int64(w); tt < base+int64(2*w); tt += int64(w) / (2 * limit) {
 		decide(tt)
 	}
-	t.Logf("most admitted in a trailing window: %d of %d", worst, limit)
-	if worst > limit {
-		t.Errorf("the client had %d in a trailing window: want at most its limit, %d", worst, limit)
-	}
+	return worst
 }
