@@ -43,8 +43,6 @@ type entry struct {
 // under 2^15 within the window.
 func (e *entry) off(t int64) uint32 { return uint32(max(t-e.start, 0) >> firstShift(e.win)) }
 
-// off16 is off(t), saturated to 16 bits.
-func (e *entry) off16(t int64) uint16 { return uint16(min(e.off(t), 1<<16-1)) }
 
 // spans are the parts of key e's previous and current windows, in ns up
 // to their ends, over which their units are spread when no shape places
@@ -425,7 +423,8 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 	}
 	s.sweepViews(t, sweepPerFlush)
 	// Free entries idle for two of their windows with nothing in flight
-	// (an entry was last used within its current window).
+	// (an entry's last use was within its current window, so two windows
+	// past its end: between two and three windows idle).
 	for n := 0; n < sweepPerFlush && len(s.slab) > 0; n++ {
 		if s.sweep++; s.sweep >= len(s.slab) {
 			s.sweep = 0
