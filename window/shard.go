@@ -43,7 +43,6 @@ type entry struct {
 // under 2^15 within the window.
 func (e *entry) off(t int64) uint32 { return uint32(max(t-e.start, 0) >> firstShift(e.win)) }
 
-
 // spans are the parts of key e's previous and current windows, in ns up
 // to their ends, over which their units are spread when no shape places
 // them: from the first unit this edge counted or saw there, else all of
