@@ -127,6 +127,22 @@ func shareOf(l *Limiter, key uint64) uint8 {
 // are sparser, up to 1.3); the read of the window once its grace is over
 // corrects the sample.
 func TestDealtSharesSumToTheWhole(t *testing.T) {
+	key := uint64(0x5a11)
+	edges := dealtClient(t, 10, key, 15, 12, func(n int) int { return n % 2 }, nil)
+	a, b := shareOf(edges[0], key), shareOf(edges[1], key)
+	t.Logf("shares: %d + %d = %.3f of the whole", a, b, float64(a)/255+float64(b)/255)
+	if sum := int(a) + int(b); sum < 255-8 || sum > 255+4 {
+		t.Errorf("shares %d + %d = %d 255ths: want about 255 (the client is dealt evenly over the two edges)", a, b, sum)
+	}
+}
+
+// dealtClient runs a client of key, limited to limit a second, at rate requests
+// a second over two edges on one store for windows seconds, from a third
+// into a window, flushing every 5 ms; pick chooses the edge of request n,
+// and each, if not nil, is called after each request, at tt, s since the
+// start. It returns the edges.
+func dealtClient(t *testing.T, limit, key uint64, rate, windows int, pick func(n int) int, each func(edges [2]*Limiter, tt int64, s float64)) [2]*Limiter {
+	t.Helper()
 	w := time.Second
 	clock := newSimClock(t0)
 	store := NewMemStore(clock)
@@ -134,25 +150,23 @@ func TestDealtSharesSumToTheWhole(t *testing.T) {
 	for i := range edges {
 		edges[i] = newTestLimiter(t, clock, store, Config{})
 	}
-	pol := &Policy{Limit: 10, Window: w}
-	key := uint64(0x5a11)
+	pol := &Policy{Limit: limit, Window: w}
 	ctx := context.Background()
 	begin := t0.Add(w / 3).UnixNano()
-	step := int64(w) / 15
-	for n, tt := 0, begin; tt < begin+int64(12*w); n, tt = n+1, tt+step {
+	step := int64(w) / int64(rate)
+	for n, tt := 0, begin; tt < begin+int64(windows)*int64(w); n, tt = n+1, tt+step {
 		clock.t.Store(tt)
-		edges[n%2].Decide(ctx, time.Unix(0, tt), pol, key, pol.Limit, 1)
+		edges[pick(n)].Decide(ctx, time.Unix(0, tt), pol, key, pol.Limit, 1)
 		for d := int64(0); d < step; d += int64(5 * time.Millisecond) {
 			for _, e := range edges {
 				e.Flush(ctx, time.Unix(0, tt+d))
 			}
 		}
+		if each != nil {
+			each(edges, tt, time.Duration(tt-begin).Seconds())
+		}
 	}
-	a, b := shareOf(edges[0], key), shareOf(edges[1], key)
-	t.Logf("shares: %d + %d = %.3f of the whole", a, b, float64(a)/255+float64(b)/255)
-	if sum := int(a) + int(b); sum < 255-8 || sum > 255+4 {
-		t.Errorf("shares %d + %d = %d 255ths: want about 255 (the client is dealt evenly over the two edges)", a, b, sum)
-	}
+	return edges
 }
 
 // TestSharesOfALightClientAreSteady: a client of ten requests a window
@@ -163,33 +177,15 @@ func TestDealtSharesSumToTheWhole(t *testing.T) {
 // window's luck. With this seed the share is 0.079 from a half on average
 // (0.117 with four units' worth, 0.098 with eight).
 func TestSharesOfALightClientAreSteady(t *testing.T) {
-	w := time.Second
-	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	var edges [2]*Limiter
-	for i := range edges {
-		edges[i] = newTestLimiter(t, clock, store, Config{})
-	}
-	pol := &Policy{Limit: 20, Window: w}
 	key := uint64(0x5a12)
-	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
-	begin := t0.Add(w / 3).UnixNano()
-	step := int64(w) / 10
 	dev, n := 0.0, 0
-	for tt := begin; tt < begin+int64(60*w); tt += step {
-		clock.t.Store(tt)
-		edges[rng.IntN(2)].Decide(ctx, time.Unix(0, tt), pol, key, pol.Limit, 1)
-		for d := int64(0); d < step; d += int64(5 * time.Millisecond) {
-			for _, e := range edges {
-				e.Flush(ctx, time.Unix(0, tt+d))
-			}
-		}
-		if tt >= begin+int64(10*w) && (tt-begin)%int64(w) == int64(w)/2 {
+	dealtClient(t, 20, key, 10, 60, func(int) int { return rng.IntN(2) }, func(edges [2]*Limiter, _ int64, s float64) {
+		if s >= 10 && math.Mod(s, 1) == 0.5 { // mid-window, from the tenth
 			dev += math.Abs(float64(shareOf(edges[0], key))/255 - 0.5)
 			n++
 		}
-	}
+	})
 	dev /= float64(n)
 	t.Logf("edge 1's share over %d windows: %.3f from a half on average", n, dev)
 	if dev > 0.09 {
