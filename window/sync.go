@@ -178,10 +178,10 @@ func (e *entry) noteShare() {
 		}
 		return
 	}
-	// Rounded towards the sample: rounded to nearest, a window's step
-	// under half a 255th was lost, and a share a window of fewer than
-	// shareSteps units moves by less stuck short of the sample (a key
-	// this edge holds alone at 254, never whole).
+	// Rounded towards the sample: rounded to nearest, a step under half a
+	// 255th was lost, so a window of fewer units than shareSteps could
+	// not move the share, and a key this edge held alone stuck at 254,
+	// never whole.
 	s := float64(e.share)
 	s += (float64(own)*255 - s*float64(total)) / (float64(total) + shareSteps)
 	if own*255 > uint64(e.share)*total {
