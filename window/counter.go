@@ -103,14 +103,20 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	i, _ := s.get(l, key, t, r)
 	e := &s.slab[i]
 	// An async key decided near its limit (not Config.AsyncNearLimit) sends
-	// its unsent units with the request's, so that the reply counts them,
-	// and leaves its previous window to the flusher. The request's units
-	// are in flight too until the reply: the view counts them, so that a
-	// decision made on it meanwhile does not admit into the room this one
-	// may take (its reply takes them back if it refuses).
+	// its unsent units with the request's, so that the reply counts them.
+	// Until its previous window is known here (read once its grace is
+	// over) the call reads that window too, as a sync key's does: at a
+	// window's start the other edges' last units of the one that ended
+	// are not in this edge's view yet, and a client that bursts at a
+	// boundary was admitted past its limit on that view (two edges, the
+	// near-limit trace with its bursts on a boundary: 28 wrong admissions
+	// in 63,210 decisions without the read, 9 with it). The request's
+	// units are in flight too until the reply: the view counts them, so
+	// that a decision made on it meanwhile does not admit into the room
+	// this one may take (its reply takes them back if it refuses).
 	sent := uint64(e.pend)
 	e.infl, e.pend = sat32(uint64(e.infl)+sent+cost), 0
-	needPrev := e.flags&flagPrevKnown == 0 && r.Mode == Sync
+	needPrev := e.flags&flagPrevKnown == 0
 	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
 	s.mu.Unlock()
 

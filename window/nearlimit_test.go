@@ -276,3 +276,48 @@ func TestRoundTripCountsInTheViewWhileOut(t *testing.T) {
 		t.Errorf("the view counts %d after the reply, want 10", v)
 	}
 }
+
+// TestABurstAtABoundaryCountsTheOthersLastUnits: a client dealt over two
+// edges sends its limit in a window, the last units through the other
+// edge just before the window ends, then bursts on this edge just after:
+// all of those units still count, and the burst is refused whole. This
+// edge learns the other's last units of the window that ended only from a
+// read of it, made once its grace is over, so the near-limit round trip
+// reads it until then; without that read this edge admitted 3 of the
+// burst past the limit.
+func TestABurstAtABoundaryCountsTheOthersLastUnits(t *testing.T) {
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	var ls [2]*Limiter
+	for i := range ls {
+		ls[i] = newTestLimiter(t, clock, store, Config{})
+	}
+	r := &Policy{Limit: 20, Window: time.Second}
+	const key = 0xb0
+	ctx := context.Background()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// 20 units from 500 ms, dealt; the last 3 through edge 2 at 990-994 ms.
+	for i := range 17 {
+		clock.t.Store(at(500 + 20*i).UnixNano())
+		ls[i%2].Decide(ctx, clock.Now(), r, key, r.Limit, 1)
+		for _, l := range ls {
+			l.Flush(ctx, clock.Now())
+		}
+	}
+	for i := range 3 {
+		clock.t.Store(at(990 + 2*i).UnixNano())
+		ls[1].Decide(ctx, clock.Now(), r, key, r.Limit, 1)
+	}
+	clock.t.Store(at(996).UnixNano())
+	ls[1].Flush(ctx, clock.Now()) // edge 2's units land; edge 1 has nothing to send
+	admitted := 0
+	for i := range 10 {
+		clock.t.Store(at(1010 + 2*i).UnixNano())
+		if ls[0].Decide(ctx, clock.Now(), r, key, r.Limit, 1).Allowed {
+			admitted++
+		}
+	}
+	if admitted > 0 {
+		t.Errorf("edge 1 admitted %d of a burst 10 ms into the window after the client's 20: want none (its 20 are all in the trailing window)", admitted)
+	}
+}
