@@ -57,7 +57,7 @@ func (e *entry) off(t int64) uint32 { return uint32(max(t-e.start, 0) >> firstSh
 // count this edge overrates for a window (it errs toward refusing).
 // Measured in the simulator (two edges, the near-limit trace started 0.3 s
 // before a window boundary): 0.0995 % wrong spread over the whole window,
-// 0.0245 % with this, clients dealt round-robin 0.253 % and 0.167 %. s.mu
+// 0.0245 % with this, clients dealt round-robin 0.245 % and 0.167 %. s.mu
 // must be held.
 func (e *entry) spans() spans {
 	sp := spans{e.win, e.win}

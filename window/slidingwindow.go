@@ -63,6 +63,9 @@ func (s SlidingWindow) Decide(now int64, prev, curr, cost uint64) Verdict {
 // once it is the previous one, for a release past it.
 type spans struct{ prev, next int64 }
 
+// clampSpan is span within (0, w].
+func clampSpan(span, w int64) int64 { return min(max(span, 1), w) }
+
 // even is the spans of units spread over the whole windows.
 func (s SlidingWindow) even() spans { return spans{int64(s.Window), int64(s.Window)} }
 
@@ -73,7 +76,7 @@ func (s SlidingWindow) even() spans { return spans{int64(s.Window), int64(s.Wind
 func (s SlidingWindow) decide(v *Verdict, now int64, prev, curr, cost uint64, sp spans) {
 	w := int64(s.Window)
 	start := windowStart(now, w)
-	span := min(max(sp.prev, 1), w)
+	span := clampSpan(sp.prev, w)
 	left := uint64(min(w-(now-start), span)) // the previous window's weight × span
 	est := float64(prev)*float64(left)/float64(span) + float64(curr)
 	v.Estimate, v.ResetAt = est, start+w
@@ -114,11 +117,11 @@ func (s SlidingWindow) release(now int64, prev, curr, cost uint64, sp spans) int
 			return now
 		}
 		// prev×min(span, W−e) ≤ (room−curr)×span  ⇔  e ≥ W − ⌊(room−curr)×span / prev⌋
-		span := min(max(sp.prev, 1), w)
+		span := clampSpan(sp.prev, w)
 		return max(now, start+w-int64(min(div128(mul128(room-curr, uint64(span)), prev), uint64(span))))
 	}
 	// Next window: curr×min(span, W−e) ≤ room×span  ⇔  e ≥ W − ⌊room×span / curr⌋
-	span := min(max(sp.next, 1), w)
+	span := clampSpan(sp.next, w)
 	return start + 2*w - int64(div128(mul128(room, uint64(span)), curr))
 }
 
