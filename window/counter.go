@@ -175,6 +175,8 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			// The reply is a sample of the others' rate, as a
 			// flush's is.
 			e.noteRate(t, cost+sent, inc.Value)
+		} else {
+			s.joined(i, before, prev, prevOK)
 		}
 		e.reply = uint16(min(e.off(t), 1<<15-1)) + 1
 		if old := uint64(e.curr); seen > old+sent && r.Algorithm == SlidingWindowCounter {

@@ -204,6 +204,42 @@ func (s *shard) roll(l *Limiter, i uint32, t int64, r *Policy) (reset bool) {
 	return reset
 }
 
+// joined is told, by the first reply to show entry i its key's current
+// window, the store's count of it (seen), and what the previous window
+// held if that has been read (prev, known). Units there that this edge did
+// not count came before the entry knew the key: it was evicted and made
+// again, the edge restarted, or the client moved here. When they came is
+// not known, so they are spread from the window's start (fromStart), not
+// from this edge's first unit (spans): spread from there, a client seen
+// whole would weigh the window's units in the next one as if they had all
+// come late, and be refused part of its limit there (a client at twice
+// its limit, its view evicted every 3.7 s: 268 of 300 admitted). The
+// exception is a client's onset, when the edges' first units come within
+// a flush or two of each other, as spans assumes: the others' units no
+// more than a few edges dealt the client as many as this one (four times
+// its own, and two), and the previous window, if read, empty. s.mu must
+// be held.
+func (s *shard) joined(i uint32, seen, prev uint64, known bool) {
+	e := &s.slab[i]
+	own := uint64(e.own)
+	if seen > own && e.first > 1 && (seen > 5*own+2 || known && prev > 0) {
+		s.fromStart(e)
+	}
+}
+
+// fromStart has key e's units of its current window, as far as this edge
+// has not placed them, spread from the window's start: its span, and the
+// base of a shape begun this window. s.mu must be held.
+func (s *shard) fromStart(e *entry) {
+	e.first = 1
+	if e.hist == 0 {
+		return
+	}
+	if rec, c := s.histCur(e); rec.h[c].start == e.start {
+		rec.h[c].from = e.start
+	}
+}
+
 // alone reports whether key e's units of its window, which ends at end,
 // were all this edge's as far as its replies tell: its share of them
 // (over the windows that ended before) is whole, within rounding, the
@@ -372,6 +408,17 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 		}
 		sent := false
 		ttl := 2 * e.win
+		// A key new here with one unit, no decision waiting on it, leaves
+		// its previous window unread (sync.go): most such keys are seen
+		// once. The read goes before the current window's ops, so that a
+		// key new here knows, when their replies land, whether it had
+		// units before this window (joined).
+		once := e.flags&(flagNeedCurr|flagRefresh) == flagNeedCurr && e.own <= 1 && e.prev|e.prevInfl|e.prevPend == 0
+		readPrev := e.flags&flagPrevKnown == 0 && !once && t >= e.start+l.grace
+		if readPrev {
+			ops = append(ops, Op{Key: e.key, Start: (e.start - e.win) / 1e6})
+			l.m.storeReads.Inc()
+		}
 		if e.prevPend > 0 {
 			ops = append(ops, Op{Key: e.key, Start: (e.start - e.win) / 1e6, Delta: int64(e.prevPend), TTL: durationOf(ttl)})
 			e.prevInfl = sat32(uint64(e.prevInfl) + uint64(e.prevPend))
@@ -399,18 +446,9 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6})
 			l.m.storeReads.Inc()
 		}
-		// A key new here with one unit, no decision waiting on it, leaves
-		// its previous window unread (sync.go): most such keys are seen
-		// once.
-		once := e.flags&(flagNeedCurr|flagRefresh) == flagNeedCurr && e.own <= 1 && e.prev|e.prevInfl|e.prevPend == 0
 		e.flags &^= flagRefresh
-		if e.flags&flagPrevKnown == 0 && !once {
-			if t < e.start+l.grace {
-				s.enqueue(i) // other edges' last flushes may still land
-				continue
-			}
-			ops = append(ops, Op{Key: e.key, Start: (e.start - e.win) / 1e6})
-			l.m.storeReads.Inc()
+		if e.flags&flagPrevKnown == 0 && !once && !readPrev {
+			s.enqueue(i) // within the grace: other edges' last flushes may still land
 		}
 	}
 	if k < len(q) {
@@ -488,6 +526,8 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 						e.guessShare(t, uint64(d), op.Value)
 					}
 					e.noteRate(t, uint64(d), op.Value)
+				} else {
+					s.joined(i, op.Value, uint64(e.prev), e.flags&flagPrevKnown != 0)
 				}
 				e.curr = max(e.curr, sat32(op.Value))
 				e.flags &^= flagNeedCurr
@@ -513,6 +553,8 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 		case isCurr:
 			if e.flags&flagNeedCurr == 0 {
 				e.noteRate(t, 0, op.Value)
+			} else {
+				s.joined(i, op.Value, uint64(e.prev), e.flags&flagPrevKnown != 0)
 			}
 			e.curr = max(e.curr, sat32(op.Value))
 			e.flags &^= flagNeedCurr
