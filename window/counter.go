@@ -104,22 +104,20 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	e := &s.slab[i]
 	// An async key decided near its limit (not Config.AsyncNearLimit) sends
 	// its unsent units with the request's, so that the reply counts them.
-	// Within a window's grace, before the flusher reads the window that
-	// ended, the call reads that window too, as a sync key's does: the
-	// other edges' last units of it are not in this edge's view yet, and
-	// a client that bursts at a boundary was admitted past its limit on
-	// that view (two edges, the near-limit trace with its bursts on a
-	// boundary: 28 wrong admissions in 63,210 decisions without the read,
-	// 14 with it). Past the grace the flusher's read is due and the call
-	// does not make it (reading it there too took a burst of 40 to an edge
-	// new to its key to 16-17 admitted of the 20 left, in 2 of 7 runs of
-	// faults/TestEdgeRestart; why is not known). The request's
+	// Until the window that ended is known here (read by the flusher once
+	// its grace is over, or by a round trip like this one after it), the
+	// call reads that window too, as a sync key's does: the other edges'
+	// last units of it are not in this edge's view yet, and a client that
+	// bursts at a boundary was admitted past its limit on that view (the
+	// simulator, two edges, the near-limit trace round-robin: 0.146 %
+	// wrong at the worst of four phases with the read only within the
+	// grace, 0.130 % with it until known). The request's
 	// units are in flight too until the reply: the view counts them, so
 	// that a decision made on it meanwhile does not admit into the room
 	// this one may take (its reply takes them back if it refuses).
 	sent := uint64(e.pend)
 	e.infl, e.pend = sat32(uint64(e.infl)+sent+cost), 0
-	needPrev := e.flags&flagPrevKnown == 0 && (r.Mode == Sync || t < start+l.grace)
+	needPrev := e.flags&flagPrevKnown == 0
 	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
 	s.mu.Unlock()
 
