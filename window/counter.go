@@ -15,6 +15,9 @@ import "context"
 // must be held.
 func (s *shard) counterVerdict(v *Verdict, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
 	sw := SlidingWindow{Limit: limit, Window: r.Window}
+	if e != nil && e.pfirst == 0 && prev > 0 && e.flags&flagPrevKnown != 0 {
+		e.placePrev(t, prev, curr)
+	}
 	switch {
 	case r.Algorithm == FixedWindowCounter:
 		sw.decideFixed(v, t, curr, cost)
@@ -172,7 +175,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		if e.flags&flagNeedCurr == 0 {
 			// The reply is a sample of the others' rate, as a
 			// flush's is.
-			e.noteRate(t, cost+sent, inc.Value)
+			s.noteRate(i, t, cost+sent, inc.Value)
 		} else {
 			s.joined(i, before, prev, prevOK)
 		}

@@ -145,7 +145,12 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 				res.wrongAllowed++
 				res.worst = max(res.worst, float64(prior+1)/float64(c.limit))
 				if c.diag {
-					res.diag[l.diagnose(h, tt, "under", float64(prior)-d.Estimate)]++
+					cause := l.diagnose(h, tt, "under", float64(prior)-d.Estimate)
+					res.diag[cause]++
+					if os.Getenv("POPLIMIT_DUMPA") != "" && strings.HasPrefix(cause, os.Getenv("POPLIMIT_DUMPA")) && res.diag["dumpa"] < 12 {
+						res.diag["dumpa"]++
+						logRefusal(t, l, h, tt, int64(c.window), ei, d.Estimate, ks.adm, ks.admBy)
+					}
 				}
 			}
 		} else {
@@ -242,7 +247,8 @@ func (l *Limiter) dumpKey(key uint64, t int64) string {
 	e := s.lookup(key)
 	prev, curr := e.view()
 	ps, _ := s.shapes(e, curr)
-	out := fmt.Sprintf("view prev %d curr %d (pend %d infl %d) share %d orate %d reply %.3fs", prev, curr, e.pend, e.infl, e.share, e.orate, float64(e.replied()-e.start)/1e9)
+	sp := e.spans()
+	out := fmt.Sprintf("view prev %d curr %d (pend %d infl %d) share %d orate %d reply %.3fs spans %.3f/%.3f pfirst %d first %d hist %d", prev, curr, e.pend, e.infl, e.share, e.orate, float64(e.replied()-e.start)/1e9, float64(sp.prev)/1e9, float64(sp.next)/1e9, e.pfirst, e.first, e.hist)
 	if ps.h != nil {
 		u := t - e.win
 		a, n, f, lst := ps.after(u)
@@ -285,7 +291,8 @@ func envDuration(t testing.TB, name string, def time.Duration) time.Duration {
 // ones prefixed L/), and POPLIMIT_DUMP=1 with it logs the first dozen
 // refusals whose estimate exceeded the exact count by 2 to 5: the key's
 // view, its shape near the trailing window's start and the true admissions
-// there, by edge.
+// there, by edge; POPLIMIT_DUMPA=CAUSE likewise the first dozen wrong
+// admissions whose cause begins with CAUSE (nopsh, shaped, ...).
 func TestEstimatorTraceReplay(t *testing.T) {
 	path := os.Getenv("POPLIMIT_TRACE")
 	if path == "" {

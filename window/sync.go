@@ -329,6 +329,27 @@ func (e *entry) noteRate(t int64, own, value uint64) {
 	e.orate = uint16((float64(e.orate) + sample + 1) / 2)
 }
 
+// noteRate is entry i's noteRate, and reads its previous window again
+// when the reply is the first to show other edges' units on a key this
+// edge held alone. Such a key's previous window was taken to be known
+// when it ended (alone): the store's count then was this edge's view.
+// At a client's onset that can be wrong: a client dealt over the edges
+// that begins late in a window has a few units there, and an edge can end
+// the window before any reply shows it the others' (two edges, the
+// near-limit trace started 0.3 s before a boundary: an edge held 2 of a
+// client's 6 units as the whole window, and admitted it past its limit in
+// the next). A read costs one operation per key that changes from held to
+// dealt. s.mu must be held.
+func (s *shard) noteRate(i uint32, t int64, own, value uint64) {
+	e := &s.slab[i]
+	held := e.orate == 0 && e.share >= 250
+	e.noteRate(t, own, value)
+	if held && e.orate != 0 && e.flags&flagPrevKnown != 0 && e.prev != 0 {
+		e.flags &^= flagPrevKnown
+		s.enqueue(i)
+	}
+}
+
 // lazyEntry is an entry whose unsent units wait until due.
 type lazyEntry struct {
 	due int64
