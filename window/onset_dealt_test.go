@@ -17,6 +17,43 @@ func viewOf(l *Limiter, key uint64) (prev, curr uint64) {
 	return 0, 0
 }
 
+// dealtPair is two edges on one store in simulated time, deciding one key
+// under a limit of 100 per 10 s; ms offsets count from a window's start.
+type dealtPair struct {
+	a, b  *Limiter
+	clock *simClock
+	pol   *Policy
+	key   uint64
+	ws    int64
+}
+
+func newDealtPair(t *testing.T, key uint64) *dealtPair {
+	clock := newSimClock(t0)
+	store := NewMemStore(clock)
+	w := 10 * time.Second
+	return &dealtPair{
+		a: newTestLimiter(t, clock, store, Config{}), b: newTestLimiter(t, clock, store, Config{}),
+		clock: clock, pol: &Policy{Limit: 100, Window: w}, key: key, ws: t0.Truncate(w).UnixNano(),
+	}
+}
+
+// decide has l decide one request of the key ms after the window's start
+// and flush, as the flusher would then.
+func (p *dealtPair) decide(l *Limiter, ms int64) Decision {
+	tt := p.ws + ms*int64(time.Millisecond)
+	p.clock.t.Store(tt)
+	d := l.Decide(context.Background(), time.Unix(0, tt), p.pol, p.key, p.pol.Limit, 1)
+	l.Flush(context.Background(), time.Unix(0, tt))
+	return d
+}
+
+// prevWeight is what the key's previous window weighed in d, decided by
+// l: d's estimate less the current window's count before it.
+func (p *dealtPair) prevWeight(l *Limiter, d Decision) float64 {
+	_, curr := viewOf(l, p.key)
+	return d.Estimate - float64(curr-1)
+}
+
 // A client dealt over two edges that begins late in a window: edge A
 // counts its first two units and ends the window with replies that showed
 // no other edge's, so it takes the window's count to be its own and does
@@ -25,44 +62,26 @@ func viewOf(l *Limiter, key uint64) (prev, curr uint64) {
 // ended again: its view then holds all six (with two it admitted the client
 // past its limit near the end of the next window).
 func TestAnEdgeThatHeldAClientAloneReadsItAgainWhenOthersShow(t *testing.T) {
-	w := 10 * time.Second
-	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	a := newTestLimiter(t, clock, store, Config{})
-	b := newTestLimiter(t, clock, store, Config{})
-	pol := &Policy{Limit: 100, Window: w}
-	const key = uint64(0x0e5e7)
-	ctx := context.Background()
-	ws := t0.Truncate(w).UnixNano()
-	at := func(l *Limiter, ms int64) {
-		tt := ws + ms*int64(time.Millisecond)
-		clock.t.Store(tt)
-		if !l.Decide(ctx, time.Unix(0, tt), pol, key, pol.Limit, 1).Allowed {
-			t.Fatalf("refused at %d ms, far below the limit", ms)
+	p := newDealtPair(t, 0x0e5e7)
+	for _, s := range []struct {
+		l  *Limiter
+		ms int64
+	}{{p.a, 9700}, {p.a, 9750}, {p.b, 9800}, {p.b, 9850}, {p.b, 9900}, {p.b, 9950}, {p.a, 10500}} {
+		if !p.decide(s.l, s.ms).Allowed {
+			t.Fatalf("refused at %d ms, far below the limit", s.ms)
 		}
-		l.Flush(ctx, time.Unix(0, tt))
 	}
-	flush := func(l *Limiter, ms int64) {
-		tt := ws + ms*int64(time.Millisecond)
-		clock.t.Store(tt)
-		l.Flush(ctx, time.Unix(0, tt))
+	if prev, _ := viewOf(p.a, p.key); prev != 2 {
+		t.Fatalf("A's view of the window that ended: %d units, want its own 2 (the test's premise)", prev)
 	}
-	at(a, 9700)
-	at(a, 9750)
-	for _, ms := range []int64{9800, 9850, 9900, 9950} {
-		at(b, ms)
-	}
-	at(a, 10500) // the next window: A's view of the one that ended is its own two
-	if p, _ := viewOf(a, key); p != 2 {
-		t.Fatalf("A's view of the window that ended: %d units, want its own 2 (the test's premise)", p)
-	}
-	at(b, 10600)
+	p.decide(p.b, 10600)
 	// A held the key alone: its units wait up to a sixteenth of the
 	// window (625 ms), and go with its next flush after that.
-	at(a, 11200) // the reply shows B's unit of this window
-	flush(a, 11300)
-	if p, _ := viewOf(a, key); p != 6 {
-		t.Errorf("A's view of the window that ended, after a reply showed the other edge's units: %d, want the store's 6", p)
+	p.decide(p.a, 11200) // the reply shows B's unit of this window
+	p.clock.t.Store(p.ws + int64(11300*time.Millisecond))
+	p.a.Flush(context.Background(), p.clock.Now())
+	if prev, _ := viewOf(p.a, p.key); prev != 6 {
+		t.Errorf("A's view of the window that ended, after a reply showed the other edge's units: %d, want the store's 6", prev)
 	}
 }
 
@@ -73,32 +92,16 @@ func TestAnEdgeThatHeldAClientAloneReadsItAgainWhenOthersShow(t *testing.T) {
 // until 9.7 s into the next one. Spread over the whole window, they weighed
 // less than one unit by 8.5 s, and the client was admitted past its limit.
 func TestAnEdgeNewToAKeyPlacesItsPreviousWindowByItsRate(t *testing.T) {
-	w := 10 * time.Second
-	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	a := newTestLimiter(t, clock, store, Config{})
-	b := newTestLimiter(t, clock, store, Config{})
-	pol := &Policy{Limit: 100, Window: w}
-	const key = uint64(0x0e5e8)
-	ctx := context.Background()
-	ws := t0.Truncate(w).UnixNano()
-	decide := func(l *Limiter, tt int64) Decision {
-		clock.t.Store(tt)
-		d := l.Decide(ctx, time.Unix(0, tt), pol, key, pol.Limit, 1)
-		l.Flush(ctx, time.Unix(0, tt))
-		return d
+	p := newDealtPair(t, 0x0e5e8)
+	for k := range int64(6) { // 9.70 to 9.95 s, on B
+		p.decide(p.b, 9700+50*k)
 	}
-	for k := range 6 { // 9.70 to 9.95 s, on B
-		decide(b, ws+int64(9700+50*k)*int64(time.Millisecond))
-	}
-	// A, at 10 a second from the boundary on: 85 units by 8.5 s.
 	var d Decision
-	for k := range 86 {
-		d = decide(a, ws+int64(w)+int64(k)*int64(100*time.Millisecond))
+	for k := range int64(86) { // then A, at 10 a second: 85 units by 8.5 s
+		d = p.decide(p.a, 10000+100*k)
 	}
-	_, curr := viewOf(a, key)
-	prev := d.Estimate - float64(curr-1) // the decision's estimate, less the current window's count before it
-	t.Logf("at 8.5 s: estimate %.2f, current window %d before the request: the previous window weighs %.2f of 6", d.Estimate, curr-1, prev)
+	prev := p.prevWeight(p.a, d)
+	t.Logf("at 8.5 s: estimate %.2f: the previous window weighs %.2f of 6", d.Estimate, prev)
 	if prev < 5.5 {
 		t.Errorf("at 8.5 s the previous window's 6 units (all after 9.7 s of it) weigh %.2f in the estimate, want 6 (all still in the trailing window)", prev)
 	}
@@ -109,30 +112,15 @@ func TestAnEdgeNewToAKeyPlacesItsPreviousWindowByItsRate(t *testing.T) {
 // many units there as it has here, and placing them by its rate would not
 // move them (nor, for one that slowed, weigh them more).
 func TestAClientThatMovedKeepsItsPreviousWindowSpread(t *testing.T) {
-	w := 10 * time.Second
-	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	a := newTestLimiter(t, clock, store, Config{})
-	b := newTestLimiter(t, clock, store, Config{})
-	pol := &Policy{Limit: 100, Window: w}
-	const key = uint64(0x0e5e9)
-	ctx := context.Background()
-	ws := t0.Truncate(w).UnixNano()
-	decide := func(l *Limiter, tt int64) Decision {
-		clock.t.Store(tt)
-		d := l.Decide(ctx, time.Unix(0, tt), pol, key, pol.Limit, 1)
-		l.Flush(ctx, time.Unix(0, tt))
-		return d
-	}
-	for k := range 50 { // 5 a second through the window, on B
-		decide(b, ws+int64(k)*int64(200*time.Millisecond))
+	p := newDealtPair(t, 0x0e5e9)
+	for k := range int64(50) { // 5 a second through the window, on B
+		p.decide(p.b, 200*k)
 	}
 	var d Decision
-	for k := range 41 { // then on A: 40 units by 8 s
-		d = decide(a, ws+int64(w)+int64(k)*int64(200*time.Millisecond))
+	for k := range int64(41) { // then on A: 40 units by 8 s
+		d = p.decide(p.a, 10000+200*k)
 	}
-	_, curr := viewOf(a, key)
-	prev := d.Estimate - float64(curr-1)
+	prev := p.prevWeight(p.a, d)
 	t.Logf("at 8 s: estimate %.2f, the previous window's 50 weigh %.2f", d.Estimate, prev)
 	if prev < 9.5 || prev > 10.5 {
 		t.Errorf("at 8 s the previous window's 50 units, spread over it, weigh %.2f, want 10 (a fifth of it still in the trailing window)", prev)
