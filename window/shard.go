@@ -47,7 +47,8 @@ func (e *entry) off(t int64) uint32 { return uint32(max(t-e.start, 0) >> firstSh
 // to their ends, over which their units are spread when no shape places
 // them: from the first unit this edge counted or saw there, else all of
 // it (or, for a previous window this edge saw nothing of, the part the
-// key's rate here places its units in: placePrev). A client that starts late in a window has its units there, not
+// key's rate here places its units in: placePrev). A client that starts
+// late in a window has its units there, not
 // spread over the window: spread, they would weigh less and less in the
 // next window while in fact all still count, and the client would be
 // admitted past its limit (by up to the count it had then; above a
@@ -92,8 +93,9 @@ const placeMin = 8
 // many as the previous one: from fewer it is noise, and a client that had
 // more there than here (one that moved here, or slowed) keeps the whole
 // window. (Measured in the simulator, the near-limit trace started 0.3 s
-// before a boundary, round-robin: wrongly allowed 37 spread over the whole
-// window, 32 placed from the first unit, 26 from eight.)
+// before a boundary, round-robin: wrongly allowed 37 without the placement,
+// 32 with the rate taken from the current window's first unit, 26 from its
+// eighth.)
 func (e *entry) placePrev(t int64, prev, curr uint64) {
 	el := t - e.start
 	if curr < max(placeMin, prev) || el <= 0 {
