@@ -15,17 +15,14 @@ import "context"
 // must be held.
 func (s *shard) counterVerdict(v *Verdict, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
 	sw := SlidingWindow{Limit: limit, Window: r.Window}
-	if e != nil && e.pfirst == 0 && prev > 0 && e.flags&flagPrevKnown != 0 {
-		e.placePrev(t, prev, curr)
-	}
 	switch {
 	case r.Algorithm == FixedWindowCounter:
 		sw.decideFixed(v, t, curr, cost)
 	case e != nil && e.hist != 0:
 		ps, cs := s.shapes(e, curr)
-		sw.decideShaped(v, t, prev, curr, cost, e.spans(), &ps, &cs)
+		sw.decideShaped(v, t, prev, curr, cost, e.spansAt(t, prev, curr), &ps, &cs)
 	case e != nil:
-		sw.decide(v, t, prev, curr, cost, e.spans())
+		sw.decide(v, t, prev, curr, cost, e.spansAt(t, prev, curr))
 	default:
 		sw.decide(v, t, prev, curr, cost, sw.even())
 	}

@@ -149,7 +149,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 					res.diag[cause]++
 					if os.Getenv("POPLIMIT_DUMPA") != "" && strings.HasPrefix(cause, os.Getenv("POPLIMIT_DUMPA")) && res.diag["dumpa"] < 12 {
 						res.diag["dumpa"]++
-						logRefusal(t, l, h, tt, int64(c.window), ei, d.Estimate, ks.adm, ks.admBy)
+						logWrong(t, l, h, tt, int64(c.window), ei, d.Estimate, ks.adm, ks.admBy)
 					}
 				}
 			}
@@ -166,7 +166,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 					res.diag[cause]++
 					if os.Getenv("POPLIMIT_DUMP") != "" && strings.HasPrefix(cause, "L/shaped/over2") && res.diag["dump"] < 12 {
 						res.diag["dump"]++
-						logRefusal(t, l, h, tt, int64(c.window), ei, d.Estimate, ks.adm, ks.admBy)
+						logWrong(t, l, h, tt, int64(c.window), ei, d.Estimate, ks.adm, ks.admBy)
 					}
 				}
 			}
@@ -213,10 +213,11 @@ func (l *Limiter) diagnose(key uint64, t int64, word string, miss float64) strin
 	return "shaped/" + bucket
 }
 
-// logRefusal logs a wrong refusal of key at t by edge ei (POPLIMIT_DUMP):
+// logWrong logs a wrong decision on key at t by edge ei (POPLIMIT_DUMP,
+// POPLIMIT_DUMPA):
 // the true admissions adm (by edge admBy) near the trailing window's start
 // and in its parts, beside the edge's view and shape (dumpKey).
-func logRefusal(t testing.TB, l *Limiter, key uint64, tt, w int64, ei int, est float64, adm []int64, admBy []int) {
+func logWrong(t testing.TB, l *Limiter, key uint64, tt, w int64, ei int, est float64, adm []int64, admBy []int) {
 	start := tt - ((tt%w)+w)%w
 	var inPrev, inCurr, prevWin int
 	var near []string

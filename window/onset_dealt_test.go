@@ -107,18 +107,23 @@ func TestAnEdgeNewToAKeyPlacesItsPreviousWindowByItsRate(t *testing.T) {
 	}
 }
 
-// A client that moves from one edge to another at its rate keeps its
-// previous window spread over the whole of it on the new edge: it had as
-// many units there as it has here, and placing them by its rate would not
-// move them (nor, for one that slowed, weigh them more).
+// A client that moves from one edge to another keeps its previous window
+// spread over the whole of it on the new edge, though it comes there with
+// a burst: its rate over its first units here (8 in 0.4 s) would place the
+// 50 units it had there in the window's last 2.5 s, and have them weigh in
+// full until 7.5 s into this one. The rate is taken only once the current
+// window holds as many units as the previous one.
 func TestAClientThatMovedKeepsItsPreviousWindowSpread(t *testing.T) {
 	p := newDealtPair(t, 0x0e5e9)
 	for k := range int64(50) { // 5 a second through the window, on B
 		p.decide(p.b, 200*k)
 	}
 	var d Decision
-	for k := range int64(41) { // then on A: 40 units by 8 s
-		d = p.decide(p.a, 10000+200*k)
+	for k := range int64(8) { // then on A: 8 in its first 0.4 s
+		d = p.decide(p.a, 10000+50*k)
+	}
+	for ms := int64(10600); ms <= 18000; ms += 200 { // and 5 a second
+		d = p.decide(p.a, ms)
 	}
 	prev := p.prevWeight(p.a, d)
 	t.Logf("at 8 s: estimate %.2f, the previous window's 50 weigh %.2f", d.Estimate, prev)

@@ -76,6 +76,16 @@ func (e *entry) spans() spans {
 // there places its previous window's (placePrev).
 const placeMin = 8
 
+// spansAt is e's spans for a decision at t on the counts prev and curr,
+// the previous window placed first if it can be (placePrev). s.mu must be
+// held.
+func (e *entry) spansAt(t int64, prev, curr uint64) spans {
+	if e.pfirst == 0 && prev > 0 && e.flags&flagPrevKnown != 0 {
+		e.placePrev(t, prev, curr)
+	}
+	return e.spans()
+}
+
 // placePrev places the units of key e's previous window, of which this
 // edge counted and saw none while it ran (pfirst 0: the key was new here,
 // or idle here while the others counted it), prev units by the store's
@@ -94,8 +104,8 @@ const placeMin = 8
 // more there than here (one that moved here, or slowed) keeps the whole
 // window. (Measured in the simulator, the near-limit trace started 0.3 s
 // before a boundary, round-robin: wrongly allowed 37 without the placement,
-// 32 with the rate taken from the current window's first unit, 26 from its
-// eighth.)
+// 32 with the rate taken from the current window's first unit on, 26 with
+// both conditions.)
 func (e *entry) placePrev(t int64, prev, curr uint64) {
 	el := t - e.start
 	if curr < max(placeMin, prev) || el <= 0 {
@@ -276,6 +286,11 @@ func (s *shard) fromStart(e *entry) {
 	}
 }
 
+// heldHere reports whether key e's replies say this edge holds it: no
+// other edge's units in them of late, and its share of the key whole
+// within rounding. s.mu must be held.
+func (e *entry) heldHere() bool { return e.orate == 0 && e.share >= 250 }
+
 // alone reports whether key e's units of its window, which ends at end,
 // were all this edge's as far as its replies tell: its share of them
 // (over the windows that ended before) is whole, within rounding, the
@@ -286,7 +301,7 @@ func (s *shard) fromStart(e *entry) {
 // to them in the window's last half and comes back here. s.mu must be
 // held.
 func (e *entry) alone(end int64) bool {
-	return e.orate == 0 && e.share >= 250 && e.reply != 0 && e.replied() >= end-e.win/2
+	return e.heldHere() && e.reply != 0 && e.replied() >= end-e.win/2
 }
 
 // count adds cost units at t to entry i's unsent increments; sendBy

@@ -342,7 +342,7 @@ func (e *entry) noteRate(t int64, own, value uint64) {
 // dealt. s.mu must be held.
 func (s *shard) noteRate(i uint32, t int64, own, value uint64) {
 	e := &s.slab[i]
-	held := e.orate == 0 && e.share >= 250
+	held := e.heldHere()
 	e.noteRate(t, own, value)
 	if held && e.orate != 0 && e.flags&flagPrevKnown != 0 && e.prev != 0 {
 		e.flags &^= flagPrevKnown
