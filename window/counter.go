@@ -20,9 +20,9 @@ func (s *shard) counterVerdict(v *Verdict, e *entry, t int64, r *Policy, limit, 
 		sw.decideFixed(v, t, curr, cost)
 	case e != nil && e.hist != 0:
 		ps, cs := s.shapes(e, curr)
-		sw.decideShaped(v, t, prev, curr, cost, e.spansAt(t, prev, curr), &ps, &cs)
+		sw.decideShaped(v, t, prev, curr, cost, e.spans(), &ps, &cs)
 	case e != nil:
-		sw.decide(v, t, prev, curr, cost, e.spansAt(t, prev, curr))
+		sw.decide(v, t, prev, curr, cost, e.spans())
 	default:
 		sw.decide(v, t, prev, curr, cost, sw.even())
 	}
@@ -190,6 +190,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		}
 		// The reply is the global count: the flusher need not read it.
 		e.flags &^= flagFailed | flagNeedCurr
+		e.placePrev(t)
 		if prevOK {
 			if p, _ := e.view(); prev > p {
 				s.histLate(e, prev-p)

@@ -76,25 +76,15 @@ func (e *entry) spans() spans {
 // there places its previous window's (placePrev).
 const placeMin = 8
 
-// spansAt is e's spans for a decision at t on the counts prev and curr,
-// the previous window placed first if it can be (placePrev). s.mu must be
-// held.
-func (e *entry) spansAt(t int64, prev, curr uint64) spans {
-	if e.pfirst == 0 && prev > 0 && e.flags&flagPrevKnown != 0 {
-		e.placePrev(t, prev, curr)
-	}
-	return e.spans()
-}
-
 // placePrev places the units of key e's previous window, of which this
 // edge counted and saw none while it ran (pfirst 0: the key was new here,
-// or idle here while the others counted it), prev units by the store's
-// read, when they cannot have been spread by this edge's first: at the
-// key's rate in its current window (curr units by t), up to the window's
-// end. A client present all along at one rate has its units spread over
-// the whole window, as before; one that began late in it (its onset: a
-// few units, all in the trailing window until late in this one) has them
-// over the time that rate takes to send them. Spread over the whole
+// or idle here while the others counted it), once that window is known
+// (read), when they cannot have been spread by this edge's first: at the
+// key's rate in its current window (its view's units by t), up to the
+// window's end. A client present all along at one rate has its units
+// spread over the whole window, as before; one that began late in it (its
+// onset: a few units, all in the trailing window until late in this one)
+// has them over the time that rate takes to send them. Spread over the whole
 // window, such units weighed as leaving while they all still counted, and
 // the client was admitted past its limit by up to their number. The span
 // is set once (pfirst): release times made on it hold. s.mu must be held.
@@ -106,9 +96,16 @@ func (e *entry) spansAt(t int64, prev, curr uint64) spans {
 // before a boundary, round-robin: wrongly allowed 37 without the placement,
 // 32 with the rate taken from the current window's first unit on, 26 with
 // both conditions.)
-func (e *entry) placePrev(t int64, prev, curr uint64) {
+//
+// It runs when a reply or a read lands, off the request path: the
+// placement lags the decision that reached placeMin by a flush at most.
+func (e *entry) placePrev(t int64) {
+	if e.pfirst != 0 || e.flags&flagPrevKnown == 0 {
+		return
+	}
+	prev, curr := e.view()
 	el := t - e.start
-	if curr < max(placeMin, prev) || el <= 0 {
+	if prev == 0 || curr < max(placeMin, prev) || el <= 0 {
 		return
 	}
 	span := min(float64(prev)*float64(el)/float64(curr), float64(e.win))
@@ -612,6 +609,9 @@ func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
 		}
 		if op.Err == nil && isCurr {
 			e.reply = uint16(min(e.off(t), 1<<15-1)) + 1
+		}
+		if op.Err == nil {
+			e.placePrev(t)
 		}
 		if p, _ := e.view(); isPrev && p > prevBefore {
 			s.histLate(e, p-prevBefore)
