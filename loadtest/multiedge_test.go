@@ -142,3 +142,26 @@ func TestOfflinePoPNearLimit(t *testing.T) {
 			wrong(near.Enforced), wrong(local.Enforced), wrong(guess.Enforced))
 	}
 }
+
+// The store's operations by kind add up to them all, and the near-limit
+// round trips are the dealt clients': a few at clients' onsets while each
+// client is held by one edge, many round-robin, none with AsyncNearLimit.
+func TestOfflinePoPStoreOpsByKind(t *testing.T) {
+	tr := nearLimit(t)
+	var syncs []int64
+	for _, cfg := range []loadtest.OfflineConfig{
+		{Edges: 2, Spread: loadtest.ByClient, RTT: time.Millisecond},
+		{Edges: 2, Spread: loadtest.RoundRobin, RTT: time.Millisecond},
+		{Edges: 2, Spread: loadtest.RoundRobin, RTT: time.Millisecond, AsyncNearLimit: true},
+	} {
+		rep, _, _ := runPoP(t, cfg, tr)
+		k := rep.StoreOpsByKind
+		if sum := k.Increments + k.Reads + k.Decrements + k.States; sum != rep.StoreOps || k.Increments == 0 || k.Reads == 0 || k.NearLimitSyncs > k.Increments {
+			t.Errorf("%v async-near-limit %v: by kind %+v, adding to %d of %d store ops", cfg.Spread, cfg.AsyncNearLimit, k, sum, rep.StoreOps)
+		}
+		syncs = append(syncs, k.NearLimitSyncs)
+	}
+	if syncs[1] == 0 || syncs[0]*10 > syncs[1] || syncs[2] != 0 {
+		t.Errorf("near-limit round trips: %d by client, %d round-robin, %d round-robin with async-near-limit; want many round-robin, a tenth of that at most by client, none without them", syncs[0], syncs[1], syncs[2])
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/valyala/fasthttp"
 
@@ -138,6 +139,23 @@ type RuleReport struct {
 	TopKeys     []KeyReport `json:"top_keys"`
 }
 
+// StoreOpsByKind is a simulated PoP's store operations by kind. An
+// operation is one counter or state touched: a flush that sends the units
+// of ten keys is ten.
+type StoreOpsByKind struct {
+	// Increments send counted units: a flush's, or a decision's own on
+	// the request path (a sync rule's, an async one's near its limit).
+	Increments int64 `json:"increments"`
+	// NearLimitSyncs is the async decisions that took a round trip
+	// because the units the other edges may have admitted unseen could
+	// fill the key's room (the edges' poplimit_window_near_limit_syncs_total),
+	// each one of the Increments.
+	NearLimitSyncs int64 `json:"near_limit_syncs"`
+	Reads          int64 `json:"reads"`      // window counts read: a previous window, a new key's current one
+	Decrements     int64 `json:"decrements"` // units given back: a refused sync decision's
+	States         int64 `json:"states"`     // bucket and log operations
+}
+
 // OfflineReport is the result of Offline.
 type OfflineReport struct {
 	Requests  int64     `json:"requests"`
@@ -153,8 +171,10 @@ type OfflineReport struct {
 	Spread    string    `json:"spread,omitempty"`
 	// StoreOps is the operations the edges sent the shared store
 	// (increments and reads of counters, bucket and log operations).
-	StoreOps int64        `json:"store_ops"`
-	Rules    []RuleReport `json:"rules"`
+	StoreOps int64 `json:"store_ops"`
+	// StoreOpsByKind is StoreOps by what the operations were.
+	StoreOpsByKind StoreOpsByKind `json:"store_ops_by_kind"`
+	Rules          []RuleReport   `json:"rules"`
 	// Accuracy is the aggregator judge's report over the decisions, when
 	// the caller judged them (cmd/loadtest offline -judge).
 	Accuracy json.RawMessage `json:"accuracy,omitempty"`
@@ -208,6 +228,7 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	}
 	sim.store = newSimStore(sim.clock, int64(cfg.RTT))
 	defer sim.close()
+	var regs []*prometheus.Registry // each edge's metrics
 	for i := range cfg.Edges {
 		var o edge.Options
 		o.Limiter.FlushInterval, o.Limiter.MaxDefer, o.Limiter.GuessPeers = cfg.FlushInterval, cfg.MaxDefer, cfg.GuessPeers
@@ -216,7 +237,9 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 			o.EdgeID = i + 1
 		}
 		blocks := &mapBlocks{m: map[uint64]int64{}, sweep: 1024}
-		st, err := edge.NewStack(o, cfg.Rules, edge.StackDeps{Store: edgeStore{sim.store, i}, Blocks: blocks,
+		reg := prometheus.NewRegistry()
+		regs = append(regs, reg)
+		st, err := edge.NewStack(o, cfg.Rules, edge.StackDeps{Store: edgeStore{sim.store, i}, Blocks: blocks, Registerer: reg,
 			Events: sim, Clock: sim.clock, Phase: time.Duration(i) * cfg.FlushInterval / time.Duration(cfg.Edges),
 			Observe: sim.observe, Wait: func(time.Duration) {}})
 		if err != nil {
@@ -271,7 +294,14 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	}
 	sim.finishUntil(time.Duration(math.MaxInt64))
 	sim.close()
-	rep.Edges, rep.StoreOps = cfg.Edges, sim.store.ops
+	rep.Edges, rep.StoreOps, rep.StoreOpsByKind = cfg.Edges, sim.store.ops, sim.store.byKind
+	for _, reg := range regs {
+		n, err := counterSum(reg, "poplimit_window_near_limit_syncs_total")
+		if err != nil {
+			return nil, fmt.Errorf("loadtest: offline: %w", err)
+		}
+		rep.StoreOpsByKind.NearLimitSyncs += n
+	}
 	if cfg.Edges > 1 {
 		rep.Spread = cfg.Spread.String()
 	}
@@ -575,4 +605,22 @@ func (st *ruleStats) report(r *rules.Rule, top int, origin time.Time, absolute b
 		rr.TopKeys = append(rr.TopKeys, kr)
 	}
 	return rr
+}
+
+// counterSum is the sum of the counters named name in reg.
+func counterSum(reg *prometheus.Registry, name string) (int64, error) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return int64(n), nil
 }

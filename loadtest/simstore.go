@@ -24,6 +24,7 @@ type simStore struct {
 	// inflight is each edge's units on their way, by counter.
 	inflight map[flightKey]int64
 	ops      int64 // operations sent, counters and states
+	byKind   StoreOpsByKind
 }
 
 type flightKey struct {
@@ -71,6 +72,16 @@ func (e edgeStore) Do(ctx context.Context, ops []window.Op) {
 	now := s.clock.ns.Load()
 	s.land(now)
 	s.ops += int64(len(ops))
+	for i := range ops {
+		switch d := ops[i].Delta; {
+		case d > 0:
+			s.byKind.Increments++
+		case d < 0:
+			s.byKind.Decrements++
+		default:
+			s.byKind.Reads++
+		}
+	}
 	if s.rtt == 0 {
 		s.mem.Do(ctx, ops)
 		return
@@ -97,6 +108,7 @@ func (e edgeStore) Do(ctx context.Context, ops []window.Op) {
 func (e edgeStore) DoState(ctx context.Context, ops []window.StateOp) {
 	e.s.land(e.s.clock.ns.Load())
 	e.s.ops += int64(len(ops))
+	e.s.byKind.States += int64(len(ops))
 	e.s.mem.DoState(ctx, ops)
 }
 

@@ -449,6 +449,9 @@ type phaseResult struct {
 	MeanRelativeError float64 `json:"mean_relative_error"`
 	// StoreOpsPerRequest is the operations the edges sent the store per request.
 	StoreOpsPerRequest float64 `json:"store_ops_per_request"`
+	// StoreOpsByKind is those operations by kind, over Requests.
+	StoreOpsByKind loadtest.StoreOpsByKind `json:"store_ops_by_kind"`
+	Requests       int64                   `json:"requests"`
 }
 
 // offlinePhases judges the trace at phases k/n of the longest window:
@@ -480,7 +483,8 @@ func offlinePhases(ctx context.Context, cfg loadtest.OfflineConfig, n int, open 
 		}
 		j.Flush()
 		r := j.Report()
-		pr := phaseResult{PhaseMillis: float64(phase) / 1e6, Enforced: r.Enforced, MeanRelativeError: r.MeanRelativeError}
+		pr := phaseResult{PhaseMillis: float64(phase) / 1e6, Enforced: r.Enforced, MeanRelativeError: r.MeanRelativeError,
+			StoreOpsByKind: rep.StoreOpsByKind, Requests: rep.Requests}
 		if rep.Requests > 0 {
 			pr.StoreOpsPerRequest = float64(rep.StoreOps) / float64(rep.Requests)
 		}
@@ -490,7 +494,14 @@ func offlinePhases(ctx context.Context, cfg loadtest.OfflineConfig, n int, open 
 		res = append(res, pr)
 	}
 	worst, mean, worstKey, mre, ops := 0.0, 0.0, 0.0, 0.0, 0.0
+	var kinds [5]float64 // per request, mean over the phases: increments, near-limit syncs, reads, decrements, states
 	for _, r := range res {
+		if req := float64(r.Requests); req > 0 {
+			k := r.StoreOpsByKind
+			for i, n := range [5]int64{k.Increments, k.NearLimitSyncs, k.Reads, k.Decrements, k.States} {
+				kinds[i] += float64(n) / req / float64(len(res))
+			}
+		}
 		worst = max(worst, r.Enforced.WrongRatio)
 		mean += r.Enforced.WrongRatio / float64(len(res))
 		worstKey = max(worstKey, r.WorstRatio)
@@ -505,6 +516,10 @@ func offlinePhases(ctx context.Context, cfg loadtest.OfflineConfig, n int, open 
 	for _, r := range res {
 		fmt.Fprintf(w, "%-10s %10d %10d %10d %8.3f%% %9.3f× %7.2f%% %8.3f\n", time.Duration(r.PhaseMillis*1e6).String(), r.Enforced.Decisions,
 			r.Enforced.WronglyAllowed, r.Enforced.WronglyLimited, 100*r.Enforced.WrongRatio, r.WorstRatio, 100*r.MeanRelativeError, r.StoreOpsPerRequest)
+	}
+	if _, err := fmt.Fprintf(w, "store ops per request, by kind: increments %.3f (near-limit round trips %.3f), reads %.3f, decrements %.3f, bucket and log ops %.3f\n",
+		kinds[0], kinds[1], kinds[2], kinds[3], kinds[4]); err != nil {
+		return err
 	}
 	_, err := fmt.Fprintf(w, "over %d phases: wrong %.3f%% worst, %.3f%% mean; worst key %.3f× its limit; mean relative error %.2f%%; %.3f store ops per request\n",
 		n, 100*worst, 100*mean, worstKey, 100*mre, ops)
