@@ -143,8 +143,9 @@ func TestOfflinePoPNearLimit(t *testing.T) {
 	}
 }
 
-// The store's operations by kind add up to them all, and the near-limit
-// round trips are the dealt clients': a few at clients' onsets while each
+// The store's operations by kind: increments and reads in every PoP, and
+// near-limit round trips (the edges' own count of them, some of the
+// increments) for the dealt clients: a few at clients' onsets while each
 // client is held by one edge, many round-robin, none with AsyncNearLimit.
 func TestOfflinePoPStoreOpsByKind(t *testing.T) {
 	tr := nearLimit(t)
@@ -156,8 +157,8 @@ func TestOfflinePoPStoreOpsByKind(t *testing.T) {
 	} {
 		rep, _, _ := runPoP(t, cfg, tr)
 		k := rep.StoreOpsByKind
-		if sum := k.Increments + k.Reads + k.Decrements + k.States; sum != rep.StoreOps || k.Increments == 0 || k.Reads == 0 || k.NearLimitSyncs > k.Increments {
-			t.Errorf("%v async-near-limit %v: by kind %+v, adding to %d of %d store ops", cfg.Spread, cfg.AsyncNearLimit, k, sum, rep.StoreOps)
+		if k.Increments == 0 || k.Reads == 0 || k.NearLimitSyncs > k.Increments {
+			t.Errorf("%v async-near-limit %v: by kind %+v", cfg.Spread, cfg.AsyncNearLimit, k)
 		}
 		syncs = append(syncs, k.NearLimitSyncs)
 	}

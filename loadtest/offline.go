@@ -21,6 +21,7 @@ import (
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/httpedge"
+	"github.com/poplimit/poplimit/internal/metricsum"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/rules"
 )
@@ -155,6 +156,9 @@ type StoreOpsByKind struct {
 	Decrements     int64 `json:"decrements"` // units given back: a refused sync decision's
 	States         int64 `json:"states"`     // bucket and log operations
 }
+
+// total is every operation counted in k.
+func (k StoreOpsByKind) total() int64 { return k.Increments + k.Reads + k.Decrements + k.States }
 
 // OfflineReport is the result of Offline.
 type OfflineReport struct {
@@ -294,13 +298,13 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	}
 	sim.finishUntil(time.Duration(math.MaxInt64))
 	sim.close()
-	rep.Edges, rep.StoreOps, rep.StoreOpsByKind = cfg.Edges, sim.store.ops, sim.store.byKind
+	rep.Edges, rep.StoreOps, rep.StoreOpsByKind = cfg.Edges, sim.store.byKind.total(), sim.store.byKind
 	for _, reg := range regs {
-		n, err := counterSum(reg, "poplimit_window_near_limit_syncs_total")
+		n, err := metricsum.Sum(reg, "poplimit_window_near_limit_syncs_total")
 		if err != nil {
 			return nil, fmt.Errorf("loadtest: offline: %w", err)
 		}
-		rep.StoreOpsByKind.NearLimitSyncs += n
+		rep.StoreOpsByKind.NearLimitSyncs += int64(n)
 	}
 	if cfg.Edges > 1 {
 		rep.Spread = cfg.Spread.String()
@@ -605,22 +609,4 @@ func (st *ruleStats) report(r *rules.Rule, top int, origin time.Time, absolute b
 		rr.TopKeys = append(rr.TopKeys, kr)
 	}
 	return rr
-}
-
-// counterSum is the sum of the counters named name in reg.
-func counterSum(reg *prometheus.Registry, name string) (int64, error) {
-	mfs, err := reg.Gather()
-	if err != nil {
-		return 0, err
-	}
-	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			n += m.GetCounter().GetValue()
-		}
-	}
-	return int64(n), nil
 }

@@ -23,8 +23,7 @@ type simStore struct {
 	head  int
 	// inflight is each edge's units on their way, by counter.
 	inflight map[flightKey]int64
-	ops      int64 // operations sent, counters and states
-	byKind   StoreOpsByKind
+	byKind   StoreOpsByKind // operations sent, counters and states
 }
 
 type flightKey struct {
@@ -71,7 +70,6 @@ func (e edgeStore) Do(ctx context.Context, ops []window.Op) {
 	s := e.s
 	now := s.clock.ns.Load()
 	s.land(now)
-	s.ops += int64(len(ops))
 	for i := range ops {
 		switch d := ops[i].Delta; {
 		case d > 0:
@@ -107,7 +105,6 @@ func (e edgeStore) Do(ctx context.Context, ops []window.Op) {
 
 func (e edgeStore) DoState(ctx context.Context, ops []window.StateOp) {
 	e.s.land(e.s.clock.ns.Load())
-	e.s.ops += int64(len(ops))
 	e.s.byKind.States += int64(len(ops))
 	e.s.mem.DoState(ctx, ops)
 }

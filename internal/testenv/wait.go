@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/internal/metricsum"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
@@ -23,43 +24,12 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-// MetricSum returns the sum of the samples of the named metric in g whose
-// labels include every pair in labels ("name", "value", …): counters,
-// gauges and untyped values by value, histograms by their count of
-// observations.
+// MetricSum is metricsum.Sum, failing the test if g cannot be gathered.
 func MetricSum(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
+	sum, err := metricsum.Sum(g, name, labels...)
 	if err != nil {
 		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	samples:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
-				}
-				if !found {
-					continue samples
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Untyped != nil:
-				sum += m.GetUntyped().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
 	}
 	return sum
 }
