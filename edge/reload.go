@@ -18,8 +18,10 @@ type reloader struct {
 	reloads   *prometheus.CounterVec
 	ok        prometheus.Gauge
 	unsettled prometheus.Counter
-	// loaded and loadedTLS stamp the files as of the edge's building, so
-	// a change made before the watch starts is not missed.
+	// loaded stamps the rules files' contents last applied or rejected
+	// (under reloadMu), so the watcher neither misses a change made
+	// before it starts nor applies again what Reload applied; loadedTLS
+	// stamps the TLS files as of the edge's building.
 	loaded, loadedTLS string
 	// applying, when set, is called while a reload holds reloadMu, after
 	// the new rules are swapped in: a test hook.
@@ -65,14 +67,16 @@ func (e *Edge) readRules() (*decision.Sources, string, error) {
 // rejected with every error listed, the running rules stay, and the
 // failure is logged and counted. Reloads are serialized.
 func (e *Edge) Reload() error {
-	src, _, err := e.readRules()
-	return e.apply(src, err)
+	src, stamp, err := e.readRules()
+	return e.apply(src, stamp, err)
 }
 
-// apply swaps in the rules of src (read with readErr).
-func (e *Edge) apply(src *decision.Sources, readErr error) error {
+// apply swaps in the rules of src (read with readErr), whose contents
+// stamp names: the watcher compares the files with it.
+func (e *Edge) apply(src *decision.Sources, stamp string, readErr error) error {
 	e.reloadMu.Lock()
 	defer e.reloadMu.Unlock()
+	e.reload.loaded = stamp
 	o := &e.Options
 	var rs *rules.Rules
 	err := readErr
@@ -110,7 +114,7 @@ func (e *Edge) apply(src *decision.Sources, readErr error) error {
 func (e *Edge) watchFiles(ctx context.Context, hup <-chan os.Signal) {
 	o := &e.Options
 	e.reloadMu.Lock()
-	applied, lastTLS := e.reload.loaded, e.reload.loadedTLS
+	lastTLS := e.reload.loadedTLS
 	e.reloadMu.Unlock()
 	watchRules := o.RulesFile != "" || o.OverridesFile != ""
 	var (
@@ -127,9 +131,12 @@ func (e *Edge) watchFiles(ctx context.Context, hup <-chan os.Signal) {
 		}
 		src, cur, err := e.readRules()
 		now := time.Now()
+		e.reloadMu.Lock()
+		applied := e.reload.loaded
+		e.reloadMu.Unlock()
 		switch {
 		case cur == applied && !force:
-			if pending != "" {
+			if pending != "" && pending != cur {
 				e.reload.unsettled.Inc() // changed, then back to what is in force
 			}
 			pending = ""
@@ -146,8 +153,8 @@ func (e *Edge) watchFiles(ctx context.Context, hup <-chan os.Signal) {
 		case now.Sub(since) < o.ReloadSettle:
 			return
 		}
-		e.apply(src, err)
-		applied, pending, force = cur, "", false
+		e.apply(src, cur, err)
+		pending, force = "", false
 	}
 	t := time.NewTicker(o.ReloadPoll)
 	defer t.Stop()

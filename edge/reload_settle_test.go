@@ -59,7 +59,7 @@ func TestHalfWrittenRulesNeverApply(t *testing.T) {
 		if get(t, e.addr, "/login").StatusCode != 429 {
 			passed++
 		}
-		return len(e.Rules().Rules) == 3
+		return len(e.Rules().Rules) == 3 && metricSum(t, e, "poplimit_edge_rule_reloads_total", "result", "applied") > 0
 	})
 	if passed > 0 {
 		t.Errorf("%d /login requests passed while the file was half written, want none (the half applied)", passed)
