@@ -60,6 +60,14 @@ type Options struct {
 	RulesFile     string
 	OverridesFile string
 	ReloadPoll    time.Duration // default 2s; the TLS files are polled as often
+	// ReloadSettle is how long the rules files' contents must stay the
+	// same (read twice, this far apart) before a change or a SIGHUP
+	// applies them, so a file written in steps never applies half-written.
+	// Negative: apply at first sight.
+	ReloadSettle time.Duration // default 1s
+	// RulesMaxBytes bounds the rules file, the overrides file and each
+	// envoyproxy/ratelimit file: a larger one is refused unread.
+	RulesMaxBytes int64 // default rules.DefaultMaxFileBytes (4 MiB)
 
 	Server  httpedge.Config    // the fasthttp front end: mode, upstream, client addresses, limits, TLS
 	Limiter window.Config      // flush interval, store timeout, key table bounds
@@ -187,6 +195,12 @@ func (o Options) withDefaults() Options {
 	if o.ReloadPoll == 0 {
 		o.ReloadPoll = 2 * time.Second
 	}
+	if o.ReloadSettle == 0 {
+		o.ReloadSettle = time.Second
+	}
+	if o.RulesMaxBytes == 0 {
+		o.RulesMaxBytes = rules.DefaultMaxFileBytes
+	}
 	return o
 }
 
@@ -234,7 +248,11 @@ func Build(o Options) (e *Edge, err error) {
 	if o.PprofToken != "" && len(o.PprofToken) < httpedge.MinTokenLen {
 		return nil, fmt.Errorf("edge: PprofToken of %d bytes: at least %d", len(o.PprofToken), httpedge.MinTokenLen)
 	}
-	rs, err := decision.LoadFiles(o.RulesFile, o.OverridesFile)
+	src, err := decision.ReadSources(o.RulesFile, o.OverridesFile, o.RulesMaxBytes)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := src.Rules()
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +332,7 @@ func Build(o Options) (e *Edge, err error) {
 	if e.reload, err = newReloader(reg); err != nil {
 		return e, err
 	}
-	e.reload.loaded, e.reload.loadedTLS = e.rulesStamp(), e.Server.TLSStamp()
+	e.reload.loaded, e.reload.loadedTLS = src.Stamp, e.Server.TLSStamp()
 	if o.RLSListen != "" {
 		rc := o.RLS
 		if rc.Ready == nil {

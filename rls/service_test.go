@@ -279,7 +279,7 @@ func TestRLSThroughBuild(t *testing.T) {
 		}
 	}
 	write(5)
-	testenv.WaitFor(t, 5*time.Second, "the new limit applied", func() bool { return ask("bob") == rlspb.RateLimitResponse_OK && e.Rules().Rules[0].Limit == 5 })
+	testenv.WaitFor(t, 5*time.Second, "the new limit applied", func() bool { return e.Rules().Rules[0].Limit == 5 && ask("bob") == rlspb.RateLimitResponse_OK })
 	if got := ask("alice"); got != rlspb.RateLimitResponse_OK {
 		t.Errorf("alice under the raised limit: %v, want OK", got)
 	}

@@ -18,8 +18,11 @@
 // numbers that are not whole (1.5, 1e3, "100", YAML's octal 010), values
 // out of range, a cost no request could ever be admitted at, and a second
 // YAML document are errors. ParseOverrides does the same for an overrides
-// file. Neither panics on any input, and a file costs bounded memory:
-// at most MaxRules rules of MaxKeyParts key parts each.
+// file. Neither panics on any input. ReadFile reads a file within a bound
+// (DefaultMaxFileBytes), refusing a larger one unread, and ParseRules
+// refuses a file of more than MaxRules rules from the length of its list
+// before it decodes them: what a file costs is bounded by its size, and
+// what it yields by MaxRules rules of MaxKeyParts key parts each.
 //
 // Rule.Matches compares the host without case, port or one trailing dot,
 // the path prefix as bytes (under ASCII case folding with path_case:

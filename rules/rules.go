@@ -429,6 +429,12 @@ var ErrInvalid = errors.New("invalid configuration")
 // invalid field, each with its path and the bad value, joined in one error
 // that wraps ErrInvalid; it never panics on any input.
 func ParseRules(data []byte) (*Rules, error) {
+	if n := countRules(data); n > MaxRules {
+		// Refused before every rule is decoded and checked: a file of
+		// 100,000 small rules (4 MB) would cost some 100 MB more.
+		return nil, fmt.Errorf("rules: %w:\n%w", ErrInvalid,
+			&FieldError{Path: "rules", Value: strconv.Itoa(n), Reason: "at most " + strconv.Itoa(MaxRules) + " rules"})
+	}
 	var f ruleFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -936,6 +942,36 @@ func ParseDuration(s string) (time.Duration, error) {
 		return 0, fmt.Errorf("rules: %w", err)
 	}
 	return d, nil
+}
+
+// countRulesFrom is the size from which ParseRules counts a file's rules
+// before decoding them: a smaller file costs little either way.
+const countRulesFrom = 64 << 10
+
+// countRules returns how many items the top-level rules list of a file
+// of at least countRulesFrom bytes holds (0 for a smaller file, or one
+// that does not read), from the YAML's nodes alone.
+func countRules(data []byte) int {
+	if len(data) < countRulesFrom {
+		return 0
+	}
+	var f struct {
+		Rules ruleCount `yaml:"rules"`
+	}
+	if yaml.Unmarshal(data, &f) != nil {
+		return 0
+	}
+	return int(f.Rules)
+}
+
+// ruleCount decodes a YAML sequence into its length.
+type ruleCount int
+
+func (c *ruleCount) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.SequenceNode {
+		*c = ruleCount(len(n.Content))
+	}
+	return nil
 }
 
 // ParseOverrides parses a YAML overrides file, a map from key to tier name:

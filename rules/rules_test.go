@@ -271,6 +271,16 @@ func FuzzParseRules(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	// Files large enough to be counted before they are decoded: a valid
+	// one, and one of MaxRules+1 rules.
+	pad := "#" + strings.Repeat("x", countRulesFrom) + "\n"
+	f.Add([]byte(pad + "rules: [{name: a, limit: 1, window: 1m}]"))
+	var many strings.Builder
+	many.WriteString(pad + "rules:\n")
+	for i := 0; i <= MaxRules; i++ {
+		fmt.Fprintf(&many, "  - {name: r%d, limit: 1, window: 1m}\n", i)
+	}
+	f.Add([]byte(many.String()))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rs, err := ParseRules(data)
 		if err != nil {
@@ -278,6 +288,9 @@ func FuzzParseRules(f *testing.F) {
 				t.Fatalf("error %v does not wrap ErrInvalid", err)
 			}
 			return
+		}
+		if len(rs.Rules) > MaxRules {
+			t.Fatalf("accepted %d rules", len(rs.Rules))
 		}
 		for _, r := range rs.Rules {
 			if r.Limit == 0 || r.Window <= 0 || r.Name == "" || len(r.Key) == 0 || r.Cost == 0 {

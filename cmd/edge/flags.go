@@ -43,6 +43,8 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.StringVar(&c.UpstreamIdempotencyHeader, "upstream-idempotency-header", c.UpstreamIdempotencyHeader, `header that makes a POST or PATCH retryable ("-": none)`)
 	fs.StringVar(&o.RulesFile, "rules", "", "rules YAML file (or envoyproxy/ratelimit files: one, or a directory of them), reloaded on change and SIGHUP (default: the built-in rule)")
 	fs.StringVar(&o.OverridesFile, "overrides", "", "key → tier overrides YAML file")
+	fs.DurationVar(&o.ReloadSettle, "reload-settle", o.ReloadSettle, "apply changed rules files only once their contents stayed the same this long (read twice this far apart), on change and on SIGHUP; negative: at once")
+	fs.Int64Var(&o.RulesMaxBytes, "rules-max-bytes", o.RulesMaxBytes, "largest rules file, overrides file and envoyproxy/ratelimit file; a larger one is refused unread")
 	fs.IntVar(&o.EdgeID, "edge-id", o.EdgeID, "this edge's id in decision events (0-65535)")
 	fs.Func("trusted-proxies", "comma-separated CIDRs whose forwarding headers are believed", func(s string) (err error) {
 		c.TrustedProxies, err = clientaddr.ParsePrefixes(s)

@@ -34,7 +34,10 @@
 // DescriptorsOf maps a request's descriptors to them. Windows start at
 // whole multiples of their length since the Unix epoch, as ratelimit's
 // cache keys align them. IsEnvoy tells these files from poplimit's own;
-// ReadFiles, LoadPath and Stamp read a file or a directory of them.
+// ReadFiles, LoadPath and Stamp read a file or a directory of them, each
+// file within Loader.MaxFileBytes (refused unread beyond it); Stamp and
+// StampOf hash the files' bytes, so a watcher sees any change, and
+// Loader.RulesOf loads the very bytes a watcher stamped.
 //
 // A Config, the Rules built from it and their Index are immutable once
 // returned and safe for concurrent use; a reload builds new ones. Nothing

@@ -50,22 +50,30 @@ func IsEnvoy(data []byte) bool {
 // MaxDirFiles bounds the files ReadFiles reads from one directory.
 const MaxDirFiles = 1024
 
+// ReadFiles reads path with the zero Loader: see Loader.ReadFiles.
+func ReadFiles(path string) (map[string][]byte, error) { return Loader{}.ReadFiles(path) }
+
 // ReadFiles reads the files a rules path names, as LoadRules takes them
 // (name → contents): a file alone, or every *.yaml and *.yml file of a
 // directory (not its subdirectories, not names that start with a dot, so
 // that a Kubernetes ConfigMap volume's "..data" is skipped while its
 // symlinked files are read), as envoyproxy/ratelimit reads its runtime
 // directory. Names are base names; a directory without such files is an
-// error.
-func ReadFiles(path string) (map[string][]byte, error) {
+// error. A file over l.MaxFileBytes is refused before any of it is read
+// (rules.ReadFile), with an error naming it, its size and the bound.
+func (l Loader) ReadFiles(path string) (map[string][]byte, error) {
+	limit := int64(l.MaxFileBytes)
+	if limit <= 0 {
+		limit = DefaultMaxFileBytes
+	}
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("envoyconf: read %s: %w", path, err)
 	}
 	if !st.IsDir() {
-		b, err := os.ReadFile(path)
+		b, err := rules.ReadFile(path, limit)
 		if err != nil {
-			return nil, fmt.Errorf("envoyconf: read %s: %w", path, err)
+			return nil, fmt.Errorf("envoyconf: %w", tooLarge(err))
 		}
 		return map[string][]byte{filepath.Base(path): b}, nil
 	}
@@ -90,9 +98,9 @@ func ReadFiles(path string) (map[string][]byte, error) {
 		if len(files) == MaxDirFiles {
 			return nil, fmt.Errorf("envoyconf: read %s: more than %d files: %w", path, MaxDirFiles, ErrTooLarge)
 		}
-		b, err := os.ReadFile(p)
+		b, err := rules.ReadFile(p, limit)
 		if err != nil {
-			return nil, fmt.Errorf("envoyconf: read %s: %w", p, err)
+			return nil, fmt.Errorf("envoyconf: %w", tooLarge(err))
 		}
 		files[n] = b
 	}
@@ -102,41 +110,48 @@ func ReadFiles(path string) (map[string][]byte, error) {
 	return files, nil
 }
 
-// Stamp returns a summary of what ReadFiles would read at path: the name,
-// size and modification time of each file (symlinks followed), so that a
-// watcher reloads when it changes. A directory's own time changes when
-// files come and go (a Kubernetes ConfigMap's atomic swap among them), not
-// when one is rewritten in place: Stamp sees both. It is empty when path
-// cannot be read.
+// tooLarge makes a *rules.SizeError match ErrTooLarge too.
+func tooLarge(err error) error {
+	if se, ok := err.(*rules.SizeError); ok {
+		return sizeError{se}
+	}
+	return err
+}
+
+type sizeError struct{ *rules.SizeError }
+
+func (e sizeError) Unwrap() []error { return []error{e.SizeError, ErrTooLarge} }
+
+// Stamp returns a summary of what ReadFiles would read at path: the name
+// of each file and a 64-bit hash of its contents (symlinks followed), so
+// that a watcher reloads when any byte changes, whatever the files' sizes
+// and times say: a Kubernetes ConfigMap's swap of its "..data" symlink
+// may bring files of the same size and time. It is "error: …" when path
+// cannot be read (a file over the bound is not read: its size is the
+// stamp).
 func Stamp(path string) string {
-	st, err := os.Stat(path)
+	files, err := ReadFiles(path)
 	if err != nil {
-		return ""
+		return "error: " + err.Error()
 	}
-	stamp := func(b []byte, name string, fi os.FileInfo) []byte {
-		b = append(b, name...)
-		b = append(b, ':')
-		b = strconv.AppendInt(b, fi.ModTime().UnixNano(), 10)
-		b = append(b, ':')
-		b = strconv.AppendInt(b, fi.Size(), 10)
-		return append(b, ';')
+	return StampOf(files)
+}
+
+// StampOf is Stamp of files already read.
+func StampOf(files map[string][]byte) string {
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
 	}
-	if !st.IsDir() {
-		return string(stamp(nil, path, st))
-	}
-	ents, err := os.ReadDir(path)
-	if err != nil {
-		return ""
-	}
+	sort.Strings(names)
 	var b []byte
-	for _, e := range ents {
-		n := e.Name()
-		if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
-			continue
-		}
-		if fi, err := os.Stat(filepath.Join(path, n)); err == nil && fi.Mode().IsRegular() {
-			b = stamp(b, n, fi)
-		}
+	for _, n := range names {
+		b = append(b, n...)
+		b = append(b, ':')
+		b = strconv.AppendUint(b, xxhash.Sum64(files[n]), 16)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, int64(len(files[n])), 10)
+		b = append(b, ';')
 	}
 	return string(b)
 }
@@ -144,8 +159,11 @@ func Stamp(path string) string {
 // LoadRules loads files (name → contents) as Load does and converts them
 // with Config.Rules: the edge's loader calls it for envoyproxy/ratelimit
 // files (IsEnvoy).
-func LoadRules(files map[string][]byte) (*rules.Rules, error) {
-	c, err := Load(files)
+func LoadRules(files map[string][]byte) (*rules.Rules, error) { return Loader{}.LoadRules(files) }
+
+// LoadRules is LoadRules with l's options.
+func (l Loader) LoadRules(files map[string][]byte) (*rules.Rules, error) {
+	c, err := l.Load(files)
 	if err != nil {
 		return nil, err
 	}
@@ -465,11 +483,21 @@ var ErrNotEnvoy = errors.New("not an envoyproxy/ratelimit file (no top-level dom
 // LoadPath reads path with ReadFiles and loads it with LoadRules; every
 // file must be an envoyproxy/ratelimit file (IsEnvoy), or ErrNotEnvoy
 // names the first that is not. Files load in name order.
-func LoadPath(path string) (*rules.Rules, error) {
-	files, err := ReadFiles(path)
+func LoadPath(path string) (*rules.Rules, error) { return Loader{}.LoadPath(path) }
+
+// LoadPath is LoadPath with l's options.
+func (l Loader) LoadPath(path string) (*rules.Rules, error) {
+	files, err := l.ReadFiles(path)
 	if err != nil {
 		return nil, err
 	}
+	return l.RulesOf(files)
+}
+
+// RulesOf loads files as read by ReadFiles, as LoadPath does: every file
+// must be an envoyproxy/ratelimit file (IsEnvoy). A watcher that stamps
+// what it read (StampOf) loads the very bytes it stamped.
+func (l Loader) RulesOf(files map[string][]byte) (*rules.Rules, error) {
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
@@ -480,5 +508,5 @@ func LoadPath(path string) (*rules.Rules, error) {
 			return nil, fmt.Errorf("envoyconf: %s: %w", n, ErrNotEnvoy)
 		}
 	}
-	return LoadRules(files)
+	return l.LoadRules(files)
 }

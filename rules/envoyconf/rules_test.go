@@ -2,9 +2,11 @@ package envoyconf
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -402,8 +404,8 @@ func TestReadFiles(t *testing.T) {
 	}
 	// Stamp changes with a file rewritten in place, and with a new file.
 	before := Stamp(dir)
-	if before == "" || Stamp(filepath.Join(dir, "missing")) != "" {
-		t.Errorf("Stamp(dir) = %q, Stamp(missing) = %q; want a stamp, and none", before, Stamp(filepath.Join(dir, "missing")))
+	if missing := Stamp(filepath.Join(dir, "missing")); before == "" || !strings.HasPrefix(missing, "error: ") {
+		t.Errorf("Stamp(dir) = %q, Stamp(missing) = %q; want a stamp, and an error", before, missing)
 	}
 	write("a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 22}\n")
 	if again := Stamp(dir); again == before {
@@ -416,6 +418,73 @@ func TestReadFiles(t *testing.T) {
 	}
 	if _, err := LoadPath(dir); !errors.Is(err, ErrNotEnvoy) || !strings.Contains(err.Error(), "c.yaml") {
 		t.Errorf("LoadPath(dir with a rules file) = %v, want ErrNotEnvoy naming c.yaml", err)
+	}
+}
+
+// TestStampByContent: a file rewritten with the same size and time, and a
+// symlink moved to another file of the same size and time (a Kubernetes
+// ConfigMap's "..data" swap), change the stamp.
+func TestStampByContent(t *testing.T) {
+	dir := t.TempDir()
+	doc := func(n int) []byte {
+		return []byte(fmt.Sprintf("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: %d}\n", n))
+	}
+	mtime := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for i, n := range []int{1, 2} {
+		sub := filepath.Join(dir, fmt.Sprintf("..v%d", i))
+		os.Mkdir(sub, 0o755)
+		os.WriteFile(filepath.Join(sub, "a.yaml"), doc(n), 0o644)
+		os.Chtimes(filepath.Join(sub, "a.yaml"), mtime, mtime)
+	}
+	os.Symlink("..v0", filepath.Join(dir, "..data"))
+	os.Symlink("..data/a.yaml", filepath.Join(dir, "a.yaml"))
+	before, file := Stamp(dir), Stamp(filepath.Join(dir, "a.yaml"))
+	os.Symlink("..v1", filepath.Join(dir, "..data_tmp"))
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if after := Stamp(dir); after == before || strings.HasPrefix(after, "error") {
+		t.Errorf("Stamp(dir) after the ..data swap = %q, was %q", after, before)
+	}
+	if after := Stamp(filepath.Join(dir, "a.yaml")); after == file || strings.HasPrefix(after, "error") {
+		t.Errorf("Stamp(file) after the ..data swap = %q, was %q", after, file)
+	}
+}
+
+// TestReadFilesSizeBound: a file over the bound is refused, with its name,
+// size and the bound, without being read; one under it is read.
+func TestReadFilesSizeBound(t *testing.T) {
+	dir := t.TempDir()
+	ok := []byte("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	os.WriteFile(filepath.Join(dir, "a.yaml"), ok, 0o644)
+	big := filepath.Join(dir, "big.yaml")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(100 << 20) // sparse: 100 MiB that cost no disk
+	f.Close()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	alloc := ms.TotalAlloc
+	_, err = ReadFiles(dir)
+	runtime.ReadMemStats(&ms)
+	if grew := ms.TotalAlloc - alloc; grew > 1<<20 {
+		t.Errorf("refusing a 100 MiB file allocated %d bytes", grew)
+	}
+	want := fmt.Sprintf("%s: %d bytes, over the limit of %d bytes", big, 100<<20, DefaultMaxFileBytes)
+	if !errors.Is(err, ErrTooLarge) || !errors.Is(err, rules.ErrTooLarge) || !strings.Contains(err.Error(), want) {
+		t.Errorf("ReadFiles(dir with a 100 MiB file) = %v, want ErrTooLarge saying %q", err, want)
+	}
+	if _, err := LoadPath(big); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("LoadPath(100 MiB file) = %v, want ErrTooLarge", err)
+	}
+	os.Remove(big)
+	if _, err := (Loader{MaxFileBytes: len(ok) - 1}).LoadPath(dir); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), fmt.Sprintf("%d bytes, over the limit of %d", len(ok), len(ok)-1)) {
+		t.Errorf("LoadPath(dir) with a bound one byte short = %v, want ErrTooLarge", err)
+	}
+	if _, err := (Loader{MaxFileBytes: len(ok)}).LoadPath(dir); err != nil {
+		t.Errorf("LoadPath(dir) with a bound of the file's size = %v", err)
 	}
 }
 
