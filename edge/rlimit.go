@@ -17,16 +17,48 @@ type FileLimit struct {
 const filesReserve = 256
 
 // FilesNeeded returns how many file descriptors o's edge may hold open at
-// once: one per traffic connection up to Server.Concurrency, the upstream
-// connection pools in proxy mode, and a reserve for the rest.
+// once: one per traffic connection up to Server.Concurrency, and the
+// rest (filesBesides).
 func (o Options) FilesNeeded() uint64 {
 	o = o.withDefaults()
-	n := uint64(o.Server.Concurrency) + filesReserve
+	return uint64(o.Server.Concurrency) + o.filesBesides()
+}
+
+// filesBesides is the descriptors o's edge may hold besides its traffic
+// connections: the upstream connection pools in proxy mode, the admin
+// listener's connections, and a reserve for the rest.
+func (o Options) filesBesides() uint64 {
+	n := uint64(filesReserve) + uint64(max(o.AdminMaxConns, 0))
 	if o.Server.Mode == httpedge.Proxy {
 		ups, _ := httpedge.ParseUpstreams(o.Server.Upstream)
 		n += uint64(len(ups)) * uint64(o.Server.UpstreamConns)
 	}
 	return n
+}
+
+// ConnsFor returns the traffic connections o's edge holds open at most
+// (the default of Server.MaxConns) under an open-file limit of soft
+// descriptors: the limit less what the edge holds besides them
+// (FilesNeeded's reserve, the admin listener's AdminMaxConns, the
+// upstream pools), but at least half the limit, and at most
+// Server.Concurrency. An unknown limit (0) gives Concurrency.
+func (o Options) ConnsFor(soft uint64) int {
+	o = o.withDefaults()
+	if soft == 0 {
+		return o.Server.Concurrency
+	}
+	n := soft / 2
+	if besides := o.filesBesides(); soft > besides {
+		n = max(n, soft-besides)
+	}
+	return int(min(n, uint64(o.Server.Concurrency)))
+}
+
+// CurrentFileLimit returns the process's open-file limit, zero where it
+// cannot be read.
+func CurrentFileLimit() FileLimit {
+	lim, _ := fileLimit()
+	return lim
 }
 
 // RaiseFileLimit raises the process's soft open-file limit to its hard

@@ -21,7 +21,7 @@ import (
 // address are not counted.
 func TestConnClientKey(t *testing.T) {
 	trusted := netip.MustParsePrefix("10.0.0.0/8")
-	l, err := newConnLimiter(2, trusted.Contains, nil, nil)
+	l, err := newConnLimiter(2, 0, trusted.Contains, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,15 +50,15 @@ func TestConnClientKey(t *testing.T) {
 
 	a, b := netip.MustParseAddr("203.0.113.9"), netip.MustParseAddr("2001:db8::")
 	for i, want := range []bool{true, true, false} {
-		if got := l.acquire(a); got != want {
+		if got := l.acquire(a, l.max) == nil; got != want {
 			t.Errorf("connection %d of a client capped at 2: admitted %v, want %v", i+1, got, want)
 		}
 	}
-	if !l.acquire(b) {
+	if l.acquire(b, l.max) != nil {
 		t.Error("another client, when the first is at its cap: refused")
 	}
 	l.release(a)
-	if !l.acquire(a) {
+	if l.acquire(a, l.max) != nil {
 		t.Error("a client at its cap after closing one: refused")
 	}
 	l.release(a)
@@ -73,7 +73,7 @@ func TestConnClientKey(t *testing.T) {
 // connections and closes the rest; with -1 (off) it hands out all.
 func TestConnCapListener(t *testing.T) {
 	for _, tc := range []struct{ max, accepted, refused int }{{2, 2, 3}, {-1, 5, 0}} {
-		l, err := newConnLimiter(tc.max, nil, nil, nil)
+		l, err := newConnLimiter(tc.max, 0, nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,12 +103,12 @@ func TestConnCapListener(t *testing.T) {
 			dialed = append(dialed, c)
 		}
 		deadline := time.Now().Add(3 * time.Second)
-		for len(accepted)+int(testutil.ToFloat64(l.refused)) < 5 && time.Now().Before(deadline) {
+		for len(accepted)+int(testutil.ToFloat64(l.stats.refusedClient)) < 5 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		ln.Close()
 		<-done
-		if n, r := len(accepted), int(testutil.ToFloat64(l.refused)); n != tc.accepted || r != tc.refused {
+		if n, r := len(accepted), int(testutil.ToFloat64(l.stats.refusedClient)); n != tc.accepted || r != tc.refused {
 			t.Errorf("cap %d, 5 connections: %d accepted, %d refused, want %d and %d", tc.max, n, r, tc.accepted, tc.refused)
 		}
 		if got := l.open.Load(); got != int64(tc.accepted) {
@@ -153,7 +153,7 @@ func (l *scriptedListener) Accept() (net.Conn, error) {
 // any other error ends Accept, as fasthttp's Serve expects.
 func TestAcceptPausesWhenOutOfFiles(t *testing.T) {
 	var log bytes.Buffer
-	l, err := newConnLimiter(2, nil, slog.New(slog.NewTextHandler(&log, nil)), nil)
+	l, err := newConnLimiter(2, 0, nil, slog.New(slog.NewTextHandler(&log, nil)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestAcceptPausesWhenOutOfFiles(t *testing.T) {
 	if d := time.Since(start); d < 75*time.Millisecond {
 		t.Errorf("4 failed accepts retried within %v, want pauses of at least 75 ms in all", d)
 	}
-	if f, m := testutil.ToFloat64(l.pausedFiles), testutil.ToFloat64(l.pausedMemory); f != 3 || m != 1 {
+	if f, m := testutil.ToFloat64(l.stats.pausedFiles), testutil.ToFloat64(l.stats.pausedMemory); f != 3 || m != 1 {
 		t.Errorf("paused accepts: files %v memory %v, want 3 and 1", f, m)
 	}
 	if n := strings.Count(log.String(), "level=WARN"); n != 1 {
