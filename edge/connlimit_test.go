@@ -370,3 +370,25 @@ func textMetric(text, name string) float64 {
 	}
 	return sum
 }
+
+// Build takes the traffic connection cap from the open-file limit when
+// MaxConns is unset, and keeps one that is set.
+func TestMaxConnsDerivedFromFileLimit(t *testing.T) {
+	e := edgetest.New(t, "", edge.Options{})
+	if got, want := e.Options.Server.MaxConns, e.Options.ConnsFor(edge.CurrentFileLimit().Soft); got != want || got <= 0 {
+		t.Errorf("MaxConns unset: %d, want %d, from the open-file limit %+v", got, want, edge.CurrentFileLimit())
+	}
+	if lim := edge.CurrentFileLimit().Soft; lim > 0 && uint64(e.Options.Server.MaxConns) >= lim {
+		t.Errorf("MaxConns %d: not below the open-file limit %d", e.Options.Server.MaxConns, lim)
+	}
+	e = edgetest.New(t, "", edge.Options{Server: httpedge.Config{MaxConns: 50}})
+	if got := e.Options.Server.MaxConns; got != 50 {
+		t.Errorf("MaxConns 50: %d in force", got)
+	}
+	if _, err := edge.Build(edge.Options{AdminMaxConns: -1}); err == nil || !strings.Contains(err.Error(), "AdminMaxConns") {
+		t.Errorf("AdminMaxConns -1: %v, want an error naming it", err)
+	}
+	if _, err := edge.Build(edge.Options{Server: httpedge.Config{MaxConns: -2}}); err == nil || !strings.Contains(err.Error(), "MaxConns") {
+		t.Errorf("MaxConns -2: %v, want an error naming it", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/valyala/fasthttp"
 )
 
 // The cap counts a client by the key a rule with the default ipv6_prefix
@@ -183,4 +184,149 @@ func TestAcceptPausesWhenOutOfFiles(t *testing.T) {
 	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Accept on a closed listener: %v, want net.ErrClosed returned", err)
 	}
+}
+
+// A client's cap is MaxConnsPerClient below the high-water mark (three
+// quarters of MaxConns), and an eighth of the room left past it, at
+// least pressureFloor, never above MaxConnsPerClient.
+func TestClientCapTightensUnderPressure(t *testing.T) {
+	for _, tc := range []struct{ perClient, total, open, want int }{
+		{100, 1000, 0, 100},
+		{100, 1000, 749, 100},
+		{100, 1000, 750, 31},
+		{100, 1000, 900, 12},
+		{100, 1000, 990, pressureFloor},
+		{100, 1000, 1000, pressureFloor},
+		{4, 1000, 750, 4},
+		{-1, 1000, 750, 31},
+		{100, 0, 5000, 100}, // no total cap: no pressure
+	} {
+		l, err := newConnLimiter(tc.perClient, tc.total, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := l.clientCap(tc.open); got != tc.want {
+			t.Errorf("MaxConnsPerClient %d, MaxConns %d, %d open: a client's cap %d, want %d", tc.perClient, tc.total, tc.open, got, tc.want)
+		}
+	}
+}
+
+// Past the high-water mark each accepted connection closes the one idle
+// longest (a connection serving a request is not idle); at MaxConns,
+// with none idle, a new one is answered 503 and closed, counted.
+func TestPressureClosesLongestIdleFirst(t *testing.T) {
+	const total = 8 // the high-water mark: 6
+	l, err := newConnLimiter(-1, total, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := l.wrap(raw, true)
+	defer ln.Close()
+	var clients, servers []net.Conn
+	defer func() {
+		for _, c := range append(clients, servers...) {
+			c.Close()
+		}
+	}()
+	// next dials one connection and accepts it, or returns nil when the
+	// listener refused it (it then accepts nothing until the next dial).
+	next := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", raw.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+		done := make(chan net.Conn, 1)
+		go func() {
+			s, err := ln.Accept()
+			if err != nil {
+				s = nil
+			}
+			done <- s
+		}()
+		select {
+		case s := <-done:
+			servers = append(servers, s)
+			return s
+		case <-time.After(300 * time.Millisecond):
+			return nil // refused: Accept waits for the next connection
+		}
+	}
+	// closedByEdge reports whether the edge closed client connection i.
+	closedByEdge := func(i int) bool {
+		clients[i].SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, err := clients[i].Read(make([]byte, 1))
+		return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+	}
+	for i := range 6 {
+		if next() == nil {
+			t.Fatalf("connection %d of 6, below the high-water mark: refused", i+1)
+		}
+	}
+	// Connection 0 idles from its accept; 1 serves a request; 2 to 5 go
+	// active then idle again, 5 first.
+	l.connState(servers[1], fasthttp.StateActive)
+	for _, i := range []int{5, 2, 3, 4} {
+		l.connState(servers[i], fasthttp.StateActive)
+		l.connState(servers[i], fasthttp.StateIdle)
+	}
+	if next() == nil {
+		t.Fatal("a connection at the high-water mark: refused, want the idlest closed for it")
+	}
+	if !closedByEdge(0) || closedByEdge(1) {
+		t.Errorf("the first connection past the high-water mark: want the one idle longest (0) closed, not the active one (1)")
+	}
+	next()
+	if !closedByEdge(5) || closedByEdge(2) {
+		t.Errorf("the second: want connection 5 closed (idle since before 2, 3, 4), not 2")
+	}
+	if got, want := testutil.ToFloat64(l.stats.closedPressure), 2.0; got != want {
+		t.Errorf("poplimit_edge_conns_closed_pressure_total %v, want %v", got, want)
+	}
+	// Everything open serves a request: nothing to close.
+	for _, s := range servers {
+		if s != nil {
+			l.connState(s, fasthttp.StateActive)
+		}
+	}
+	for l.open.Load() < total {
+		if next() == nil {
+			t.Fatalf("below MaxConns with %d open: refused", l.open.Load())
+		}
+		l.connState(servers[len(servers)-1], fasthttp.StateActive)
+	}
+	if s := next(); s != nil {
+		t.Fatalf("at MaxConns with none idle: accepted")
+	}
+	if status, _ := readStatus(clients[len(clients)-1]); !strings.HasPrefix(status, "HTTP/1.1 503") {
+		t.Errorf("at MaxConns with none idle: %q, want 503", status)
+	}
+	if got := testutil.ToFloat64(l.stats.refusedTotal); got != 1 {
+		t.Errorf("poplimit_edge_conns_refused_total{reason=total} %v, want 1", got)
+	}
+	for _, s := range servers {
+		if s != nil {
+			s.Close()
+		}
+	}
+	if got := l.open.Load(); got != 0 {
+		t.Errorf("every connection closed: %d open", got)
+	}
+	for i := range l.idle {
+		if l.idle[i].head != nil || l.idle[i].tail != nil {
+			t.Errorf("every connection closed: idle shard %d still lists one", i)
+		}
+	}
+}
+
+func readStatus(c net.Conn) (string, error) {
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	b := make([]byte, 64)
+	n, err := c.Read(b)
+	return string(b[:n]), err
 }
