@@ -2,6 +2,7 @@ package httpedge
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -329,4 +330,33 @@ func readStatus(c net.Conn) (string, error) {
 	b := make([]byte, 64)
 	n, err := c.Read(b)
 	return string(b[:n]), err
+}
+
+// A connection going active and idle again, as fasthttp reports it for
+// every request, allocates nothing, over TLS too.
+func TestConnStateDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts mean nothing under the race detector")
+	}
+	l, err := newConnLimiter(2, 8, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, client := net.Pipe()
+	defer client.Close()
+	lc := &limitedConn{Conn: server, l: l, shard: &l.idle[0]}
+	l.open.Add(1)
+	defer lc.Close()
+	tc := tls.Server(lc, &tls.Config{})
+	if n := testing.AllocsPerRun(1000, func() {
+		l.connState(lc, fasthttp.StateActive)
+		l.connState(lc, fasthttp.StateIdle)
+		l.connState(tc, fasthttp.StateActive)
+		l.connState(tc, fasthttp.StateIdle)
+	}); n != 0 {
+		t.Errorf("a request's state changes: %v allocations, want 0", n)
+	}
+	if l.idle[0].head != lc {
+		t.Error("the connection idle again: not listed")
+	}
 }
