@@ -172,8 +172,9 @@ func (l *connLimiter) clientCap(open int) int {
 	return c
 }
 
-// acquire counts a connection of key, unless key already holds capN; it
-// returns 0 when counted, or the counter of the refusal.
+// acquire counts a connection of key, unless key already holds
+// MaxConnsPerClient or capN (≤ 0: no cap); it returns nil when counted,
+// or the counter of the refusal.
 func (l *connLimiter) acquire(key netip.Addr, capN int) prometheus.Counter {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -181,7 +182,7 @@ func (l *connLimiter) acquire(key netip.Addr, capN int) prometheus.Counter {
 	if l.max > 0 && n >= l.max {
 		return l.stats.refusedClient
 	}
-	if n >= capN {
+	if capN > 0 && n >= capN {
 		return l.stats.refusedPressure
 	}
 	l.counts[key] = n + 1
@@ -291,10 +292,8 @@ func (ll *limitedListener) Accept() (net.Conn, error) {
 		ll.pause = 0
 		key, counted := l.clientKey(c.RemoteAddr())
 		open := int(l.open.Load())
-		capN := l.clientCap(open)
-		counted = counted && capN > 0
 		if counted {
-			if refused := l.acquire(key, capN); refused != nil {
+			if refused := l.acquire(key, l.clientCap(open)); refused != nil {
 				answer := ll.refusalClient
 				if refused == l.stats.refusedPressure {
 					answer = ll.refusalPressure

@@ -217,7 +217,10 @@ func TestClientCapTightensUnderPressure(t *testing.T) {
 // with none idle, a new one is answered 503 and closed, counted.
 func TestPressureClosesLongestIdleFirst(t *testing.T) {
 	const total = 8 // the high-water mark: 6
-	l, err := newConnLimiter(-1, total, nil, nil, nil)
+	// The one client here is a trusted proxy: no cap of its own, however
+	// tight, refuses it before the total does.
+	proxy := func(netip.Addr) bool { return true }
+	l, err := newConnLimiter(-1, total, proxy, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
