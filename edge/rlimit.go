@@ -64,8 +64,8 @@ func CurrentFileLimit() FileLimit {
 // RaiseFileLimit raises the process's soft open-file limit to its hard
 // limit, as a server holding a descriptor per connection needs, and logs
 // the limit in force: a warning when it is below o.FilesNeeded(), where
-// the kernel refuses connections (accept: too many open files) before
-// Concurrency's 503 answers them. It changes the whole process, so it is
+// the default Server.MaxConns (ConnsFor) caps connections below
+// Concurrency. It changes the whole process, so it is
 // for main, not for Build.
 func RaiseFileLimit(o Options, log *slog.Logger) (FileLimit, error) {
 	lim, err := raiseFileLimit()
@@ -81,8 +81,9 @@ func logFileLimit(log *slog.Logger, lim FileLimit, err error, need uint64, concu
 		}
 	}
 	if lim.Soft < need {
-		log.Warn("edge: the open-file limit is below what -concurrency needs: past it, new connections wait in the kernel's backlog "+
-			"(accept: too many open files) instead of being answered 503; raise the hard limit (systemd LimitNOFILE=, ulimit -Hn) or lower -concurrency",
+		log.Warn("edge: the open-file limit is below what -concurrency needs: traffic connections are capped below it by default "+
+			"(-max-conns; with -max-conns -1, new connections past it wait in the kernel's backlog); raise the hard limit "+
+			"(systemd LimitNOFILE=, ulimit -Hn) or lower -concurrency",
 			"open_files", lim.Soft, "needed", need, "concurrency", concurrency)
 		return
 	}
