@@ -220,10 +220,11 @@ type Edge struct {
 	producer *pipeline.Producer // nil without Brokers
 	closers  []func(context.Context) error
 	ln, aln  net.Listener
+	rln      net.Listener // RLS
+	admin    *http.Server
+
 	// adminRefused counts the admin connections closed over AdminMaxConns.
 	adminRefused prometheus.Counter
-	rln          net.Listener // RLS
-	admin        *http.Server
 
 	closeOnce sync.Once
 	closeErr  error
