@@ -392,3 +392,47 @@ func TestMaxConnsDerivedFromFileLimit(t *testing.T) {
 		t.Errorf("MaxConns -2: %v, want an error naming it", err)
 	}
 }
+
+// The admin listener holds AdminMaxConns connections at most: one beyond
+// is closed when accepted and counted, and a place given back serves
+// again.
+func TestAdminConnCap(t *testing.T) {
+	e := edgetest.Start(t, "", edge.Options{AdminMaxConns: 2})
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range 2 {
+		c, err := net.DialTimeout("tcp", e.AdminAddr(), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	over, err := net.DialTimeout("tcp", e.AdminAddr(), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	if status, _ := rawAnswer(over, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); strings.HasPrefix(status, "HTTP/1.1 200") {
+		t.Errorf("a third admin connection under AdminMaxConns 2: %q, want it closed", status)
+	}
+	if got := testenv.MetricSum(t, e.Registry, "poplimit_edge_admin_conns_refused_total"); got != 1 {
+		t.Errorf("poplimit_edge_admin_conns_refused_total %v, want 1", got)
+	}
+	if status, _ := rawAnswer(held[0], "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); !strings.HasPrefix(status, "HTTP/1.1 200") {
+		t.Errorf("an admin connection within AdminMaxConns: %q, want 200", status)
+	}
+	held[1].Close()
+	testenv.WaitFor(t, 3*time.Second, "a closed admin connection's place given back", func() bool {
+		c, err := net.DialTimeout("tcp", e.AdminAddr(), 2*time.Second)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		status, _ := rawAnswer(c, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+		return strings.HasPrefix(status, "HTTP/1.1 200")
+	})
+}
