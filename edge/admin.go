@@ -1,7 +1,10 @@
 package edge
 
 import (
+	"net"
 	"net/http"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -38,4 +41,63 @@ func (e *Edge) adminHandler() http.Handler {
 		w.Write([]byte("ready\n"))
 	})
 	return mux
+}
+
+// adminIdleTimeout is how long an admin connection may wait for its next
+// request: a scraper comes back every few seconds, and an idle
+// connection holds one of AdminMaxConns.
+const adminIdleTimeout = 30 * time.Second
+
+func newAdminMetrics(reg prometheus.Registerer) (prometheus.Counter, error) {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "poplimit", Subsystem: "edge",
+		Name: "admin_conns_refused_total",
+		Help: "Admin listener connections closed when accepted because AdminMaxConns were open."})
+	return c, reg.Register(c)
+}
+
+// capListener returns ln holding at most max connections open: one
+// beyond is closed when accepted, counted by refused. The admin listener
+// has its own descriptors this way: the traffic listener's cap leaves
+// them out, and its own clients cannot take more.
+func capListener(ln net.Listener, max int, refused prometheus.Counter) net.Listener {
+	return &cappedListener{Listener: ln, max: int64(max), refused: refused}
+}
+
+type cappedListener struct {
+	net.Listener
+	max     int64
+	open    atomic.Int64
+	refused prometheus.Counter
+}
+
+func (l *cappedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) > l.max {
+			l.open.Add(-1)
+			if l.refused != nil {
+				l.refused.Inc()
+			}
+			c.Close()
+			continue
+		}
+		return &cappedConn{Conn: c, l: l}, nil
+	}
+}
+
+type cappedConn struct {
+	net.Conn
+	l      *cappedListener
+	closed atomic.Bool
+}
+
+func (c *cappedConn) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	c.l.open.Add(-1)
+	return c.Conn.Close()
 }

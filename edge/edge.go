@@ -44,6 +44,11 @@ import (
 type Options struct {
 	Listen string // default "127.0.0.1:7070": rate-limited traffic
 	Admin  string // default "127.0.0.1:7071": /metrics, /healthz, /readyz
+	// AdminMaxConns bounds the admin listener's connections, beyond which
+	// they are closed at once: descriptors kept for it out of the traffic
+	// listener's reach (Server.MaxConns is derived without them), and
+	// that its own clients cannot take from traffic.
+	AdminMaxConns int // default 64
 	// RLSListen, when set, serves Envoy's rate limit service (gRPC,
 	// envoy.service.ratelimit.v3) there, over the same core, for rules
 	// from envoyproxy/ratelimit files. Default off.
@@ -150,6 +155,9 @@ func (o Options) withDefaults() Options {
 	if o.Admin == "" {
 		o.Admin = "127.0.0.1:7071"
 	}
+	if o.AdminMaxConns == 0 {
+		o.AdminMaxConns = 64
+	}
 	o.Server = o.Server.WithDefaults()
 	o.Limiter = o.Limiter.WithDefaults()
 	if o.Slots.StoreTimeout == 0 {
@@ -229,6 +237,9 @@ type Edge struct {
 	rln      net.Listener // RLS
 	admin    *http.Server
 
+	// adminRefused counts the admin connections closed over AdminMaxConns.
+	adminRefused prometheus.Counter
+
 	closeOnce sync.Once
 	closeErr  error
 
@@ -255,6 +266,12 @@ func Build(o Options) (e *Edge, err error) {
 	rs, err := src.Rules()
 	if err != nil {
 		return nil, err
+	}
+	if o.AdminMaxConns < 0 {
+		return nil, fmt.Errorf("edge: AdminMaxConns %d: must be 0 (default 64) or positive", o.AdminMaxConns)
+	}
+	if o.Server.MaxConns == 0 {
+		o.Server.MaxConns = o.ConnsFor(CurrentFileLimit().Soft)
 	}
 	e = &Edge{Options: o, Registry: o.Registry}
 	defer func() {
@@ -329,6 +346,9 @@ func Build(o Options) (e *Edge, err error) {
 	if e.Server, err = httpedge.NewServer(o.Server, e.Core, httpedge.Deps{Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew}); err != nil {
 		return e, err
 	}
+	if e.adminRefused, err = newAdminMetrics(reg); err != nil {
+		return e, err
+	}
 	if e.reload, err = newReloader(reg); err != nil {
 		return e, err
 	}
@@ -385,7 +405,8 @@ func (e *Edge) Listen() error {
 		mux.Handle("/debug/pprof/", bearer(e.Options.PprofToken, http.HandlerFunc(pprof.Index)))
 		mux.Handle("/debug/pprof/profile", bearer(e.Options.PprofToken, http.HandlerFunc(pprof.Profile)))
 	}
-	e.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	e.aln = capListener(e.aln, e.Options.AdminMaxConns, e.adminRefused)
+	e.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: adminIdleTimeout}
 	return nil
 }
 
@@ -500,7 +521,8 @@ func (e *Edge) LogStart() {
 	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "rls", cmp.Or(e.RLSAddr(), "off (pass -rls-listen)"), "mode", string(o.Server.Mode),
 		"rules", rulesFrom, "store", store, "events", events, "flush_interval", o.Limiter.FlushInterval,
 		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.EdgeID,
-		"concurrency", o.Server.Concurrency, "max_conns_per_client", connCap(o.Server.MaxConnsPerClient),
+		"concurrency", o.Server.Concurrency, "max_conns", connCap(o.Server.MaxConns), "max_conns_per_client", connCap(o.Server.MaxConnsPerClient),
+		"idle_timeout", o.Server.IdleTimeout, "admin_max_conns", o.AdminMaxConns,
 		"max_decision_body", decisionBody(&o.Server))
 }
 

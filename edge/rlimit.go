@@ -17,11 +17,18 @@ type FileLimit struct {
 const filesReserve = 256
 
 // FilesNeeded returns how many file descriptors o's edge may hold open at
-// once: one per traffic connection up to Server.Concurrency, the upstream
-// connection pools in proxy mode, and a reserve for the rest.
+// once: one per traffic connection up to Server.Concurrency, and the
+// rest (filesBesides).
 func (o Options) FilesNeeded() uint64 {
 	o = o.withDefaults()
-	n := uint64(o.Server.Concurrency) + filesReserve
+	return uint64(o.Server.Concurrency) + o.filesBesides()
+}
+
+// filesBesides is the descriptors o's edge may hold besides its traffic
+// connections: the upstream connection pools in proxy mode, the admin
+// listener's connections, and a reserve for the rest.
+func (o Options) filesBesides() uint64 {
+	n := uint64(filesReserve) + uint64(max(o.AdminMaxConns, 0))
 	if o.Server.Mode == httpedge.Proxy {
 		ups, _ := httpedge.ParseUpstreams(o.Server.Upstream)
 		n += uint64(len(ups)) * uint64(o.Server.UpstreamConns)
@@ -29,11 +36,36 @@ func (o Options) FilesNeeded() uint64 {
 	return n
 }
 
+// ConnsFor returns the traffic connections o's edge holds open at most
+// (the default of Server.MaxConns) under an open-file limit of soft
+// descriptors: the limit less what the edge holds besides them
+// (FilesNeeded's reserve, the admin listener's AdminMaxConns, the
+// upstream pools), but at least half the limit, and at most
+// Server.Concurrency. An unknown limit (0) gives Concurrency.
+func (o Options) ConnsFor(soft uint64) int {
+	o = o.withDefaults()
+	if soft == 0 {
+		return o.Server.Concurrency
+	}
+	n := soft / 2
+	if besides := o.filesBesides(); soft > besides {
+		n = max(n, soft-besides)
+	}
+	return int(min(n, uint64(o.Server.Concurrency)))
+}
+
+// CurrentFileLimit returns the process's open-file limit, zero where it
+// cannot be read.
+func CurrentFileLimit() FileLimit {
+	lim, _ := fileLimit()
+	return lim
+}
+
 // RaiseFileLimit raises the process's soft open-file limit to its hard
 // limit, as a server holding a descriptor per connection needs, and logs
 // the limit in force: a warning when it is below o.FilesNeeded(), where
-// the kernel refuses connections (accept: too many open files) before
-// Concurrency's 503 answers them. It changes the whole process, so it is
+// the default Server.MaxConns (ConnsFor) caps connections below
+// Concurrency. It changes the whole process, so it is
 // for main, not for Build.
 func RaiseFileLimit(o Options, log *slog.Logger) (FileLimit, error) {
 	lim, err := raiseFileLimit()
@@ -49,8 +81,9 @@ func logFileLimit(log *slog.Logger, lim FileLimit, err error, need uint64, concu
 		}
 	}
 	if lim.Soft < need {
-		log.Warn("edge: the open-file limit is below what -concurrency needs: past it, new connections wait in the kernel's backlog "+
-			"(accept: too many open files) instead of being answered 503; raise the hard limit (systemd LimitNOFILE=, ulimit -Hn) or lower -concurrency",
+		log.Warn("edge: the open-file limit is below what -concurrency needs: traffic connections are capped below it by default "+
+			"(-max-conns; with -max-conns -1, new connections past it wait in the kernel's backlog); raise the hard limit "+
+			"(systemd LimitNOFILE=, ulimit -Hn) or lower -concurrency",
 			"open_files", lim.Soft, "needed", need, "concurrency", concurrency)
 		return
 	}

@@ -22,3 +22,11 @@ func raiseFileLimit() (FileLimit, error) {
 	}
 	return FileLimit{Soft: uint64(r.Cur), Hard: uint64(r.Max)}, nil
 }
+
+func fileLimit() (FileLimit, error) {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return FileLimit{}, fmt.Errorf("edge: getrlimit: %w", err)
+	}
+	return FileLimit{Soft: uint64(r.Cur), Hard: uint64(r.Max)}, nil
+}

@@ -89,8 +89,10 @@ type Config struct {
 	ClientIPHeader string
 
 	// Server limits.
-	ReadTimeout   time.Duration // default 10s
-	WriteTimeout  time.Duration // default 10s
+	ReadTimeout  time.Duration // default 10s
+	WriteTimeout time.Duration // default 10s
+	// IdleTimeout is how long a kept-alive connection may wait for its
+	// next request before the edge closes it.
 	IdleTimeout   time.Duration // default 60s
 	MaxHeaderSize int           // default 8192 bytes: larger requests get 431
 	// MaxDecisionBody bounds a request body in Decision mode, checks and
@@ -111,6 +113,17 @@ type Config struct {
 	// listener. Connections from TrustedProxies are not counted: a proxy
 	// carries many clients' requests. -1 turns the cap off.
 	MaxConnsPerClient int // default 1024
+	// MaxConns bounds the traffic connections open in all, below the
+	// open-file limit, so that descriptors are left for new clients, the
+	// admin listener and the stores however many clients each stay within
+	// MaxConnsPerClient. From three quarters of it the edge is under
+	// pressure: each connection it accepts closes the one idle longest (a
+	// kept-alive connection waiting for its next request, or a new one
+	// that has sent nothing), and a client's cap tightens to an eighth of
+	// the room left (at least 8). At MaxConns, with none idle, a new
+	// connection is answered 503 and closed. It is at most Concurrency;
+	// -1 turns it off.
+	MaxConns int // default: edge.Build derives it from the open-file limit (edge.Options.ConnsFor); a Server built otherwise: Concurrency
 
 	// RetryJitter is the most random seconds added to Retry-After, so that
 	// refused clients do not all come back at once.
@@ -253,6 +266,9 @@ func (c Config) Validate() error {
 	if c.Concurrency < 0 {
 		bad("Concurrency", c.Concurrency, "must not be negative")
 	}
+	if c.MaxConns < -1 {
+		bad("MaxConns", c.MaxConns, "must be -1 (no cap), 0 (default) or positive")
+	}
 	if c.MaxConnsPerClient < -1 {
 		bad("MaxConnsPerClient", c.MaxConnsPerClient, "must be -1 (no cap), 0 (default) or positive")
 	}
@@ -269,6 +285,19 @@ func (c Config) Validate() error {
 		bad("ClientIPHeader", fmt.Sprintf("%q", c.ClientIPHeader), "is not a header name")
 	}
 	return errors.Join(errs...)
+}
+
+// maxConns is the total connection cap in force: MaxConns, at most
+// Concurrency (past which fasthttp answers 503 without making room); 0:
+// none.
+func (c *Config) maxConns() int {
+	switch {
+	case c.MaxConns < 0:
+		return 0
+	case c.MaxConns == 0 || c.Concurrency > 0 && c.MaxConns > c.Concurrency:
+		return c.Concurrency
+	}
+	return c.MaxConns
 }
 
 // validateUpstream reports the proxy fields' errors through bad.

@@ -70,7 +70,7 @@ func NewServer(cfg Config, core *decision.Core, deps Deps) (*Server, error) {
 	if s.rm, err = newReadMetrics(deps.Registerer); err != nil {
 		return nil, err
 	}
-	if s.conns, err = newConnLimiter(cfg.MaxConnsPerClient, s.addr.Trusted, s.log, deps.Registerer); err != nil {
+	if s.conns, err = newConnLimiter(cfg.MaxConnsPerClient, cfg.maxConns(), s.addr.Trusted, s.log, deps.Registerer); err != nil {
 		return nil, err
 	}
 	s.warn(core.Rules())
@@ -98,6 +98,7 @@ func NewServer(cfg Config, core *decision.Core, deps Deps) (*Server, error) {
 		NoDefaultDate:                false,
 		DisablePreParseMultipartForm: true,
 		CloseOnShutdown:              true,
+		ConnState:                    s.conns.connState, // idle connections listed, closed first under pressure (connlimit.go)
 		StreamRequestBody:            cfg.Mode == Proxy, // bodies stream to the upstream (proxy.go)
 		Logger:                       fasthttpLogger{s.log},
 	}
@@ -145,8 +146,9 @@ func (s *Server) TLSStamp() string {
 func (s *Server) CheckRules(rs *rules.Rules) { s.warn(rs) }
 
 // Serve serves the edge on ln until Shutdown, over TLS when configured,
-// with each client's connections capped (Config.MaxConnsPerClient); an
-// accept that fails for want of a file descriptor is retried after a
+// with the connections capped, each client's (Config.MaxConnsPerClient)
+// and all of them (Config.MaxConns), the idle ones closed first under
+// pressure; an accept that fails for want of a file descriptor is retried after a
 // pause (connlimit.go).
 func (s *Server) Serve(ln net.Listener) error {
 	ln = s.conns.wrap(ln, s.certs == nil) // below TLS: a refused connection costs no handshake

@@ -59,6 +59,9 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "connections served at once, one file descriptor each; beyond, 503")
 	fs.IntVar(&c.MaxConnsPerClient, "max-conns-per-client", c.MaxConnsPerClient, "connections one client IP (IPv6: its /64) holds open at most, -trusted-proxies exempt; beyond, closed (429 on plain HTTP); -1: no cap")
 	fs.DurationVar(&c.RetryJitter, "retry-jitter", c.RetryJitter, "most jitter added to Retry-After")
+	fs.IntVar(&c.MaxConns, "max-conns", c.MaxConns, "traffic connections open at most (0: the open-file limit less the admin listener's, upstream pools' and a reserve of 256 descriptors, at least half of it, at most -concurrency); from 3/4 of it idle connections are closed longest-idle first and per-client caps tighten; -1: no cap")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "how long a kept-alive traffic connection may wait for its next request")
+	fs.IntVar(&o.AdminMaxConns, "admin-max-conns", o.AdminMaxConns, "admin listener connections open at most, its descriptors kept out of -max-conns")
 	fs.Func("memcache", "memcached shards host:port[:weight],... (default: in-memory store, single edge)", func(s string) (err error) {
 		o.Memcache.Servers, err = edge.ParseServers(s)
 		return err
