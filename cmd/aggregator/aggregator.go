@@ -60,6 +60,12 @@ type config struct {
 	GlobalTopic    string
 	GlobalInterval time.Duration
 	GlobalMinShare float64
+	// GlobalMaxKeys bounds the keys of global rules counted for the
+	// global topic (global.TallyConfig.MaxKeys, about tallyBytesPerKey
+	// each): past it, the events of new keys are not counted until idle
+	// keys leave, and are counted in
+	// poplimit_aggregator_global_tally_dropped_events_total. Default 1<<18.
+	GlobalMaxKeys int
 
 	// onApply, when set (tests), sees every batch after the judge took it.
 	onApply func([]pipeline.Event)
@@ -82,6 +88,9 @@ func (c *config) validate() error {
 	}
 	if c.GlobalInterval < 0 || c.GlobalMinShare < 0 || c.GlobalMinShare > 1 {
 		errs = append(errs, fmt.Errorf("aggregator: -global-interval %v, -global-min-share %v: want a duration not negative and a share between 0 and 1", c.GlobalInterval, c.GlobalMinShare))
+	}
+	if c.GlobalInterval > 0 && c.GlobalMaxKeys < 1 {
+		errs = append(errs, fmt.Errorf("aggregator: -global-max-keys %d: must be at least 1", c.GlobalMaxKeys))
 	}
 	if c.IdleFlush < 0 {
 		errs = append(errs, fmt.Errorf("aggregator: -idle-flush %v: must not be negative", c.IdleFlush))
@@ -189,7 +198,12 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	undo = append(undo, func() { _ = a.consumer.Close() })
 
 	if cfg.GlobalInterval > 0 {
-		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare})
+		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare, MaxKeys: cfg.GlobalMaxKeys})
+		tally := a.tally
+		a.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "poplimit", Subsystem: "aggregator",
+			Name: "global_tally_dropped_events_total",
+			Help: "Events of global rules' keys not counted for the global topic because -global-max-keys keys were counted."},
+			func() float64 { _, dropped := tally.Keys(); return float64(dropped) }))
 		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
 			TLS: cc.TLS, SASL: cc.SASL}, cfg.GlobalInterval, log, a.reg)
 		if err != nil {
@@ -221,6 +235,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		go a.tick()
 	}
 	log.Info("aggregator: started", "listen", a.ln.Addr().String(), "brokers", a.brokers,
+		"memory_bound_mib", cfg.memoryBound()>>20,
 		"topic", cc.Topic, "group", cc.GroupID, "allowed_lateness", cfg.Judge.AllowedLateness,
 		"max_clock_skew", cfg.Judge.MaxClockSkew, "max_event_age", cfg.Judge.MaxEventAge,
 		"idle_flush", cfg.IdleFlush)

@@ -81,6 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.StringVar(&cfg.GlobalTopic, "global-topic", global.DefaultTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
 	fs.DurationVar(&cfg.GlobalInterval, "global-interval", global.DefaultInterval, "how often the counts of global rules' keys are published (0: never)")
 	fs.Float64Var(&cfg.GlobalMinShare, "global-min-share", global.DefaultMinShare, "a global rule's key is published while its units across PoPs reach this part of its limit")
+	fs.IntVar(&cfg.GlobalMaxKeys, "global-max-keys", 1<<18, "keys of global rules counted for the global topic at most (about 720 B each); past it new keys' events are not counted, and counted as dropped")
 	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")
 	fs.DurationVar(&cfg.Judge.MaxClockSkew, "max-clock-skew", cfg.Judge.MaxClockSkew, "events more than -lateness plus this after the aggregator's clock are invalid (reason future), kept out of the watermark (0: off)")
 	fs.DurationVar(&cfg.Judge.MaxEventAge, "max-event-age", cfg.Judge.MaxEventAge, "events older than this behind the aggregator's clock are invalid (reason past), not judged (0: off)")
@@ -146,6 +147,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(defaults) > 0 {
 		log.Info("aggregator: flags at their defaults", defaults...)
 	}
+	setMemoryLimit(&cfg, log)
 	a, err := start(cfg, log)
 	if err != nil {
 		return err
