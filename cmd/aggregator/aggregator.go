@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/poplimit/poplimit/global"
+	"github.com/poplimit/poplimit/internal/aggstate"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -192,6 +193,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	}
 	cc := cfg.Consumer
 	cc.Brokers = a.brokers
+	cc.OnFrame = aggstate.NewProducers(log, a.reg).Frame
 	if a.consumer, err = pipeline.NewConsumer(cc, a.reg); err != nil {
 		return nil, err
 	}
@@ -199,11 +201,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 
 	if cfg.GlobalInterval > 0 {
 		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare, MaxKeys: cfg.GlobalMaxKeys})
-		tally := a.tally
-		a.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "poplimit", Subsystem: "aggregator",
-			Name: "global_tally_dropped_events_total",
-			Help: "Events of global rules' keys not counted for the global topic because -global-max-keys keys were counted."},
-			func() float64 { _, dropped := tally.Keys(); return float64(dropped) }))
+		a.reg.MustRegister(aggstate.TallyDropped(a.tally))
 		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
 			TLS: cc.TLS, SASL: cc.SASL}, cfg.GlobalInterval, log, a.reg)
 		if err != nil {
