@@ -69,6 +69,18 @@ func procKiB(t *testing.T, pid int, field string) int64 {
 	return 0
 }
 
+// procCPU returns the user + system CPU seconds of process pid.
+func procCPU(t *testing.T, pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
 // memcachedStats returns memcached's "stats" at addr.
 func memcachedStats(t *testing.T, addr string) map[string]int64 {
 	c, err := net.Dial("tcp", addr)
@@ -151,15 +163,17 @@ func TestSizingMemcachedCountersPerGiB(t *testing.T) {
 // TestSizingNutcrackerRSS drives a nutcracker configured as
 // deploy/systemd/nutcracker.yml (in front of three memcached shards) with
 // connections each pipelining 64 incr and get of counters at a time, for
-// 10 s: its peak RSS by the requests in flight, and the operations per
-// second it passed.
+// 10 s: its peak RSS by the requests in flight, the operations per second
+// it passed, and the operations the shards answered per second of their
+// CPU.
 func TestSizingNutcrackerRSS(t *testing.T) {
 	sizingOnly(t)
 	var servers []string
+	var shards []*exec.Cmd
 	for range 3 {
 		port := testenv.FreePort(t)
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		startProc(t, addr, "memcached", "-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64", "-M", "-c", "4096")
+		shards = append(shards, startProc(t, addr, "memcached", "-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64", "-M", "-c", "4096"))
 		servers = append(servers, addr)
 	}
 	port := testenv.FreePort(t)
@@ -183,20 +197,32 @@ func TestSizingNutcrackerRSS(t *testing.T) {
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ conns, depth int }{{16, 64}, {64, 64}, {256, 64}} {
+	for _, tc := range []struct{ conns, depth int }{{16, 64}, {64, 64}, {128, 64}} {
 		nc := startProc(t, listen, "nutcracker", "-c", path, "-s", strconv.Itoa(testenv.FreePort(t)), "-a", "127.0.0.1", "-v", "1")
-		ops := driveCounters(t, listen, tc.conns, tc.depth, 10*time.Second)
-		t.Logf("nutcracker, %d connections x %d in flight (%d): %.0f ops/s, RSS peak %.1f MiB",
-			tc.conns, tc.depth, tc.conns*tc.depth, float64(ops)/10, float64(procKiB(t, nc.Process.Pid, "VmHWM"))/1024)
+		shardCPU := func() (s float64) {
+			for _, c := range shards {
+				s += procCPU(t, c.Process.Pid)
+			}
+			return s
+		}
+		cpu0 := shardCPU()
+		ops, errs := driveCounters(t, listen, tc.conns, tc.depth, 10*time.Second)
+		cpu := shardCPU() - cpu0
+		t.Logf("nutcracker, %d connections x %d in flight (%d): %.0f ops/s, RSS peak %.1f MiB; memcached: %.0f ops per CPU-second (%.1f s CPU, 3 shards); errors %d",
+			tc.conns, tc.depth, tc.conns*tc.depth, float64(ops)/10, float64(procKiB(t, nc.Process.Pid, "VmHWM"))/1024, float64(ops)/cpu, cpu, errs)
+		if float64(errs) > 0.01*float64(ops) {
+			t.Errorf("%d of %d operations answered with an error (nutcracker's timeout, 100 ms): the figures are of an overload", errs, ops)
+		}
 		_ = nc.Process.Kill()
 		_ = nc.Wait()
 	}
 }
 
 // driveCounters runs conns connections to addr, each pipelining depth incr
-// and get of counters at a time, for d, and returns the operations answered.
-func driveCounters(t *testing.T, addr string, conns, depth int, d time.Duration) int64 {
-	var ops atomic.Int64
+// and get of counters at a time, for d, and returns the operations answered,
+// and those answered with an error.
+func driveCounters(t *testing.T, addr string, conns, depth int, d time.Duration) (int64, int64) {
+	var ops, errs atomic.Int64
 	stop := time.Now().Add(d)
 	var wg sync.WaitGroup
 	for i := range conns {
@@ -230,6 +256,9 @@ func driveCounters(t *testing.T, addr string, conns, depth int, d time.Duration)
 					if err != nil {
 						return
 					}
+					if strings.Contains(l, "ERROR") {
+						errs.Add(1)
+					}
 					for strings.HasPrefix(l, "VALUE") { // a hit: its data, then END
 						r.ReadString('\n')
 						l, _ = r.ReadString('\n')
@@ -240,5 +269,5 @@ func driveCounters(t *testing.T, addr string, conns, depth int, d time.Duration)
 		}()
 	}
 	wg.Wait()
-	return ops.Load()
+	return ops.Load(), errs.Load()
 }
