@@ -1,7 +1,11 @@
 package main
 
 import (
+	"io"
+	"log/slog"
+	"math"
 	"runtime"
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -96,4 +100,36 @@ func TestMemoryBoundUnderFlood(t *testing.T) {
 	}
 	stopAggregator(t, a)
 	runtime.KeepAlive(a)
+}
+
+// TestSoftMemoryLimit checks that the aggregator sets the Go runtime's soft
+// memory limit from its bound when GOMEMLIMIT is unset (the default GOGC
+// alone lets garbage double the heap: 1.5 GiB of RSS under a flood whose
+// state fitted 1 GiB), and leaves GOMEMLIMIT's when it is set.
+func TestSoftMemoryLimit(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	cfg, _, _, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	t.Setenv("GOMEMLIMIT", "")
+	debug.SetMemoryLimit(math.MaxInt64)
+	setMemoryLimit(&cfg, log)
+	want := memoryLimit(cfg.memoryBound())
+	if got := debug.SetMemoryLimit(-1); got != want {
+		t.Errorf("without GOMEMLIMIT: soft limit %d, want %d (the bound %d plus an eighth)", got, want, cfg.memoryBound())
+	}
+	if want > 1200<<20 {
+		t.Errorf("soft limit at the defaults %d MiB: over the documented 1,137 MiB", want>>20)
+	}
+
+	t.Setenv("GOMEMLIMIT", "1800MiB")
+	debug.SetMemoryLimit(1800 << 20) // as the runtime read it at start
+	setMemoryLimit(&cfg, log)
+	if got := debug.SetMemoryLimit(-1); got != 1800<<20 {
+		t.Errorf("with GOMEMLIMIT=1800MiB: soft limit %d, want it left", got)
+	}
 }
