@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"net/http"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -74,5 +78,42 @@ func TestProducersSharingAnEdgeID(t *testing.T) {
 	}
 	if bytes.Contains([]byte(l), []byte("edge=7")) {
 		t.Errorf("log: edge 7's restart reported as sharing:\n%s", l)
+	}
+}
+
+// TestEdgesSharingAnEdgeID runs two real edges with one edge id, side by
+// side, producing their decisions to the aggregator's embedded broker: the
+// aggregator counts both producers as sharing edge 0.
+func TestEdgesSharingAnEdgeID(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.Judge.AllowedLateness = time.Minute
+	a := startAggregator(t, cfg)
+	var edges []*edge.Edge
+	for range 2 {
+		edges = append(edges, edgetest.Start(t, "", edge.Options{Brokers: a.Brokers(), Topic: topic, EdgeID: 0}))
+	}
+	client := &http.Client{Timeout: 5 * time.Second}
+	sent := 0
+	for round := range 4 {
+		for i, e := range edges {
+			for k := range 8 {
+				req, _ := http.NewRequest("GET", "http://"+e.Addr()+"/", nil)
+				req.Header.Set("X-API-Key", fmt.Sprintf("client-%d-%d-%d", round, i, k))
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				sent++
+			}
+			time.Sleep(400 * time.Millisecond) // the edge seals its frames every 200 ms: this round's are written
+		}
+	}
+	testenv.WaitFor(t, 30*time.Second, "every decision consumed", func() bool {
+		return testenv.MetricSum(t, a.reg, "poplimit_aggregator_events_total") >= float64(sent)
+	})
+	if got := testenv.MetricSum(t, a.reg, "poplimit_aggregator_shared_edge_id_producers_total", "edge", "0"); got != 2 {
+		t.Errorf("producers found sharing edge id 0: got %v, want 2 (two edges with one id)", got)
 	}
 }
