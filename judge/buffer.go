@@ -15,7 +15,7 @@ const (
 
 // pending is an event waiting for the watermark: what judging needs, with
 // the rule and PoP interned (an Event's Rule and Pop alias the consumer's
-// buffer). 72 bytes.
+// buffer). 64 bytes; with its heap key and free-list slot, BytesPerBuffered.
 type pending struct {
 	t        int64  // event time floored to the resolution, Unix ns
 	seq      uint64 // arrival order, breaks ties of t

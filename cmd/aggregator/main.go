@@ -26,6 +26,16 @@
 // restarted aggregator lacks each key's earlier history: each key's first
 // window after it is judged against partial history.
 //
+// Memory. -max-keys, -max-log-entries, -max-buffered, -dedup and
+// -global-max-keys bound its state; it logs the bound at start, and unless
+// GOMEMLIMIT is set it sets the Go runtime's soft memory limit to that
+// bound plus an eighth, so that a flood of client-chosen keys fills the
+// bounds (evicting and counting what does not fit) without garbage
+// doubling the heap. Several aggregators in one group split the
+// partitions, so each judges the keys of its own; producers found writing
+// under one edge id at once are counted
+// (poplimit_aggregator_shared_edge_id_producers_total) and logged.
+//
 // Its clock bounds the event times it trusts: an event stamped more than
 // -lateness plus -max-clock-skew after it, or more than -max-event-age
 // before it, is counted in
