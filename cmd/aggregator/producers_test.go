@@ -3,8 +3,8 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"net/http"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
