@@ -23,7 +23,8 @@ import (
 // then the same keys again, from a broker in this process: its peak RSS,
 // and the events it judged per second of its own CPU time. With
 // POPLIMIT_SIZING_GLOBAL=1 the keys are of a global rule (the judge and
-// the global tally both hold them).
+// the global tally both hold them). POPLIMIT_SIZING_PROFILE=file writes a
+// CPU profile of the aggregator's first 20 s there.
 //
 //	POPLIMIT_SIZING=1 go test -count=1 -run TestSizingFlood -v ./cmd/aggregator
 //	POPLIMIT_SIZING=1 POPLIMIT_SIZING_GLOBAL=1 go test -count=1 -run TestSizingFlood -v ./cmd/aggregator
@@ -59,6 +60,9 @@ func TestSizingFlood(t *testing.T) {
 	if !isGlobal {
 		args = append(args, "-global-interval", "0")
 	}
+	if os.Getenv("POPLIMIT_SIZING_PROFILE") != "" {
+		args = append(args, "-pprof")
+	}
 	cmd := exec.Command(bin, args...)
 	// The aggregator's own limit, as at the defaults, unless
 	// POPLIMIT_SIZING_GOMEMLIMIT gives one.
@@ -69,6 +73,23 @@ func TestSizingFlood(t *testing.T) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	began = time.Now()
+	if out := os.Getenv("POPLIMIT_SIZING_PROFILE"); out != "" {
+		// A CPU profile of the first 20 s, for where the time goes.
+		go func() {
+			time.Sleep(500 * time.Millisecond)
+			resp, err := http.Get("http://" + listen + "/debug/pprof/profile?seconds=20")
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			f, err := os.Create(out)
+			if err != nil {
+				return
+			}
+			defer f.Close()
+			_, _ = f.ReadFrom(resp.Body)
+		}()
+	}
 	testenv.WaitFor(t, 10*time.Minute, "the backlog judged", func() bool {
 		return scrapeValue(listen, "poplimit_aggregator_events_total") >= float64(total) &&
 			scrapeValue(listen, "poplimit_aggregator_buffered_events") == 0
