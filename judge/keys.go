@@ -184,10 +184,9 @@ func (kt *keyTable) account(i int32) {
 }
 
 // appendCapped appends v to s, growing it (when full) to twice its length
-// but never to more than most elements (or len(s)+1, if that is more; most
-// 0: append's growth):
-// append's own growth would leave up to a quarter of a large slice unused,
-// past the bound its memory is documented by.
+// but never to more than most elements, or len(s)+1 if that is more (most
+// 0: append's own growth). append's own growth would leave up to a quarter
+// of a large slice unused, past the bound its memory is documented by.
 func appendCapped[T any](s []T, v T, most int) []T {
 	if len(s) < cap(s) || most <= 0 {
 		return append(s, v)
