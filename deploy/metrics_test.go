@@ -16,6 +16,7 @@ import (
 
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/global"
+	"github.com/poplimit/poplimit/internal/aggstate"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/shardproxy"
@@ -107,6 +108,8 @@ func buildMetricSet() (metricSet, error) {
 	if _, err := global.NewPublisher(global.NewTally(global.TallyConfig{}), global.KafkaConfig{Brokers: cc.Brokers}, time.Second, nil, arec); err != nil {
 		return metricSet{}, err
 	}
+	aggstate.NewProducers(slog.New(slog.DiscardHandler), arec)
+	arec.MustRegister(aggstate.TallyDropped(global.NewTally(global.TallyConfig{})))
 
 	ms := metricSet{names: map[string]bool{}, types: map[string]dto.MetricType{}}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)

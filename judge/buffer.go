@@ -15,7 +15,7 @@ const (
 
 // pending is an event waiting for the watermark: what judging needs, with
 // the rule and PoP interned (an Event's Rule and Pop alias the consumer's
-// buffer). 72 bytes.
+// buffer). 64 bytes; with its heap key and free-list slot, BytesPerBuffered.
 type pending struct {
 	t        int64  // event time floored to the resolution, Unix ns
 	seq      uint64 // arrival order, breaks ties of t
@@ -70,6 +70,7 @@ type buffer struct {
 	h    []hkey
 	slab []pending
 	free []uint32 // slab slots not in use
+	most int      // events at most (Config.MaxBuffered + 1, the one pushed before the oldest is judged early)
 }
 
 // hkey is a heap entry: the order of its event, and where it is.
@@ -94,9 +95,9 @@ func (b *buffer) push(p pending) {
 		b.slab[at] = p
 	} else {
 		at = uint32(len(b.slab))
-		b.slab = append(b.slab, p)
+		b.slab = appendCapped(b.slab, p, b.most)
 	}
-	b.h = append(b.h, hkey{t: p.t, seq: p.seq, at: at})
+	b.h = appendCapped(b.h, hkey{t: p.t, seq: p.seq, at: at}, b.most)
 	h := b.h
 	i := len(h) - 1
 	k := h[i]
@@ -115,7 +116,7 @@ func (b *buffer) push(p pending) {
 func (b *buffer) pop() pending {
 	h := b.h
 	top := b.slab[h[0].at]
-	b.free = append(b.free, h[0].at)
+	b.free = appendCapped(b.free, h[0].at, b.most)
 	n := len(h) - 1
 	k := h[n]
 	h = h[:n]

@@ -49,17 +49,20 @@ type Config struct {
 	// Resolution is the step event times are floored to before they are
 	// logged and compared. Default 1 ms; 1 ns is exact.
 	Resolution time.Duration
-	// MaxBuffered is the most events waiting for the watermark (about 48
-	// bytes each); past it, the oldest is judged early and counted.
-	// Default 1<<20.
-	MaxBuffered int
-	// MaxKeys is the most keys (rule, key hash) with state, about 0.5 KiB
-	// each at rest; past it the least recently active key is evicted and
+	// MaxBuffered is the most events waiting for the watermark
+	// (BytesPerBuffered each); past it, the oldest is judged early and
 	// counted. Default 1<<20.
+	MaxBuffered int
+	// MaxKeys is the most keys (rule, key hash) with state (BytesPerKey
+	// each, their logs apart); past it the least recently active key is
+	// evicted and counted. Default 1<<20.
 	MaxKeys int
-	// MaxLogEntries is the most sliding-log entries, all keys together (16
-	// bytes each, up to twice that in ring capacity); past it the least
-	// recently active keys are evicted and counted. Default 1<<24.
+	// MaxLogEntries is the most sliding-log entries the keys' rings have
+	// room for, all keys together (BytesPerLogEntry each: a ring has room
+	// for 8 entries at least, and for up to 4 times the entries it holds);
+	// past it the least recently active keys are evicted and counted.
+	// Default 1<<24: 256 MiB, room for 2^20 keys of sliding-log rules at
+	// rest. See Config.MemoryBound for all the bounds together.
 	MaxLogEntries int
 	// MaxWrongKeys is the most keys remembered per list (false negatives,
 	// false positives). Default 10000.

@@ -42,7 +42,9 @@
 // until two of its spans (its window, or a bucket's drain time) pass
 // without its events; Config.MaxKeys, MaxLogEntries, MaxBuffered,
 // MaxWrongKeys, MaxRules and MaxEdges bound memory and label values, and
-// every eviction is counted.
+// every eviction is counted. Config.MemoryBound adds the bounds up in
+// bytes (BytesPerKey and its siblings, measured under a flood of keys);
+// at the defaults it is about 0.73 GiB.
 //
 // It deduplicates only within Config.Dedup events not marked Framed, does
 // not know a key's history from before it started, and does not correct

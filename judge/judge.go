@@ -76,7 +76,7 @@ var invalidReasonNames = [numInvalidReasons]string{"parameters", "future", "past
 const (
 	evictIdle       = iota // two windows without an event: nothing lost
 	evictMaxKeys           // the key table was full
-	evictMaxEntries        // the log entries were at their bound
+	evictMaxEntries        // the logs' ring slots were at their bound
 	numEvictReasons
 )
 
@@ -178,7 +178,8 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 		rules:    make(map[string]uint32),
 		edges:    make(map[uint16]struct{}),
 		pops:     make(map[string]uint32),
-		keys:     newKeyTable(),
+		keys:     newKeyTable(cfg.MaxKeys),
+		buf:      buffer{most: cfg.MaxBuffered + 1},
 		cells:    make(map[cell]*counts),
 		late:     make(map[lateCell]int64),
 		fn:       newWrongKeys(cfg.MaxWrongKeys, true),
@@ -548,10 +549,10 @@ func (j *Judge) expire(keep int32) {
 	}
 }
 
-// bound evicts the least recently active keys while the logs hold more than
-// MaxLogEntries entries, sparing key keep.
+// bound evicts the least recently active keys while the logs' rings have
+// room for more than MaxLogEntries entries, sparing key keep.
 func (j *Judge) bound(keep int32) {
-	for j.keys.entries > j.cfg.MaxLogEntries {
+	for j.keys.slots > j.cfg.MaxLogEntries {
 		i := j.keys.oldest(keep)
 		if i < 0 {
 			return

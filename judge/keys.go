@@ -23,7 +23,8 @@ type keyState struct {
 	admitted window.SlidingLogState // refLog: units of allowed decisions
 	attempts window.SlidingLogState // refLog: units of every decision
 	last     int64                  // latest event time judged, Unix ns
-	entries  int                    // log entries as last accounted
+	entries  int32                  // log entries as last accounted
+	slots    int32                  // log ring slots (entries of room) as last accounted
 	prev     int32                  // neighbours on its list, -1: none
 	next     int32
 	list     int32       // index into keyTable.lists
@@ -63,10 +64,12 @@ type keyTable struct {
 	listIndex map[int64]int32 // span → its list
 	freeLists []int32
 	entries   int // log entries, all keys
+	slots     int // log ring slots, all keys: the logs' memory, 16 bytes each
+	most      int // keys at most (Config.MaxKeys): the slab never grows past it
 }
 
-func newKeyTable() keyTable {
-	return keyTable{index: make(map[keyID]int32), listIndex: make(map[int64]int32)}
+func newKeyTable(most int) keyTable {
+	return keyTable{index: make(map[keyID]int32), listIndex: make(map[int64]int32), most: most}
 }
 
 func (kt *keyTable) len() int { return len(kt.index) }
@@ -99,7 +102,7 @@ func (kt *keyTable) add(id keyID, kind uint8, w, t int64) int32 {
 		i = kt.free[n-1]
 		kt.free = kt.free[:n-1]
 	} else {
-		kt.slab = append(kt.slab, keyState{})
+		kt.slab = appendCapped(kt.slab, keyState{}, kt.most)
 		i = int32(len(kt.slab) - 1)
 	}
 	kt.slab[i] = keyState{id: id, last: t, prev: -1, next: -1, kind: kind}
@@ -162,18 +165,36 @@ func (kt *keyTable) unlink(i int32) {
 func (kt *keyTable) remove(i int32) {
 	kt.unlink(i)
 	st := &kt.slab[i]
-	kt.entries -= st.entries
+	kt.entries -= int(st.entries)
+	kt.slots -= int(st.slots)
 	delete(kt.index, st.id)
 	*st = keyState{}
 	kt.free = append(kt.free, i)
 }
 
-// account brings the entry total up to date with key i's logs.
+// account brings the entry and slot totals up to date with key i's logs.
 func (kt *keyTable) account(i int32) {
 	st := &kt.slab[i]
-	n := st.admitted.Len() + st.attempts.Len()
-	kt.entries += n - st.entries
+	n := int32(st.admitted.Len() + st.attempts.Len())
+	kt.entries += int(n - st.entries)
 	st.entries = n
+	c := int32(st.admitted.Cap() + st.attempts.Cap())
+	kt.slots += int(c - st.slots)
+	st.slots = c
+}
+
+// appendCapped appends v to s, growing it (when full) to twice its length
+// but never to more than most elements, or len(s)+1 if that is more (most
+// 0: append's own growth). append's own growth would leave up to a quarter
+// of a large slice unused, past the bound its memory is documented by.
+func appendCapped[T any](s []T, v T, most int) []T {
+	if len(s) < cap(s) || most <= 0 {
+		return append(s, v)
+	}
+	n := max(min(2*len(s), most), len(s)+1, min(16, most))
+	g := make([]T, len(s), n)
+	copy(g, s)
+	return append(g, v)
 }
 
 // oldest returns the least recently active key other than except, or -1.

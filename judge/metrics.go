@@ -52,9 +52,11 @@ var (
 	descBuffered = desc("buffered_events", "Events waiting for the watermark.")
 	descKeys     = desc("keys", "Keys (rule, key hash) with exact state.")
 	descEntries  = desc("log_entries", "Sliding-log entries held, all keys.")
-	descEvicted  = desc("keys_evicted_total",
+	descSlots    = desc("log_slots",
+		"Sliding-log entries the keys' rings have room for (16 bytes each), all keys; -max-log-entries bounds it.")
+	descEvicted = desc("keys_evicted_total",
 		"Key states removed: idle (two windows, or two drain times of a bucket, without events), "+
-			"max_keys and max_log_entries (bounds reached; the key's history is lost).", "reason")
+			"max_keys and max_log_entries (bounds reached: -max-keys, or the log slots of -max-log-entries; the key's history is lost).", "reason")
 	descWrongKeys = desc("wrong_keys_total",
 		"Distinct keys with a wrongly decided enforced decision, by kind (false_negative: wrongly allowed, "+
 			"false_positive: wrongly limited).", "kind")
@@ -76,7 +78,7 @@ type collector struct{ j *Judge }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descDuplicates, descInvalid, descDecisions, descAlgDecisions, descScopeDecisions, descLate, descOverflow,
-		descBuffered, descKeys, descEntries, descEvicted, descWrongKeys, descOvershoot, descRelErr, descWatermark} {
+		descBuffered, descKeys, descEntries, descSlots, descEvicted, descWrongKeys, descOvershoot, descRelErr, descWatermark} {
 		ch <- d
 	}
 }
@@ -100,6 +102,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descBuffered, float64(j.buf.len()))
 	gauge(descKeys, float64(j.keys.len()))
 	gauge(descEntries, float64(j.keys.entries))
+	gauge(descSlots, float64(j.keys.slots))
 	if j.seen {
 		gauge(descWatermark, float64(j.maxSeen-j.lateness)/1e9)
 	}

@@ -195,6 +195,9 @@ func (c *Consumer) decode(b *batch, evs []Event, m *kafka.Message) []Event {
 		return evs[:n]
 	}
 	b.frames++
+	if c.cfg.OnFrame != nil {
+		c.cfg.OnFrame(m.Partition, &b.head)
+	}
 	if c.cfg.DedupFrames > 0 {
 		for i := n; i < len(evs); i++ {
 			evs[i].Framed = true

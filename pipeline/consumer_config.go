@@ -55,6 +55,12 @@ type ConsumerConfig struct {
 	// remembers (131,072 to 262,144), which fingerprints only events
 	// that did not come in a frame this dedup checked (Event.Framed).
 	DedupFrames int
+	// OnFrame, when set, is called by Run with the partition and header of
+	// every frame it decodes and does not drop as a copy, before its
+	// events are applied: the frames' sequence numbers start at a random
+	// value per Producer, so they tell producers apart that write under
+	// one edge id. It runs on Run's goroutine and must not keep h.
+	OnFrame func(partition int, h *FrameHeader)
 	// QueueCapacity is how many fetched messages kafka-go buffers ahead of
 	// Run (ReaderConfig.QueueCapacity). Default 1000.
 	QueueCapacity int

@@ -99,6 +99,10 @@ func (l SlidingLog) Validate() error {
 // a ring of at most twice that, and at least 8.
 func (s *SlidingLogState) Len() int { return s.size }
 
+// Cap returns the entries the log's ring has room for, 16 bytes each: its
+// memory, at least 8 entries once it has held one.
+func (s *SlidingLogState) Cap() int { return len(s.ring) }
+
 // Count returns the number of logged units in (now − Window, now] and drops
 // the entries that left the window. It allocates only when it shrinks the
 // ring.

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/poplimit/poplimit/global"
+	"github.com/poplimit/poplimit/internal/aggstate"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -60,6 +61,12 @@ type config struct {
 	GlobalTopic    string
 	GlobalInterval time.Duration
 	GlobalMinShare float64
+	// GlobalMaxKeys bounds the keys of global rules counted for the
+	// global topic (global.TallyConfig.MaxKeys, about tallyBytesPerKey
+	// each): past it, the events of new keys are not counted until idle
+	// keys leave, and are counted in
+	// poplimit_aggregator_global_tally_dropped_events_total. Default 1<<18.
+	GlobalMaxKeys int
 
 	// onApply, when set (tests), sees every batch after the judge took it.
 	onApply func([]pipeline.Event)
@@ -82,6 +89,9 @@ func (c *config) validate() error {
 	}
 	if c.GlobalInterval < 0 || c.GlobalMinShare < 0 || c.GlobalMinShare > 1 {
 		errs = append(errs, fmt.Errorf("aggregator: -global-interval %v, -global-min-share %v: want a duration not negative and a share between 0 and 1", c.GlobalInterval, c.GlobalMinShare))
+	}
+	if c.GlobalInterval > 0 && c.GlobalMaxKeys < 1 {
+		errs = append(errs, fmt.Errorf("aggregator: -global-max-keys %d: must be at least 1", c.GlobalMaxKeys))
 	}
 	if c.IdleFlush < 0 {
 		errs = append(errs, fmt.Errorf("aggregator: -idle-flush %v: must not be negative", c.IdleFlush))
@@ -183,13 +193,15 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	}
 	cc := cfg.Consumer
 	cc.Brokers = a.brokers
+	cc.OnFrame = aggstate.NewProducers(log, a.reg).Frame
 	if a.consumer, err = pipeline.NewConsumer(cc, a.reg); err != nil {
 		return nil, err
 	}
 	undo = append(undo, func() { _ = a.consumer.Close() })
 
 	if cfg.GlobalInterval > 0 {
-		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare})
+		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare, MaxKeys: cfg.GlobalMaxKeys})
+		a.reg.MustRegister(aggstate.TallyDropped(a.tally))
 		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
 			TLS: cc.TLS, SASL: cc.SASL}, cfg.GlobalInterval, log, a.reg)
 		if err != nil {
@@ -221,6 +233,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		go a.tick()
 	}
 	log.Info("aggregator: started", "listen", a.ln.Addr().String(), "brokers", a.brokers,
+		"memory_bound_mib", cfg.memoryBound()>>20,
 		"topic", cc.Topic, "group", cc.GroupID, "allowed_lateness", cfg.Judge.AllowedLateness,
 		"max_clock_skew", cfg.Judge.MaxClockSkew, "max_event_age", cfg.Judge.MaxEventAge,
 		"idle_flush", cfg.IdleFlush)

@@ -26,6 +26,16 @@
 // restarted aggregator lacks each key's earlier history: each key's first
 // window after it is judged against partial history.
 //
+// Memory. -max-keys, -max-log-entries, -max-buffered, -dedup and
+// -global-max-keys bound its state; it logs the bound at start, and unless
+// GOMEMLIMIT is set it sets the Go runtime's soft memory limit to that
+// bound plus an eighth, so that a flood of client-chosen keys fills the
+// bounds (evicting and counting what does not fit) without garbage
+// doubling the heap. Several aggregators in one group split the
+// partitions, so each judges the keys of its own; producers found writing
+// under one edge id at once are counted
+// (poplimit_aggregator_shared_edge_id_producers_total) and logged.
+//
 // Its clock bounds the event times it trusts: an event stamped more than
 // -lateness plus -max-clock-skew after it, or more than -max-event-age
 // before it, is counted in
@@ -81,6 +91,7 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.StringVar(&cfg.GlobalTopic, "global-topic", global.DefaultTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
 	fs.DurationVar(&cfg.GlobalInterval, "global-interval", global.DefaultInterval, "how often the counts of global rules' keys are published (0: never)")
 	fs.Float64Var(&cfg.GlobalMinShare, "global-min-share", global.DefaultMinShare, "a global rule's key is published while its units across PoPs reach this part of its limit")
+	fs.IntVar(&cfg.GlobalMaxKeys, "global-max-keys", 1<<18, "keys of global rules counted for the global topic at most (about 720 B each); past it new keys' events are not counted, and counted as dropped")
 	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")
 	fs.DurationVar(&cfg.Judge.MaxClockSkew, "max-clock-skew", cfg.Judge.MaxClockSkew, "events more than -lateness plus this after the aggregator's clock are invalid (reason future), kept out of the watermark (0: off)")
 	fs.DurationVar(&cfg.Judge.MaxEventAge, "max-event-age", cfg.Judge.MaxEventAge, "events older than this behind the aggregator's clock are invalid (reason past), not judged (0: off)")
@@ -146,6 +157,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(defaults) > 0 {
 		log.Info("aggregator: flags at their defaults", defaults...)
 	}
+	setMemoryLimit(&cfg, log)
 	a, err := start(cfg, log)
 	if err != nil {
 		return err
