@@ -72,29 +72,34 @@ func ambiguousTarget(target []byte) bool {
 
 // refusesPath reports whether the request's path, as the mode reads it,
 // is ambiguous; it has then answered 400 and counted it.
-func (s *Server) refusesPath(ctx *fasthttp.RequestCtx, decision bool) bool {
-	raw := ctx.URI().PathOriginal()
-	bad := false
-	if decision {
-		bad = ambiguousPath(StripPrefix(raw, s.cfg.CheckPrefix))
-		for _, h := range forwardedURIHeaders {
-			if bad {
-				break
-			}
-			for _, v := range ctx.Request.Header.PeekAll(h) {
-				if ambiguousTarget(v) {
-					bad = true
-					break
-				}
-			}
-		}
-	} else {
-		bad = ambiguousPath(raw)
-	}
-	if !bad {
+func (s *Server) refusesPath(ctx *fasthttp.RequestCtx, checking bool) bool {
+	if !AmbiguousRequest(&ctx.Request, s.cfg.CheckPrefix, checking) {
 		return false
 	}
 	s.core.RefusedPath()
 	writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", ambiguousPathDetail)
 	return true
+}
+
+// AmbiguousRequest reports whether the edge refuses req for a path that
+// origins read differently (see above): its path as sent, or, for a check
+// (decision mode: checking), its path after checkPrefix and the targets
+// in X-Original-URI and X-Forwarded-Uri. The offline simulator asks it as
+// the server does. It does not allocate.
+func AmbiguousRequest(req *fasthttp.Request, checkPrefix string, checking bool) bool {
+	raw := req.URI().PathOriginal()
+	if !checking {
+		return ambiguousPath(raw)
+	}
+	if ambiguousPath(StripPrefix(raw, checkPrefix)) {
+		return true
+	}
+	for _, h := range forwardedURIHeaders {
+		for _, v := range req.Header.PeekAll(h) {
+			if ambiguousTarget(v) {
+				return true
+			}
+		}
+	}
+	return false
 }
