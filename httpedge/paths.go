@@ -13,9 +13,9 @@ import (
 // two spellings:
 //
 //   - a backslash, raw or %5C: the WHATWG URL standard (browsers, Node's
-//     new URL, Deno, Bun) reads it as "/" in http and https URLs, so
-//     /x/..\login is /login there, while Go's net/http, nginx and
-//     HAProxy on Linux read it as a byte of a segment;
+//     new URL) reads it as "/" in http and https URLs, so /x/..\login is
+//     /login there, while Go's net/http and nginx on Linux read it as a
+//     byte of a segment;
 //   - a path that starts with "//": the WHATWG parser reads //evil/login
 //     as the authority "evil" and the path /login, where nginx merges the
 //     slashes and Go's ServeMux redirects to /evil/login.
