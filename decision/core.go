@@ -341,6 +341,11 @@ func (c *Core) Finish(d *Verdict) {
 	c.pool.Put(d)
 }
 
+// RefusedPath counts a request a front end refused with 400 before any
+// decision because origins read its path differently (a backslash, a
+// leading "//"), in poplimit_edge_bad_requests_total{reason="ambiguous_path"}.
+func (c *Core) RefusedPath() { c.m.badPath.Inc() }
+
 // BeginUpstream and EndUpstream bracket a proxied request, for the load
 // shedding model: requests in flight and a moving average of latency.
 func (c *Core) BeginUpstream() time.Time {

@@ -1,8 +1,11 @@
 package decision
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net/netip"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/poplimit/poplimit/rules"
 )
@@ -93,6 +96,7 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 	for _, p := range r.Key {
 		var v, last []byte
 		n := 0
+		raw := false // v is a query value as sent, to percent-decode
 		switch p.Source {
 		case rules.KeyIP:
 			if single {
@@ -105,7 +109,13 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 				v, last, n = f.Header(p.Name)
 			}
 		case rules.KeyQuery:
-			if f != nil {
+			if f == nil {
+				break
+			}
+			if rq, ok := f.(RawQuery); ok && r.QuerySemicolon == rules.QuerySemicolonSplit {
+				v, last, n = ScanQuery(rq.RawQuery(), p.Name, true)
+				raw = true
+			} else {
 				v, last, n = f.Query(p.Name)
 			}
 		case rules.KeyCookie:
@@ -126,6 +136,17 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 			missing = true // look on for a duplicated part
 			continue
 		}
+		if raw || r.KeyTrim == rules.KeyTrimUnicode && p.Source != rules.KeyIP {
+			var ok bool
+			if dst, ok = appendPart(dst, v, raw, r.KeyTrim == rules.KeyTrimUnicode, single); !ok {
+				missing = true
+				continue
+			}
+			if single {
+				return dst, KeyBuilt
+			}
+			continue
+		}
 		if single {
 			if v[0] <= 0x01 {
 				dst = append(dst, 0x01)
@@ -139,4 +160,164 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 		return dst, KeyMissing
 	}
 	return dst, KeyBuilt
+}
+
+// RawQuery is implemented by the Fields of a front end that can give the
+// query as the client sent it (without the '?'), for rules that split it
+// on ';' too (query_semicolon: split). The edge's and the middleware's
+// Fields implement it; with other Fields such a rule reads Query.
+type RawQuery interface {
+	RawQuery() []byte
+}
+
+// ScanQuery counts the pairs of the raw query q whose name, percent- and
+// plus-decoded, is name, as Fields.Query does, with pairs separated by '&'
+// and, when semicolon, by ';' too; an escaped separator (%26, %3B)
+// separates nothing. first and last are the values as sent, not decoded.
+// It does not allocate.
+func ScanQuery(q []byte, name string, semicolon bool) (first, last []byte, n int) {
+	for len(q) > 0 {
+		i := bytes.IndexByte(q, '&')
+		if semicolon {
+			if j := bytes.IndexByte(q, ';'); j >= 0 && (i < 0 || j < i) {
+				i = j
+			}
+		}
+		pair := q
+		if i >= 0 {
+			pair, q = q[:i], q[i+1:]
+		} else {
+			q = nil
+		}
+		if len(pair) == 0 {
+			continue
+		}
+		k, v := pair, []byte(nil)
+		if j := bytes.IndexByte(pair, '='); j >= 0 {
+			k, v = pair[:j], pair[j+1:]
+		}
+		if !decodedIs(k, name) {
+			continue
+		}
+		if n == 0 {
+			first = v
+		}
+		last, n = v, n+1
+	}
+	return first, last, n
+}
+
+// decodedIs reports whether the raw query name k, percent- and
+// plus-decoded (an escape that is not one stands for itself), is name.
+func decodedIs(k []byte, name string) bool {
+	j := 0
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		switch {
+		case c == '+':
+			c = ' '
+		case c == '%' && i+2 < len(k) && isHex(k[i+1]) && isHex(k[i+2]):
+			c = unhex(k[i+1])<<4 | unhex(k[i+2])
+			i += 2
+		}
+		if j >= len(name) || name[j] != c {
+			return false
+		}
+		j++
+	}
+	return j == len(name)
+}
+
+// appendQueryDecoded appends the raw query value v percent- and
+// plus-decoded, an escape that is not one kept as it is.
+func appendQueryDecoded(dst, v []byte) []byte {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c == '+':
+			c = ' '
+		case c == '%' && i+2 < len(v) && isHex(v[i+1]) && isHex(v[i+2]):
+			c = unhex(v[i+1])<<4 | unhex(v[i+2])
+			i += 2
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
+}
+
+// IsKeyBlank reports whether key_trim: unicode strips r from the ends of
+// a key: Unicode White_Space (what Go's unicode.IsSpace, JavaScript's
+// trim and Python's str.strip strip), U+FEFF (JavaScript's trim) and
+// U+001C to U+001F (Python's str.strip).
+func IsKeyBlank(r rune) bool {
+	return unicode.IsSpace(r) || r == 0xfeff || 0x1c <= r && r <= 0x1f
+}
+
+// TrimKey returns v without the runes IsKeyBlank at either end; bytes
+// that are not UTF-8 are kept.
+func TrimKey(v []byte) []byte {
+	for len(v) > 0 {
+		r, n := utf8.DecodeRune(v)
+		if r == utf8.RuneError && n <= 1 || !IsKeyBlank(r) {
+			break
+		}
+		v = v[n:]
+	}
+	for len(v) > 0 {
+		r, n := utf8.DecodeLastRune(v)
+		if r == utf8.RuneError && n <= 1 || !IsKeyBlank(r) {
+			break
+		}
+		v = v[:len(v)-n]
+	}
+	return v
+}
+
+// appendPart appends one part of a key, v, to dst as AppendKeyStatus
+// encodes parts (single: the value itself, 0x01 before a value that starts
+// with 0x00 or 0x01; else its length as a uvarint, then the value),
+// percent-decoding v when decode and trimming it (TrimKey) when trim. The
+// value is built in dst past a gap for the length, then moved down, so no
+// scratch is needed. It reports false, dst unchanged, when nothing is left
+// of v.
+func appendPart(dst, v []byte, decode, trim, single bool) ([]byte, bool) {
+	const gap = binary.MaxVarintLen64
+	off := len(dst)
+	dst = append(dst, make([]byte, gap)...)
+	if decode {
+		dst = appendQueryDecoded(dst, v)
+	} else {
+		dst = append(dst, v...)
+	}
+	val := dst[off+gap:]
+	if trim {
+		val = TrimKey(val)
+	}
+	if len(val) == 0 {
+		return dst[:off], false
+	}
+	var h [gap]byte
+	head := h[:0]
+	if !single {
+		head = binary.AppendUvarint(head, uint64(len(val)))
+	} else if val[0] <= 0x01 {
+		head = append(head, 0x01)
+	}
+	n := copy(dst[off:], head)
+	n += copy(dst[off+n:], val) // moves down: val starts past the head
+	return dst[:off+n], true
 }

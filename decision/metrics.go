@@ -13,6 +13,7 @@ type coreMetrics struct {
 	missingKey   prometheus.Counter
 	duplicateKey prometheus.Counter
 	badCost      prometheus.Counter
+	badPath      prometheus.Counter // a path origins read differently (front ends count it)
 	blockDropped prometheus.Counter
 	delayed      prometheus.Histogram // leaky-bucket queue waits
 	delayRefused prometheus.Counter
@@ -43,6 +44,7 @@ func newCoreMetrics(reg prometheus.Registerer, c *Core) (*coreMetrics, error) {
 		missingKey:   bad.WithLabelValues("missing_key"),
 		duplicateKey: bad.WithLabelValues("duplicate_key"),
 		badCost:      bad.WithLabelValues("bad_cost"),
+		badPath:      bad.WithLabelValues("ambiguous_path"),
 		blockDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "block_cache_dropped_total", Help: "Refused keys the block cache did not take; their next request goes to the limiter."}),
 		delayed: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Subsystem: subsystem,

@@ -21,14 +21,19 @@ import (
 // its statuses and a body, and never panics; a body over MaxDecisionBody
 // is answered 413; a key or rule that does not decode exactly (bytes that
 // are not UTF-8, half a surrogate pair) is refused 400 naming the field,
-// never decided as the U+FFFD that encoding/json would make of it.
+// never decided as the U+FFFD that encoding/json would make of it; rule,
+// key or cost given twice or in another case, or cost 0, is refused 400
+// naming the field.
 func FuzzDecideBody(f *testing.F) {
 	for _, s := range []string{`{"rule":"api","key":"k","cost":2}`, `{"rule":"api","key":""}`, `{"rule":"nope","key":"k"}`,
 		`{"rule":"uploads","key":"k"}`, `{"rule":"api","key":"k","cost":-1}`, `{"rule":"api","key":"k","cost":1e99}`, `[`, `null`, ``,
 		"{\"rule\":\"api\",\"key\":\"\xff\"}", `{"rule":"api","key":"\ud800"}`, `{"rule":"api","key":"\udfff\ud800"}`,
 		`{"rule":"api","key":"\ud83d\ude00"}`, `{"rule":"api","key":"\ufffd"}`, `{"rule":"api","key":"\\ud800"}`,
 		`{"rule":"api","key":"\ud800\u0041"}`, `{"rule":"api","key":12}`, `{"rule":"\ud800","key":"k"}`, `{"rule":"api","key":null}`,
-		`{"rule":"api","key":"k","KEY":"\udc00"}`, `{"rule":"api","key":"\ufffd\ud800"}`, `{"rule":"api","key":"k","pad":"` + strings.Repeat("p", fuzzBound) + `"}`} {
+		`{"rule":"api","key":"k","KEY":"\udc00"}`, `{"rule":"api","key":"\ufffd\ud800"}`, `{"rule":"api","key":"k","pad":"` + strings.Repeat("p", fuzzBound) + `"}`,
+		`{"rule":"api","key":"k","RULE":"uploads"}`, `{"rule":"api","rule":"nope","key":"k"}`, `{"key":"a","key":"b","rule":"api"}`,
+		"{\"rule\":\"api\",\"\u212aey\":\"k\"}", `{"rule":"api","key":"k","cost":0}`, `{"rule":"api","key":"k","cost":1,"Cost":1}`,
+		`{"rule":"api","key":"k","x":1,"x":1}`, `{"\u0072ule":"api","rule":"api","key":"k"}`} {
 		f.Add([]byte(s))
 	}
 	var o edge.Options
@@ -67,8 +72,14 @@ rules:
 		if status == 413 {
 			return
 		}
-		if field, lossy := lossyField(body); lossy && (status != 400 || !bytes.Contains(ctx.Response.Body(), []byte(`"detail":"`+field+` `))) {
-			t.Fatalf("body %q: %s does not decode exactly, answered %d %s, want 400 naming %s", body, field, status, ctx.Response.Body(), field)
+		if fields := refusedFields(body); len(fields) > 0 {
+			named := false
+			for _, f := range fields {
+				named = named || bytes.Contains(ctx.Response.Body(), []byte(`"detail":"`+f+` `))
+			}
+			if status != 400 || !named {
+				t.Fatalf("body %q: %v given twice, in another case or not exactly, answered %d %s, want 400 naming one", body, fields, status, ctx.Response.Body())
+			}
 		}
 	})
 }
@@ -76,50 +87,46 @@ rules:
 // fuzzBound is FuzzDecideBody's MaxDecisionBody.
 const fuzzBound = 2048
 
-// lossyField returns the field of a JSON decide body, "rule" or "key",
-// whose string value encoding/json would not decode exactly, if any. It
-// reads the top-level object's members in order; the value that counts
-// for a field is its last member whose name folds to it (as
-// encoding/json assigns them). Bodies it cannot judge simply (a member
-// name that is not ASCII, which encoding/json might fold to a field) are
-// reported not lossy.
-func lossyField(body []byte) (string, bool) {
+// refusedFields returns the fields of a JSON decide body that must get
+// it refused, any of which the refusal may name: "rule", "key" or "cost"
+// given twice or under a name that folds to it (as encoding/json would
+// match it) without being it; "rule" or "key" whose string value
+// encoding/json would not decode exactly; "cost" given as 0. It reads the
+// top-level object's members; a body that is not one object gives none.
+func refusedFields(body []byte) []string {
 	d := json.NewDecoder(bytes.NewReader(body))
 	if t, err := d.Token(); err != nil || t != json.Delim('{') {
-		return "", false
+		return nil
 	}
-	last := map[string]json.RawMessage{}
+	var out []string
+	seen := map[string]bool{}
 	for d.More() {
 		t, err := d.Token()
 		if err != nil {
-			return "", false
+			return nil
 		}
 		name := t.(string)
 		var v json.RawMessage
 		if err := d.Decode(&v); err != nil {
-			return "", false
+			return nil
 		}
-		for _, c := range []byte(name) {
-			if c >= utf8.RuneSelf {
-				return "", false
+		for _, f := range []string{"rule", "key", "cost"} {
+			switch {
+			case name == f && seen[f], name != f && strings.EqualFold(name, f):
+				out = append(out, f)
+			case name == f && (f != "cost" && len(v) > 0 && v[0] == '"' && !spellsExactly(v) || f == "cost" && string(v) == "0"):
+				out = append(out, f)
 			}
 		}
-		if f := strings.ToLower(name); f == "rule" || f == "key" {
-			last[f] = v
-		}
+		seen[name] = true
 	}
 	if t, err := d.Token(); err != nil || t != json.Delim('}') {
-		return "", false
+		return nil
 	}
 	if _, err := d.Token(); err != io.EOF {
-		return "", false // trailing data: encoding/json refuses the body
+		return nil // trailing data: refused as not JSON
 	}
-	for _, f := range []string{"rule", "key"} {
-		if v := last[f]; len(v) > 0 && v[0] == '"' && !spellsExactly(v) {
-			return f, true
-		}
-	}
-	return "", false
+	return out
 }
 
 // spellsExactly reports whether the JSON string token s spells its text
@@ -202,5 +209,61 @@ func TestDecideJSONKeysAreExact(t *testing.T) {
 				t.Errorf("%s: key %s: %d %s, want %d", tc.name, k, status, body, want)
 			}
 		}
+	}
+}
+
+// TestDecideJSONFieldsOnceAndExact: a field given twice, or under a name
+// that differs from it only in case (encoding/json would take the last,
+// and match RULE, Rule or a Kelvin-sign "Key" to the field), is refused
+// 400 problem+json naming the field, and nothing is spent; cost 0 is
+// refused naming cost rather than spending the rule's cost, and a cost
+// that is not a whole number names cost too.
+func TestDecideJSONFieldsOnceAndExact(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: `
+rules:
+  - {name: api, limit: 2, window: 1m}
+  - {name: big, limit: 1000, window: 1m}
+`, cfg: httpedge.Config{DecideToken: decideToken}})
+	post := func(body string) (int, string) {
+		resp := postDecide(t, e.addr, decideToken, body)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 400 && resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("body %s: 400 as %s, want problem+json", body, resp.Header.Get("Content-Type"))
+		}
+		return resp.StatusCode, string(b)
+	}
+	for _, tc := range []struct{ body, field string }{
+		{`{"rule":"api","key":"k","RULE":"big"}`, "rule"},
+		{`{"RULE":"big","rule":"api","key":"k"}`, "rule"},
+		{`{"rule":"api","key":"k","rule":"big"}`, "rule"},
+		{`{"Rule":"api","key":"k"}`, "rule"},
+		{`{"rule":"api","key":"k","key":"k2"}`, "key"},
+		{`{"rule":"api","KEY":"k"}`, "key"},
+		{"{\"rule\":\"api\",\"key\":\"k\",\"\u212aey\":\"k2\"}", "key"}, // KELVIN SIGN folds to k
+		{`{"rule":"api","key":"k","\u212aey":"k2"}`, "key"},
+		{`{"rule":"api","key":"k","cost":1,"cost":2}`, "cost"},
+		{`{"rule":"api","key":"k","Cost":2}`, "cost"},
+		{"{\"rule\":\"api\",\"key\":\"k\",\"co\u017ft\":2}", "cost"}, // LATIN SMALL LETTER LONG S folds to s
+		{`{"rule":"api","key":"k","cost":0}`, "cost"},
+		{`{"rule":"api","key":"k","cost":-1}`, "cost"},
+		{`{"rule":"api","key":"k","cost":1.5}`, "cost"},
+		{`{"rule":"api","key":"k","cost":"2"}`, "cost"},
+		{`{"rule":"api","key":"k","pad":1,"pad":2}`, "pad"},
+	} {
+		status, body := post(tc.body)
+		if status != 400 || !strings.Contains(body, `"detail":"`+tc.field+" ") {
+			t.Errorf("body %s: %d %s, want 400 naming %s", tc.body, status, body, tc.field)
+		}
+	}
+	// Nothing was spent: k has its 2 under api, then is refused.
+	for i, want := range []int{200, 200, 429} {
+		if status, body := post(`{"rule":"api","key":"k"}`); status != want {
+			t.Errorf("decision %d of k after the refusals: %d %s, want %d", i+1, status, body, want)
+		}
+	}
+	// A name encoding/json would not fold stays an unknown member, ignored.
+	if status, body := post(`{"rule":"api","key":"k3","rules":"big","cost":1}`); status != 200 {
+		t.Errorf("an unknown member: %d %s, want 200", status, body)
 	}
 }

@@ -57,6 +57,9 @@ type Options struct {
 
 	// EdgeID names this edge in decision events (0 to 65535).
 	EdgeID int // default 0
+	// EdgeIDDerived says EdgeID was derived by cmd/edge (no -edge-id),
+	// not chosen; it only shows in the start log.
+	EdgeIDDerived bool
 
 	// RulesFile and OverridesFile are watched and reloaded on change
 	// (polled every ReloadPoll) and on SIGHUP, for every front end; a file
@@ -520,7 +523,7 @@ func (e *Edge) LogStart() {
 	}
 	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "rls", cmp.Or(e.RLSAddr(), "off (pass -rls-listen)"), "mode", string(o.Server.Mode),
 		"rules", rulesFrom, "store", store, "events", events, "flush_interval", o.Limiter.FlushInterval,
-		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.EdgeID,
+		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.EdgeID, "edge_id_derived", o.EdgeIDDerived,
 		"concurrency", o.Server.Concurrency, "max_conns", connCap(o.Server.MaxConns), "max_conns_per_client", connCap(o.Server.MaxConnsPerClient),
 		"idle_timeout", o.Server.IdleTimeout, "admin_max_conns", o.AdminMaxConns,
 		"max_decision_body", decisionBody(&o.Server))

@@ -194,3 +194,64 @@ func TestBadNumbersRejectedOnReload(t *testing.T) {
 		t.Errorf("rule_reloads_total{result=rejected} = %v, want 7", n)
 	}
 }
+
+// Some origins split the query on ';' as on '&' (Python before 3.9.2,
+// Go before 1.17, Perl's CGI.pm), and some strip Unicode blanks from a
+// key (Python's str.strip, JavaScript's trim): a client could then send
+// its key twice (?key=A;key=B) or with a trailing U+00A0 and meet a fresh
+// counter. query_semicolon: split reads ';' as a separator, so the key
+// seen twice is refused as a duplicate; key_trim: unicode strips the
+// blanks, so the padded key is the same key. Without them, the documented
+// decoding holds: ?key=A;key=B is the one value "A;key=B".
+func TestKeySemicolonAndTrimOptions(t *testing.T) {
+	e := startEdge(t, edgeOpts{rules: `
+rules:
+  - {name: split, path_prefix: /s, key: ["query:key"], query_semicolon: split, limit: 2, window: 1m}
+  - {name: plain, path_prefix: /p, key: ["query:key"], limit: 2, window: 1m}
+  - {name: trimq, path_prefix: /tq, key: ["query:key"], key_trim: unicode, limit: 2, window: 1m}
+  - {name: trimh, path_prefix: /th, key: ["header:X-API-Key", "query:v"], key_trim: unicode, query_semicolon: split, limit: 2, window: 1m}
+  - {name: deny, path_prefix: /d, key: ["header:X-API-Key"], key_trim: unicode, missing_key: deny, limit: 2, window: 1m}
+`})
+	status := func(target string, hdr ...string) int {
+		head := "GET /check" + target + " HTTP/1.1\nHost: x\n"
+		for i := 0; i+1 < len(hdr); i += 2 {
+			head += hdr[i] + ": " + hdr[i+1] + "\n"
+		}
+		resp, _ := rawResponse(t, e.addr, head+"\n")
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		name   string
+		target string
+		hdr    []string
+		want   int
+	}{
+		{"split: the key twice across ';'", "/s?key=A;key=B", nil, 400},
+		{"split: the key twice across ';' and '&'", "/s?key=A&x=1;key=B", nil, 400},
+		{"split: A after another pair", "/s?x=1;key=A", nil, 200},
+		{"split: A again", "/s?key=A;x=2", nil, 200},
+		{"split: A's third, plain", "/s?key=A", nil, 429},
+		{"split: an escaped ';' is no separator", "/s?key=A%3Bkey=B", nil, 200},
+		{"plain: one value A;key=B", "/p?key=A;key=B", nil, 200},
+		{"plain: A;key=B again", "/p?key=A;key=B", nil, 200},
+		{"plain: A;key=B a third time", "/p?key=A;key=B", nil, 429},
+		{"plain: A is another key", "/p?key=A", nil, 200},
+		{"trim: k", "/tq?key=k", nil, 200},
+		{"trim: k and U+00A0", "/tq?key=k%C2%A0", nil, 200},
+		{"trim: U+3000, k, U+FEFF", "/tq?key=%E3%80%80k%EF%BB%BF", nil, 429},
+		{"trim: k and a space", "/tq?key=k+", nil, 429},
+		{"trim: U+200B is no blank", "/tq?key=k%E2%80%8B", nil, 200},
+		{"header trim: k", "/th?v=1", []string{"X-API-Key", "k"}, 200},
+		{"header trim: k and U+00A0", "/th?v=1", []string{"X-API-Key", "k\u00a0"}, 200},
+		{"header trim: U+2003, k", "/th?v=1%C2%A0", []string{"X-API-Key", "\u2003k"}, 429},
+		{"header trim: v twice", "/th?v=1;v=2", []string{"X-API-Key", "k"}, 400},
+		{"deny: only blanks is no key", "/d", []string{"X-API-Key", "\u00a0\u3000"}, 400},
+	} {
+		if got := status(tc.target, tc.hdr...); got != tc.want {
+			t.Errorf("%s (%s %q): %d, want %d", tc.name, tc.target, tc.hdr, got, tc.want)
+		}
+	}
+	if n := metricSum(t, e, "poplimit_edge_bad_requests_total", "reason", "duplicate_key"); n != 3 {
+		t.Errorf("duplicate keys counted %v, want 3", n)
+	}
+}

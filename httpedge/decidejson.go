@@ -1,7 +1,12 @@
 package httpedge
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -17,7 +22,7 @@ import (
 type DecideRequest struct {
 	Rule string `json:"rule"`
 	Key  string `json:"key"`
-	Cost uint64 `json:"cost"` // default the rule's cost
+	Cost uint64 `json:"cost"` // 1 or more; absent: the rule's cost
 }
 
 // DecideResponse is the answer of POST /_poplimit/decide.
@@ -34,44 +39,113 @@ type DecideResponse struct {
 
 const maxJSONKey = 4096
 
-// decideWire is DecideRequest as read: the strings raw, so that one that
-// does not decode exactly is refused rather than altered.
-type decideWire struct {
-	Rule json.RawMessage `json:"rule"`
-	Key  json.RawMessage `json:"key"`
-	Cost uint64          `json:"cost"`
-}
+// decideFields are the members of a decide request, as they must be
+// spelled: exactly, each at most once.
+var decideFields = [...]string{"rule", "key", "cost"}
+
+// notDecideJSON is the problem detail of a body that is not one JSON
+// object.
+const notDecideJSON = "the body is not a JSON decide request"
 
 // parseDecide reads a decide request's body into req. It returns the
-// problem detail of a body it refuses, naming the field at fault: a key or
-// rule that is not a JSON string, or that is not UTF-8 text (invalid bytes,
-// or a \u escape of half a surrogate pair). encoding/json would decode
-// each of those to U+FFFD, so that distinct keys would share a counter.
+// problem detail of a body it refuses, naming the field at fault:
+//
+//   - a member given twice, or under a name that differs from rule, key or
+//     cost only in case (RULE, Key, or with U+212A KELVIN SIGN or U+017F
+//     LONG S, which Unicode folds to k and s): encoding/json takes the
+//     last of them and matches names without regard to case, so
+//     {"rule":"api","RULE":"big"} would be decided under big while a
+//     proxy or log in front reads api;
+//   - a key or rule that is not a JSON string, or that is not UTF-8 text
+//     (invalid bytes, or a \u escape of half a surrogate pair):
+//     encoding/json would decode each of those to U+FFFD, so that distinct
+//     keys would share a counter;
+//   - a cost that is not a whole number of at least 1: 0 is refused
+//     rather than read as the rule's cost (which spends) or as a check that
+//     spends nothing (which the endpoint does not offer).
+//
+// Other members are ignored, once each; null is an absent member.
 func parseDecide(body []byte, req *DecideRequest) (detail string) {
-	var w decideWire
-	if err := json.Unmarshal(body, &w); err != nil {
-		return "the body is not a JSON decide request"
+	d := json.NewDecoder(bytes.NewReader(body))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return notDecideJSON
 	}
-	for _, f := range []struct {
-		name string
-		raw  json.RawMessage
-		dst  *string
-	}{{"rule", w.Rule, &req.Rule}, {"key", w.Key, &req.Key}} {
-		if len(f.raw) == 0 || string(f.raw) == "null" { // absent, as encoding/json has null
+	var seen [len(decideFields)]bool
+	var others []string
+	for d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return notDecideJSON
+		}
+		name, _ := t.(string)
+		var raw json.RawMessage
+		if err := d.Decode(&raw); err != nil {
+			return notDecideJSON
+		}
+		i := slices.Index(decideFields[:], name)
+		if i < 0 {
+			for _, f := range decideFields {
+				if strings.EqualFold(name, f) {
+					return f + " is also given under a name that differs only in case; field names are lower case, each given once"
+				}
+			}
+			if slices.Contains(others, name) {
+				return plainName(name) + " is given more than once; give each field once"
+			}
+			others = append(others, name)
 			continue
 		}
-		if f.raw[0] != '"' {
-			return f.name + " must be a JSON string"
+		if seen[i] {
+			return decideFields[i] + " is given more than once; give each field once"
 		}
-		if !exactJSONString(f.raw) {
-			return f.name + " is not UTF-8 text: it holds invalid bytes or half a surrogate pair"
+		seen[i] = true
+		if string(raw) == "null" { // absent, as encoding/json has null
+			continue
 		}
-		if err := json.Unmarshal(f.raw, f.dst); err != nil {
-			return f.name + " must be a JSON string"
+		switch i {
+		case 0, 1:
+			dst := &req.Rule
+			if i == 1 {
+				dst = &req.Key
+			}
+			if raw[0] != '"' {
+				return decideFields[i] + " must be a JSON string"
+			}
+			if !exactJSONString(raw) {
+				return decideFields[i] + " is not UTF-8 text: it holds invalid bytes or half a surrogate pair"
+			}
+			if err := json.Unmarshal(raw, dst); err != nil {
+				return decideFields[i] + " must be a JSON string"
+			}
+		case 2:
+			n, err := strconv.ParseUint(string(raw), 10, 64)
+			if err != nil || n == 0 {
+				return "cost must be a whole number of at least 1 (0 is refused: it is neither the rule's cost nor a free check)"
+			}
+			req.Cost = n
 		}
 	}
-	req.Cost = w.Cost
+	if _, err := d.Token(); err != nil { // the closing brace
+		return notDecideJSON
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return notDecideJSON // trailing data
+	}
 	return ""
+}
+
+// plainName returns a member name for a problem detail: itself when it
+// needs no JSON escaping and is short, else a description.
+func plainName(name string) string {
+	if name == "" || len(name) > 64 {
+		return "a member name"
+	}
+	for _, c := range []byte(name) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return "a member name"
+		}
+	}
+	return name
 }
 
 // exactJSONString reports whether raw, a JSON string token (quotes

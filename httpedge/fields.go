@@ -77,6 +77,10 @@ func (f fastFields) Query(name string) (first, last []byte, n int) {
 	return first, last, n
 }
 
+// RawQuery returns the query as the client sent it, for rules that split
+// it on ';' too (decision.RawQuery).
+func (f fastFields) RawQuery() []byte { return f.r.URI().QueryString() }
+
 // Cookie counts the cookies fasthttp parsed from every Cookie line.
 func (f fastFields) Cookie(name string) (first, last []byte, n int) {
 	for k, v := range f.r.Header.Cookies() {

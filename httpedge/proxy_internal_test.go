@@ -2,6 +2,7 @@ package httpedge
 
 import (
 	"bufio"
+	"bytes"
 	"net/http"
 	"strings"
 	"testing"
@@ -186,4 +187,29 @@ func TestPickSharesEvenly(t *testing.T) {
 	if got := p.pick(0, 1<<0|1<<1|1<<2); got != 3 {
 		t.Errorf("none healthy, 0-2 tried: pick = %d, want 3", got)
 	}
+}
+
+// FuzzAmbiguousPath: a path is refused exactly when it holds a backslash
+// or %5C (any case) or starts with "//"; a path let through decodes, as
+// the edge matches it, to one without a backslash, so the WHATWG reading
+// of a backslash as "/" cannot differ from the edge's.
+func FuzzAmbiguousPath(f *testing.F) {
+	for _, s := range []string{`/x/..\login`, `/x/..%5Clogin`, `/x/..%5clogin`, "//evil/login", "/a//b", "/%", "/%5", "/%5%5c",
+		"/%255C", "/login", `/\`, "/x?q=\\", "/%%5C"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		want := strings.Contains(raw, `\`) || strings.Contains(strings.ToLower(raw), "%5c") || strings.HasPrefix(raw, "//")
+		if got := ambiguousPath([]byte(raw)); got != want {
+			t.Fatalf("ambiguousPath(%q) = %v, want %v", raw, got, want)
+		}
+		if want {
+			return
+		}
+		var u fasthttp.URI
+		u.SetPath(raw)
+		if bytes.IndexByte(u.Path(), '\\') >= 0 {
+			t.Fatalf("%q passes but is matched as %q, with a backslash", raw, u.Path())
+		}
+	})
 }

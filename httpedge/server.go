@@ -235,8 +235,12 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	if s.cfg.Mode == Proxy && next == nil && !s.checkFraming(ctx) {
 		return // framing that could smuggle a request: 400 before any decision (proxy_framing.go)
 	}
+	checking := s.cfg.Mode == Decision && next == nil
+	if s.refusesPath(ctx, checking) {
+		return // a path origins read differently: 400 before any decision (paths.go)
+	}
 	path := ctx.Path()
-	if s.cfg.Mode == Decision && next == nil {
+	if checking {
 		if string(path) == decidePath && s.cfg.DecideToken != "" {
 			if !s.authorized(ctx) {
 				ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="poplimit decide"`)

@@ -91,7 +91,8 @@ type OfflineDecision struct {
 	Edge  int           // the edge that decided it, from 0
 	At    time.Duration // when it was decided: its offset (never before an earlier request's)
 	// Status is 200 (admitted), 429 (refused) or 400 (a missing key under
-	// missing_key: deny, or a bad cost header).
+	// missing_key: deny, a bad cost header, or a path origins read
+	// differently: a backslash, %5C or a leading "//").
 	Status int
 	// Rule is the refusing rule, or for an admitted request the matching
 	// rule with the least remaining (the one its RateLimit field names);
@@ -386,6 +387,9 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 	}
 	o.durations = o.durations || r.Duration > 0
 	o.at = at
+	if httpedge.AmbiguousRequest(req, o.cfg.CheckPrefix, true) {
+		return OfflineDecision{Index: idx, Edge: e, At: at, Status: 400} // as the live edge refuses it, before any rule
+	}
 	v := core.Decide(&decision.Request{Host: decision.HostOnly([]byte(r.Host)), Method: []byte(method),
 		Path: httpedge.StripPrefix(req.URI().Path(), o.cfg.CheckPrefix), Addr: r.IP,
 		Fields: httpedge.FastFields(req), Now: now, Tracked: r.Duration > 0})

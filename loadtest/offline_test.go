@@ -136,6 +136,25 @@ rules:
 	}
 }
 
+// A path the live edge refuses because origins read it differently (a
+// backslash, %5C, a leading "//") is a 400 offline too, counting under no
+// rule, as the live edge answers it.
+func TestOfflineAmbiguousPaths(t *testing.T) {
+	rs := parseRules(t, "rules:\n  - {name: login, path_prefix: /login, limit: 1, window: 1m}\n")
+	ip := netip.MustParseAddr("192.0.2.1")
+	var got []string
+	rep, err := loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: rs, CheckPrefix: "/check",
+		OnDecision: func(d loadtest.OfflineDecision) { got = append(got, fmt.Sprintf("%d:%s", d.Status, d.Rule)) }},
+		sliceTrace([]loadtest.Request{{IP: ip, Path: "/login"}, {IP: ip, Path: `/x/..\login`}, {IP: ip, Path: "/x/..%5Clogin"},
+			{IP: ip, Path: "//evil/login"}, {IP: ip, Path: "/check//evil/login"}, {IP: ip, Path: `/other?q=\`}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "[200:login 400: 400: 400: 400: 200:]"; fmt.Sprint(got) != want || rep.Denied != 4 {
+		t.Errorf("decisions %v, %d denied; want %s, 4", got, rep.Denied, want)
+	}
+}
+
 func sliceTrace(reqs []loadtest.Request) loadtest.Trace {
 	return func(yield func(loadtest.Request, error) bool) {
 		for _, r := range reqs {

@@ -96,6 +96,7 @@ func FuzzFieldsMatchEdgeServer(f *testing.F) {
 	f.Add("key=r1&key=real", "sid=r1; sid=real", "key")
 	f.Add("k%65y=a&key=%zz&key=%4", "sid=\"q\"; sid= x ;sid", "key")
 	f.Add("a+b=1&a%20b=2", "a b=1", "a b")
+	f.Add("key=A;key=B", "sid=1", "key")
 	f.Fuzz(func(t *testing.T, query, cookie, name string) {
 		if strings.ContainsAny(query, " \r\n#\x00") || strings.ContainsAny(cookie, "\r\n\x00") || name == "" {
 			return
@@ -109,6 +110,11 @@ func FuzzFieldsMatchEdgeServer(f *testing.F) {
 		}
 		if d := sameFields(mw.Cookie, fast.Cookie, name); d != "" {
 			t.Errorf("cookie %q, name %q: %s", cookie, name, d)
+		}
+		// The raw query, which rules with query_semicolon: split read.
+		rq, ok := fast.(decision.RawQuery)
+		if !ok || string(mw.RawQuery()) != string(rq.RawQuery()) {
+			t.Errorf("query %q: raw query net/http %q, fasthttp %v %q", query, mw.RawQuery(), ok, rq)
 		}
 	})
 }

@@ -185,6 +185,9 @@ func (f *fields) Query(name string) (first, last []byte, n int) {
 	return first, queryValue(lv), n
 }
 
+// RawQuery returns the query as the client sent it (decision.RawQuery).
+func (f *fields) RawQuery() []byte { return bytesOf(f.r.URL.RawQuery) }
+
 func queryValue(v string) []byte {
 	if strings.ContainsAny(v, "%+") {
 		if u, err := unescape(v); err == nil {

@@ -114,6 +114,41 @@ var duplicateKeyNames = []string{"refuse", "first", "last"}
 
 func (d DuplicateKey) String() string { return enumName(duplicateKeyNames, int(d)) }
 
+// QuerySemicolon is how a rule keyed by a query parameter reads ';' in
+// the query. The WHATWG URL standard (URLSearchParams), PHP and Node's
+// querystring split pairs on '&' only, so ?key=A;key=B is one value
+// "A;key=B" (Go since 1.17 drops a pair holding ';'); Python's parse_qs
+// before 3.9.2, Go before 1.17 and Perl's CGI.pm split on ';' too, and
+// read key twice. A rule keyed for such an origin splits on ';' as well,
+// so that the key given twice is a duplicate (DuplicateKey), not a fresh
+// value.
+type QuerySemicolon uint8
+
+const (
+	QuerySemicolonKeep  QuerySemicolon = iota // ';' is part of a name or value (the default)
+	QuerySemicolonSplit                       // ';' separates pairs, as '&' does
+)
+
+var querySemicolonNames = []string{"keep", "split"}
+
+func (q QuerySemicolon) String() string { return enumName(querySemicolonNames, int(q)) }
+
+// KeyTrim is what a rule strips from the ends of the header, query and
+// cookie values of its key. A header value is always read without its
+// surrounding spaces and tabs (RFC 9110 §5.5); an origin that strips
+// Unicode blanks too (Python's str.strip, JavaScript's String.trim) reads
+// "k\u00a0" as "k", where the edge would count a fresh key.
+type KeyTrim uint8
+
+const (
+	KeyTrimNone    KeyTrim = iota // values as read (the default)
+	KeyTrimUnicode                // strip Unicode White_Space and U+FEFF from both ends
+)
+
+var keyTrimNames = []string{"none", "unicode"}
+
+func (k KeyTrim) String() string { return enumName(keyTrimNames, int(k)) }
+
 // Scope is where a rule's limit holds: among the edges of one PoP (the
 // default), or across every PoP, each PoP adding what the others counted
 // for the key (package global).
@@ -158,6 +193,10 @@ type Rule struct {
 	Key          []KeyPart // the key recipe; parts are joined
 	MissingKey   MissingKey
 	DuplicateKey DuplicateKey
+	// QuerySemicolon and KeyTrim say how the key's fields are read
+	// (query_semicolon, key_trim).
+	QuerySemicolon QuerySemicolon
+	KeyTrim        KeyTrim
 	// IPv6Prefix is how many leading bits of an IPv6 client address key
 	// the rule (default 64: one subscriber holds a whole /64 and can
 	// rotate addresses inside it; 128 keys each address).
@@ -332,6 +371,8 @@ type ruleYAML struct {
 	Key          []string           `yaml:"key"`
 	MissingKey   string             `yaml:"missing_key"`
 	DuplicateKey string             `yaml:"duplicate_key"`
+	QuerySemi    string             `yaml:"query_semicolon"`
+	KeyTrim      string             `yaml:"key_trim"`
 	IPv6Prefix   *number            `yaml:"ipv6_prefix"`
 	Limit        *number            `yaml:"limit"`
 	Window       string             `yaml:"window"`
@@ -597,7 +638,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 	parseKind(f, y, r)
 	if r.Kind == Shed {
 		// A shed rule only classes routes: nothing else applies.
-		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" || y.Scope != "" {
+		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" || y.QuerySemi != "" || y.KeyTrim != "" || y.Scope != "" {
 			f.fail("", "", "a shed rule takes only name, match and priority")
 		}
 		if f.n > 0 {
@@ -716,6 +757,20 @@ func parseKey(f *fields, y ruleYAML, r *Rule) {
 		fieldKey = fieldKey || p.Source != KeyIP
 	}
 	f.only(y.DuplicateKey != "", "duplicate_key", strconv.Quote(y.DuplicateKey), fieldKey || len(r.Key) < len(y.Key),
+		"rules keyed by a header, query parameter or cookie")
+	if r.QuerySemicolon, ok = parseEnum[QuerySemicolon](querySemicolonNames, y.QuerySemi); !ok {
+		f.fail("query_semicolon", strconv.Quote(y.QuerySemi), "must be one of "+strings.Join(querySemicolonNames, ", "))
+	}
+	queryKey := false
+	for _, p := range r.Key {
+		queryKey = queryKey || p.Source == KeyQuery
+	}
+	f.only(y.QuerySemi != "", "query_semicolon", strconv.Quote(y.QuerySemi), queryKey || len(r.Key) < len(y.Key),
+		"rules keyed by a query parameter")
+	if r.KeyTrim, ok = parseEnum[KeyTrim](keyTrimNames, y.KeyTrim); !ok {
+		f.fail("key_trim", strconv.Quote(y.KeyTrim), "must be one of "+strings.Join(keyTrimNames, ", "))
+	}
+	f.only(y.KeyTrim != "", "key_trim", strconv.Quote(y.KeyTrim), fieldKey || len(r.Key) < len(y.Key),
 		"rules keyed by a header, query parameter or cookie")
 	r.IPv6Prefix = 64
 	if n := y.IPv6Prefix; n != nil {

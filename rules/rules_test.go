@@ -153,7 +153,11 @@ rules:
   - {name: f, key: ["query:k", ip], duplicate_key: first, limit: 1, window: 1m}
   - {name: l, key: ["cookie:k"], duplicate_key: last, path_prefix: /a, path_case: insensitive, limit: 1, window: 1m}
   - {name: s, path_prefix: /a, path_case: sensitive, limit: 1, window: 1m}
+  - {name: q, key: ["query:k"], query_semicolon: split, key_trim: unicode, limit: 1, window: 1m}
 `)
+	if q := rs.Rules[5]; q.QuerySemicolon != QuerySemicolonSplit || q.KeyTrim != KeyTrimUnicode || rs.Rules[0].QuerySemicolon != QuerySemicolonKeep || rs.Rules[0].KeyTrim != KeyTrimNone {
+		t.Errorf("query_semicolon, key_trim: %v %v, default %v %v", q.QuerySemicolon, q.KeyTrim, rs.Rules[0].QuerySemicolon, rs.Rules[0].KeyTrim)
+	}
 	for i, want := range []struct {
 		dup  DuplicateKey
 		fold bool
@@ -193,6 +197,10 @@ func TestParseRulesNumberAndCostMessages(t *testing.T) {
 		{head + "limit: 10}]\n---\nrules: []\n", "file: a rules file is one YAML document; this one holds more after a ---, which would be ignored"},
 		{head + "limit: 10, duplicate_key: twice, key: [\"header:K\"]}]", `rules[0].duplicate_key: must be one of refuse, first, last (got "twice")`},
 		{head + "limit: 10, duplicate_key: last}]", `rules[0].duplicate_key: applies only to rules keyed by a header, query parameter or cookie (got "last")`},
+		{head + "limit: 10, query_semicolon: yes, key: [\"query:k\"]}]", `rules[0].query_semicolon: must be one of keep, split (got "yes")`},
+		{head + "limit: 10, query_semicolon: split, key: [\"header:K\"]}]", `rules[0].query_semicolon: applies only to rules keyed by a query parameter (got "split")`},
+		{head + "limit: 10, key_trim: all, key: [\"header:K\"]}]", `rules[0].key_trim: must be one of none, unicode (got "all")`},
+		{head + "limit: 10, key_trim: unicode}]", `rules[0].key_trim: applies only to rules keyed by a header, query parameter or cookie (got "unicode")`},
 		{head + "limit: 10, path_case: upper, path_prefix: /a}]", `rules[0].path_case: must be "sensitive" or "insensitive" (got "upper")`},
 		{head + "limit: 10, path_case: insensitive}]", `rules[0].path_case: applies only to rules with path_prefix (got "insensitive")`},
 	}
@@ -268,6 +276,8 @@ func FuzzParseRules(f *testing.F) {
 		"rules: [{name: a, limit: 1, window: 1m}]\n---\nrules: [{name: b, limit: 1, window: 1m}]",
 		"rules: [{name: a, limit: 1, window: 1m, key: [\"header:K\"], duplicate_key: last, path_prefix: /a, path_case: insensitive}]",
 		"shedding: {max_in_flight: 1.5}\nrules: [{name: a, limit: 1, window: 1m}]",
+		"rules: [{name: a, limit: 1, window: 1m, key: [\"query:k\", \"cookie:c\"], query_semicolon: split, key_trim: unicode}]",
+		"rules: [{name: a, limit: 1, window: 1m, query_semicolon: split, key_trim: none}]",
 	} {
 		f.Add([]byte(s))
 	}

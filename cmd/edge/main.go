@@ -40,6 +40,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("edge: -log-level %q: %w", logLevel, err)
 	}
 	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if o.EdgeIDDerived {
+		host, _ := os.Hostname()
+		o.Logger.Info("edge: -edge-id not set: the id is derived from the host name, -listen and -pop", "edge_id", o.EdgeID,
+			"host", host, "listen", o.Listen, "pop", o.Pop)
+	}
 	edge.RaiseFileLimit(o, o.Logger) // logged, with a warning when below what -concurrency needs
 	e, err := edge.Build(o)
 	if err != nil {
