@@ -161,11 +161,13 @@ func BenchmarkProducerCPU(b *testing.B) {
 		mod  func(*pipeline.ProducerConfig)
 	}{
 		{"frames", 0, func(*pipeline.ProducerConfig) {}},
+		{"frames-signed", 0, func(c *pipeline.ProducerConfig) { c.Key = make([]byte, pipeline.MinKeyLen) }},
 		{"frames-snappy", 0, func(c *pipeline.ProducerConfig) { c.Compression = kafka.Snappy }},
 		{"frames-zstd", 0, func(c *pipeline.ProducerConfig) { c.Compression = kafka.Zstd }},
 		{"frames-uncompressed", 0, func(c *pipeline.ProducerConfig) { c.Compression = 0 }},
 		{"message-per-event", 0, perEvent},
 		{"paced-20k-frames", 20_000, func(*pipeline.ProducerConfig) {}},
+		{"paced-20k-frames-signed", 20_000, func(c *pipeline.ProducerConfig) { c.Key = make([]byte, pipeline.MinKeyLen) }},
 		{"paced-20k-message-per-event", 20_000, perEvent},
 		{"paced-20k-frames-100ms", 20_000, func(c *pipeline.ProducerConfig) { c.BatchTimeout = 100 * time.Millisecond }},
 		{"paced-20k-frames-50ms", 20_000, func(c *pipeline.ProducerConfig) { c.BatchTimeout, c.BatchSize = 50*time.Millisecond, 4096 }},
