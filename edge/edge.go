@@ -81,6 +81,11 @@ type Options struct {
 	// KafkaTLS and KafkaSASL, when set, secure the connections to Brokers.
 	KafkaTLS  *tls.Config
 	KafkaSASL sasl.Mechanism
+	// EventsKey, when set, signs the decision events (at least
+	// pipeline.MinKeyLen bytes, the aggregator's -events-key-file): one
+	// HMAC-SHA256 per frame, so an aggregator with the key refuses events
+	// that no holder of it wrote. Default none: unsigned.
+	EventsKey []byte
 
 	// Pop names this edge's PoP (at most 32 bytes) in its events. With
 	// Brokers, it also makes rules of scope global hold across PoPs: the
@@ -285,6 +290,7 @@ func Build(o Options) (e *Edge, err error) {
 		pc := pipeline.DefaultProducerConfig()
 		pc.Brokers, pc.Topic, pc.SampleRate = o.Brokers, o.Topic, o.Sample
 		pc.TLS, pc.SASL, pc.Dial = o.KafkaTLS, o.KafkaSASL, o.KafkaDial
+		pc.Key = o.EventsKey
 		if e.producer, err = pipeline.NewProducer(pc, reg); err != nil {
 			return e, err
 		}

@@ -94,6 +94,10 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time to stop serving on SIGTERM")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof/ on -listen (no authentication: keep -listen on loopback)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Func("events-key-file", "file holding the key decision events must be signed with (at least 32 bytes, the edges' -events-key-file); unsigned or badly signed messages are dropped and counted; default: none, nothing checked", func(f string) (err error) {
+		cfg.Consumer.Key, err = pipeline.ReadKeyFile(f)
+		return err
+	})
 	var ka kafkaauth.Flags
 	kafkaFlags(fs, &ka)
 	if err := fs.Parse(args); err != nil {
