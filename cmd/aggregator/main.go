@@ -76,6 +76,11 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.StringVar(&cfg.Embedded, "embedded-broker", "127.0.0.1:9392", "loopback address of the embedded broker, without -brokers (port 0: any)")
 	fs.StringVar(&cfg.EmbeddedDataDir, "embedded-data-dir", "", "directory where the embedded broker keeps its log and offsets (default: memory only)")
 	fs.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic the embedded broker creates")
+	cfg.EmbeddedRetention, cfg.EmbeddedRetentionBytes, cfg.EmbeddedGlobalRetentionBytes, cfg.EmbeddedRetentionCheck = cfg.embeddedBounds()
+	fs.DurationVar(&cfg.EmbeddedRetention, "embedded-retention", cfg.EmbeddedRetention, "the embedded broker drops messages of both topics older than this (retention.ms)")
+	fs.Int64Var(&cfg.EmbeddedRetentionBytes, "embedded-retention-bytes", cfg.EmbeddedRetentionBytes, "bytes of decision events the embedded broker keeps, all partitions together (it holds up to 9/8 of it): the oldest are dropped")
+	fs.Int64Var(&cfg.EmbeddedGlobalRetentionBytes, "embedded-global-retention-bytes", cfg.EmbeddedGlobalRetentionBytes, "bytes of the topic of the counts the embedded broker keeps (it holds up to 9/8 of it): the oldest are dropped")
+	edgeUsers := fs.String("embedded-edge-users", "", `file of the principals edges authenticate as to the embedded broker, one "user:password" a line; with -kafka-sasl, the embedded broker requires SASL and ACLs (deploy/KAFKA.md); default: no authentication`)
 	fs.StringVar(&cfg.Consumer.Topic, "topic", "poplimit.decisions", "Kafka topic of decision events")
 	fs.StringVar(&cfg.Consumer.GroupID, "group", "poplimit-aggregator", "Kafka consumer group")
 	fs.StringVar(&cfg.GlobalTopic, "global-topic", global.DefaultTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
@@ -106,6 +111,15 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	var err error
 	if cfg.Consumer.TLS, cfg.Consumer.SASL, err = ka.Build(); err != nil {
 		return config{}, 0, nil, fmt.Errorf("aggregator: %w", err)
+	}
+	switch {
+	case *edgeUsers != "" && *brokers != "":
+		return config{}, 0, nil, errors.New("aggregator: -embedded-edge-users with -brokers: the principals of a cluster are its own (deploy/KAFKA.md)")
+	case *edgeUsers != "" && ka.Mechanism == "":
+		return config{}, 0, nil, errors.New("aggregator: -embedded-edge-users needs -kafka-sasl (and the aggregator's own -kafka-user and -kafka-password-file)")
+	}
+	if cfg.EmbeddedSASL, err = buildEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, *edgeUsers); err != nil {
+		return config{}, 0, nil, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, 0, nil, fmt.Errorf("aggregator: unexpected arguments %q", fs.Args())
