@@ -490,6 +490,9 @@ func (e *Edge) LogStart() {
 		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.EdgeID,
 		"concurrency", o.Server.Concurrency, "max_conns_per_client", connCap(o.Server.MaxConnsPerClient),
 		"max_decision_body", decisionBody(&o.Server))
+	if len(o.Brokers) > 0 && o.EventsKey == nil && o.Events == nil {
+		o.Logger.Warn("edge: decision events are not signed: an aggregator with -events-key-file refuses them, and without one any writer of the topic can forge decisions (pass -events-key-file; deploy/KAFKA.md)")
+	}
 }
 
 // connCap and decisionBody say the connection cap and the body bound as

@@ -168,6 +168,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Consumer.Key == nil {
+		log.Warn("aggregator: decision events are not authenticated: any writer of the topic can forge decisions that change the global counts and the accuracy figures (pass -events-key-file; deploy/KAFKA.md)")
+	}
 	var failed error
 	select {
 	case <-ctx.Done():
