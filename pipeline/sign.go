@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"hash"
 	"os"
-	"strconv"
 	"strings"
 )
 
@@ -87,8 +86,8 @@ func ReadKeyFile(file string) ([]byte, error) {
 	}
 	key := []byte(strings.TrimSpace(string(b)))
 	if len(key) < MinKeyLen {
-		return nil, fmt.Errorf("key file %s: %d bytes: at least %s required (e.g. openssl rand -hex 32 > %s)",
-			file, len(key), strconv.Itoa(MinKeyLen), file)
+		return nil, fmt.Errorf("key file %s: %d bytes: at least %d required (e.g. openssl rand -hex 32 > %s)",
+			file, len(key), MinKeyLen, file)
 	}
 	return key, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 )
 
@@ -251,5 +252,35 @@ func TestEmbeddedSASLRestart(t *testing.T) {
 	}
 	if err := writeTo(a, m, "global"); err == nil || !strings.Contains(err.Error(), "Authorization") {
 		t.Errorf("edge-a writes the counts after the restart: got %v, want refused", err)
+	}
+}
+
+// TestEmbeddedSASLPlain: with -kafka-sasl plain the embedded broker takes
+// PLAIN logins (kafka-go's sasl/plain), and refuses the aggregator's own
+// principal on the edges' job.
+func TestEmbeddedSASLPlain(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	passFile, usersFile := filepath.Join(dir, "pass"), filepath.Join(dir, "edges")
+	_ = os.WriteFile(passFile, []byte("aggregator-secret"), 0o600)
+	_ = os.WriteFile(usersFile, []byte("edge-a:secret-a\n"), 0o600)
+	cfg := testConfig(t)
+	ka := kafkaauth.Flags{Mechanism: "plain", User: "aggregator", PasswordFile: passFile}
+	var err error
+	if _, cfg.Consumer.SASL, err = ka.Build(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.EmbeddedSASL, err = buildEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
+		t.Fatal(err)
+	}
+	a := startAggregator(t, cfg)
+	if err := writeTo(a, plain.Mechanism{Username: "edge-a", Password: "secret-a"}, topic); err != nil {
+		t.Errorf("edge-a writes the decisions: got %v, want it allowed", err)
+	}
+	if err := writeTo(a, cfg.Consumer.SASL, topic); err == nil || !strings.Contains(err.Error(), "Authorization") {
+		t.Errorf("the aggregator writes the decisions: got %v, want it refused", err)
+	}
+	if err := fetchFrom(a, cfg.Consumer.SASL, topic); err != nil {
+		t.Errorf("the aggregator reads the decisions: got %v, want it allowed", err)
 	}
 }
