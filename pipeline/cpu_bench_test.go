@@ -141,8 +141,9 @@ func cpuTime(b *testing.B) time.Duration {
 // waits for every event to be acknowledged, divided by the events
 // (cpu-ns/event); sent-B/event is what it wrote to the broker. The broker
 // runs in another process. "frames" is the default configuration;
-// "message-per-event" sends each event in a message of its own, as the
-// producer did before frames. The cases not "paced" emit as fast as the
+// "frames-signed" signs each frame with an events key (one HMAC-SHA256 per
+// frame); "message-per-event" sends each event in a message of its own, as
+// the producer did before frames. The cases not "paced" emit as fast as the
 // producer takes events; the paced ones emit at a rate, in bursts every
 // millisecond, and include what pacing costs alone ("pacing-only", no
 // producer: the Go scheduler's wake-ups from sleep), to be subtracted.

@@ -13,8 +13,19 @@
 // kfake) on a loopback address, default 127.0.0.1:9392, with the topic
 // created (-partitions), so `go run ./cmd/aggregator` works alone and logs
 // every default it took. The embedded broker keeps its log and offsets in
-// memory unless -embedded-data-dir names a directory. With -brokers it
-// joins that cluster, where the topic must exist.
+// memory unless -embedded-data-dir names a directory, and bounds both
+// topics by time and bytes (-embedded-retention, -embedded-retention-bytes,
+// -embedded-global-retention-bytes). With -kafka-sasl and
+// -embedded-edge-users it requires SASL and ACLs of every client: the
+// aggregator reads the decisions and writes the counts, the edges write the
+// decisions and read the counts (deploy/KAFKA.md). With -brokers it joins
+// that cluster, where the topic must exist.
+//
+// With -events-key-file it judges, and counts across PoPs, only the events
+// of frames signed with that key (the edges' -events-key-file); every
+// other message is dropped and counted in
+// poplimit_pipeline_messages_refused_total{reason}, so a writer of the
+// topic without the key changes no decision and no figure.
 //
 // On SIGTERM or SIGINT it stops consuming after the batch in hand, which
 // is committed, judges every event still buffered, stops serving and, last,
