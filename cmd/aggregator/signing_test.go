@@ -49,7 +49,7 @@ func TestForgedEventsRefused(t *testing.T) {
 	var o edge.Options
 	o.Brokers, o.Topic, o.GlobalTopic, o.Pop, o.EdgeID = a.Brokers(), topic, "global", "pop-a", 3
 	o.EventsKey = key
-	ed := edgetest.Start(t, "rules: [{name: g, limit: 5, window: 1m, scope: global}]", o)
+	ed := edgetest.Start(t, "rules: [{name: g, limit: 100, window: 1m, scope: global}]", o)
 	testenv.WaitFor(t, 30*time.Second, "the edge's feed of the other PoPs' counts fresh", func() bool {
 		return ed.Global.Fresh(time.Now().UnixNano())
 	})
