@@ -97,6 +97,11 @@ type Options struct {
 	// KafkaTLS and KafkaSASL, when set, secure the connections to Brokers.
 	KafkaTLS  *tls.Config
 	KafkaSASL sasl.Mechanism
+	// EventsKey, when set, signs the decision events (at least
+	// pipeline.MinKeyLen bytes, the aggregator's -events-key-file): one
+	// HMAC-SHA256 per frame, so an aggregator with the key refuses events
+	// that no holder of it wrote. Default none: unsigned.
+	EventsKey []byte
 
 	// Pop names this edge's PoP (at most 32 bytes) in its events. With
 	// Brokers, it also makes rules of scope global hold across PoPs: the
@@ -323,6 +328,7 @@ func Build(o Options) (e *Edge, err error) {
 		pc := pipeline.DefaultProducerConfig()
 		pc.Brokers, pc.Topic, pc.SampleRate = o.Brokers, o.Topic, o.Sample
 		pc.TLS, pc.SASL, pc.Dial = o.KafkaTLS, o.KafkaSASL, o.KafkaDial
+		pc.Key = o.EventsKey
 		if e.producer, err = pipeline.NewProducer(pc, reg); err != nil {
 			return e, err
 		}
@@ -527,6 +533,9 @@ func (e *Edge) LogStart() {
 		"concurrency", o.Server.Concurrency, "max_conns", connCap(o.Server.MaxConns), "max_conns_per_client", connCap(o.Server.MaxConnsPerClient),
 		"idle_timeout", o.Server.IdleTimeout, "admin_max_conns", o.AdminMaxConns,
 		"max_decision_body", decisionBody(&o.Server))
+	if len(o.Brokers) > 0 && o.EventsKey == nil && o.Events == nil {
+		o.Logger.Warn("edge: decision events are not signed: an aggregator with -events-key-file refuses them, and without one any writer of the topic can forge decisions (pass -events-key-file; deploy/KAFKA.md)")
+	}
 }
 
 // connCap and decisionBody say the connection cap and the body bound as

@@ -21,6 +21,7 @@ type Consumer struct {
 	cfg ConsumerConfig
 	r   *kafka.Reader
 	m   consumerMetrics
+	key *FrameKey // nil without ConsumerConfig.Key; used by Run's goroutine only
 
 	stop   context.Context // done once Close is called
 	cancel context.CancelFunc
@@ -71,6 +72,12 @@ func NewConsumer(cfg ConsumerConfig, reg prometheus.Registerer) (*Consumer, erro
 		return nil, fmt.Errorf("pipeline: consumer config: %w", err)
 	}
 	c := &Consumer{cfg: cfg, m: newConsumerMetrics()}
+	if cfg.Key != nil {
+		var err error
+		if c.key, err = NewFrameKey(cfg.Key); err != nil { // unreachable: Validate checked
+			return nil, err
+		}
+	}
 	if err := register(reg, c.m.collectors); err != nil {
 		return nil, fmt.Errorf("pipeline: register consumer metrics: %w", err)
 	}
@@ -90,7 +97,9 @@ func NewConsumer(cfg ConsumerConfig, reg prometheus.Registerer) (*Consumer, erro
 //
 // A message is a frame of events or a single event (as producers before
 // frames wrote, version 1 or 2). A message that does not decode is counted
-// and skipped whole (its offset is committed with the batch). Errors of the
+// and skipped whole (its offset is committed with the batch). With a Key,
+// so is every message that is not a frame signed with it for its
+// partition: only events whose MAC holds reach apply. Errors of the
 // group (a broker that is down) are counted and waited out: the reader
 // rejoins by itself. If apply returns an error, Run returns it, wrapped,
 // without committing the batch.
@@ -172,8 +181,19 @@ type batch struct {
 }
 
 // decode appends the events of m to evs: a frame's, unless it was read
-// before, or a single event. What does not decode is counted and skipped.
+// before, or a single event. What does not decode, or, with a key, is not
+// signed with it, is counted and skipped.
 func (c *Consumer) decode(b *batch, evs []Event, m *kafka.Message) []Event {
+	if c.key != nil {
+		switch {
+		case len(m.Value) == 0 || m.Value[0] != signedFrameByte:
+			c.m.refusedUnsigned.Inc()
+			return evs
+		case !c.key.Verify(m.Value, m.Partition):
+			c.m.refusedBadMAC.Inc()
+			return evs
+		}
+	}
 	if !IsFrame(m.Value) {
 		var e Event
 		if err := DecodeEvent(m.Value, &e); err != nil {

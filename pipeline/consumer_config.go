@@ -34,6 +34,13 @@ type ConsumerConfig struct {
 	GroupID string
 	// ClientID names the consumer to the brokers. Default "poplimit-pipeline".
 	ClientID string
+	// Key, when set, is the events key (at least MinKeyLen bytes, the
+	// producers'): Run hands apply only the events of frames signed with
+	// it for the partition they were read from (FrameKey.Verify), and
+	// drops and counts every other message by reason, unsigned (a single
+	// event, a frame of FrameVersion) or bad_mac. Default none: every
+	// frame and single event is read, and MACs are not checked.
+	Key []byte
 
 	// MaxBatch is the most events handed to apply at once. Run reads
 	// messages until it holds at least MaxBatch events, or MaxBatch
@@ -147,6 +154,9 @@ func (c *ConsumerConfig) Validate() error {
 	}
 	if c.GroupID == "" {
 		bad("GroupID", `""`, "required")
+	}
+	if c.Key != nil && len(c.Key) < MinKeyLen {
+		bad("Key", strconv.Itoa(len(c.Key))+" bytes", "must be at least "+strconv.Itoa(MinKeyLen)+" bytes")
 	}
 	if c.MaxBatch < 1 {
 		bad("MaxBatch", c.MaxBatch, "must be at least 1")

@@ -141,8 +141,9 @@ func cpuTime(b *testing.B) time.Duration {
 // waits for every event to be acknowledged, divided by the events
 // (cpu-ns/event); sent-B/event is what it wrote to the broker. The broker
 // runs in another process. "frames" is the default configuration;
-// "message-per-event" sends each event in a message of its own, as the
-// producer did before frames. The cases not "paced" emit as fast as the
+// "frames-signed" signs each frame with an events key (one HMAC-SHA256 per
+// frame); "message-per-event" sends each event in a message of its own, as
+// the producer did before frames. The cases not "paced" emit as fast as the
 // producer takes events; the paced ones emit at a rate, in bursts every
 // millisecond, and include what pacing costs alone ("pacing-only", no
 // producer: the Go scheduler's wake-ups from sleep), to be subtracted.
@@ -161,11 +162,13 @@ func BenchmarkProducerCPU(b *testing.B) {
 		mod  func(*pipeline.ProducerConfig)
 	}{
 		{"frames", 0, func(*pipeline.ProducerConfig) {}},
+		{"frames-signed", 0, func(c *pipeline.ProducerConfig) { c.Key = make([]byte, pipeline.MinKeyLen) }},
 		{"frames-snappy", 0, func(c *pipeline.ProducerConfig) { c.Compression = kafka.Snappy }},
 		{"frames-zstd", 0, func(c *pipeline.ProducerConfig) { c.Compression = kafka.Zstd }},
 		{"frames-uncompressed", 0, func(c *pipeline.ProducerConfig) { c.Compression = 0 }},
 		{"message-per-event", 0, perEvent},
 		{"paced-20k-frames", 20_000, func(*pipeline.ProducerConfig) {}},
+		{"paced-20k-frames-signed", 20_000, func(c *pipeline.ProducerConfig) { c.Key = make([]byte, pipeline.MinKeyLen) }},
 		{"paced-20k-message-per-event", 20_000, perEvent},
 		{"paced-20k-frames-100ms", 20_000, func(c *pipeline.ProducerConfig) { c.BatchTimeout = 100 * time.Millisecond }},
 		{"paced-20k-frames-50ms", 20_000, func(c *pipeline.ProducerConfig) { c.BatchTimeout, c.BatchSize = 50*time.Millisecond, 4096 }},

@@ -18,7 +18,14 @@
 // panic, and bound an event at MaxEventLen bytes.
 // FORMAT.md, beside this file, gives the byte layouts, the partitioning
 // (all events of a key in one partition, in the order one edge emitted
-// them) and the frame numbering.
+// them), the frame numbering, and the MAC of signed frames.
+//
+// With an events key (ProducerConfig.Key, ConsumerConfig.Key, shared by
+// the edges and the aggregator), every frame ends with an HMAC-SHA256 of
+// itself and its partition (FrameKey), one per frame, and the consumer
+// hands apply only the events of frames whose MAC holds: a writer of the
+// topic without the key, which every edge's principal must be allowed to
+// be, forges no event. What it refuses is counted by reason.
 //
 // Producer.Emit copies an event into a bounded lock-free queue, or drops
 // and counts it when the queue is full; it allocates nothing and never

@@ -7,7 +7,26 @@ import "testing"
 // encode through the encoder that writes to Kafka.
 func SealFrame(t testing.TB, seq uint64, evs []Event) []byte {
 	t.Helper()
+	return sealFrame(t, nil, seq, evs)
+}
+
+// SealSignedFrame is SealFrame by a producer with the events key key: a
+// frame of FrameVersionSigned, signed for partition 0.
+func SealSignedFrame(t testing.TB, key []byte, seq uint64, evs []Event) []byte {
+	t.Helper()
+	k, err := NewFrameKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sealFrame(t, k, seq, evs)
+}
+
+func sealFrame(t testing.TB, key *FrameKey, seq uint64, evs []Event) []byte {
+	t.Helper()
 	size := FrameHeaderLen
+	if key != nil {
+		size += FrameMACLen
+	}
 	for i := range evs {
 		if err := evs[i].check(); err != nil {
 			t.Fatalf("SealFrame: event %d: %v", i, err)
@@ -18,7 +37,7 @@ func SealFrame(t testing.TB, seq uint64, evs []Event) []byte {
 	cfg := DefaultProducerConfig()
 	cfg.FrameEvents, cfg.FrameBytes = max(len(evs), 1), size
 	m := newProducerMetrics(&Producer{})
-	f := newFramer(cfg, seq, &m)
+	f := newFramer(cfg, seq, key, &m)
 	f.setPartitions(1)
 	for i := range evs {
 		f.add(&evs[i], EncodedLen(&evs[i]))

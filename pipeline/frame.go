@@ -4,16 +4,25 @@ import (
 	"encoding/binary"
 )
 
-// FrameVersion is the frame format version that a Producer writes and
-// DecodeFrame reads. A frame's first byte is frameTag | FrameVersion (0x81),
-// a value no event version takes (events are numbered from 1 to 127), so a
-// reader tells a frame from a single event by its first byte.
+// FrameVersion is the frame format version that a Producer without an
+// events key writes. A frame's first byte is frameTag | its version (0x81
+// or 0x82), a value no event version takes (events are numbered from 1 to
+// 127), so a reader tells a frame from a single event by its first byte.
 const FrameVersion = 1
+
+// FrameVersionSigned is the format of a frame that ends with a MAC (see
+// FrameKey): what a Producer with an events key writes. DecodeFrame reads
+// both versions.
+const FrameVersionSigned = 2
 
 const frameTag = 0x80
 
-// frameByte is the first byte of a version 1 frame.
-const frameByte = frameTag | FrameVersion
+// frameByte is the first byte of a version 1 frame; signedFrameByte, of a
+// version 2 (signed) frame.
+const (
+	frameByte       = frameTag | FrameVersion
+	signedFrameByte = frameTag | FrameVersionSigned
+)
 
 // FrameHeaderLen is the length of a frame's header, in bytes: the format
 // byte, the edge (2), the sequence number (8) and the event count (2).
@@ -39,8 +48,8 @@ type FrameHeader struct {
 	Count int
 }
 
-func appendFrameHeader(dst []byte, edge uint16, seq uint64, count int) []byte {
-	dst = append(dst, frameByte)
+func appendFrameHeader(dst []byte, format byte, edge uint16, seq uint64, count int) []byte {
+	dst = append(dst, format)
 	dst = binary.BigEndian.AppendUint16(dst, edge)
 	dst = binary.BigEndian.AppendUint64(dst, seq)
 	return binary.BigEndian.AppendUint16(dst, uint16(count))
@@ -61,9 +70,14 @@ func IsFrame(b []byte) bool { return len(b) > 0 && b[0]&frameTag != 0 }
 // order, returning the extended slice. It allocates nothing when dst has
 // room for the events; their Rule fields alias b.
 //
+// A frame of FrameVersionSigned decodes as one of FrameVersion followed by
+// FrameMACLen bytes, which DecodeFrame does not check: FrameKey.Verify
+// does.
+//
 // A frame decodes whole or not at all: on error, h is unchanged and dst is
 // returned at its original length. It returns ErrVersion if b is not a frame
-// of FrameVersion (a single event, or a future format), ErrTruncated if b
+// of FrameVersion or FrameVersionSigned (a single event, or a future
+// format), ErrTruncated if b
 // ends inside the frame, ErrTrailing if bytes follow its last event, and
 // ErrMalformed if the count is 0, an event's length is not minimally
 // encoded or longer than MaxEventLen, or an event is not of Version or
@@ -74,7 +88,14 @@ func DecodeFrame(b []byte, h *FrameHeader, dst []Event) ([]Event, error) {
 	if len(b) == 0 {
 		return dst, ErrTruncated
 	}
-	if b[0] != frameByte {
+	switch b[0] {
+	case frameByte:
+	case signedFrameByte:
+		if len(b) < FrameHeaderLen+FrameMACLen {
+			return dst, ErrTruncated
+		}
+		b = b[:len(b)-FrameMACLen]
+	default:
 		return dst, ErrVersion
 	}
 	if len(b) < FrameHeaderLen {

@@ -40,6 +40,12 @@ type framer struct {
 	maxEvents, maxBytes int
 	base                uint64 // the first sequence number of every partition
 
+	// key signs every sealed frame (nil: frames are not signed); its MAC
+	// takes the last FrameMACLen of maxBytes, so events fill up to room.
+	key    *FrameKey
+	format byte // the frames' first byte: frameByte, or signedFrameByte with key
+	room   int  // the most bytes of a frame before its MAC
+
 	parts int           // the partition count events are placed by (0: unknown yet)
 	open  [][]openFrame // by partition, one per edge; may be longer than parts
 	// seq is the next sequence number, by partition, for the frames of
@@ -64,9 +70,15 @@ type framer struct {
 // freeBuffers is how many frame buffers wait to be used again, at most.
 const freeBuffers = 128
 
-func newFramer(cfg ProducerConfig, base uint64, m *producerMetrics) framer {
-	return framer{maxEvents: cfg.FrameEvents, maxBytes: cfg.FrameBytes, base: base, m: m,
-		free: make(chan []byte, freeBuffers)}
+// newFramer returns the framing state of cfg, valid; key is cfg.Key's
+// (nil without one).
+func newFramer(cfg ProducerConfig, base uint64, key *FrameKey, m *producerMetrics) framer {
+	f := framer{maxEvents: cfg.FrameEvents, maxBytes: cfg.FrameBytes, base: base, m: m,
+		free: make(chan []byte, freeBuffers), key: key, format: frameByte, room: cfg.FrameBytes}
+	if key != nil {
+		f.format, f.room = signedFrameByte, cfg.FrameBytes-FrameMACLen
+	}
+	return f
 }
 
 // buffer returns an empty frame buffer of FrameBytes capacity, recycled if
@@ -113,7 +125,7 @@ func (f *framer) setPartitions(n int) {
 func (f *framer) add(e *Event, n int) {
 	p := partitionOf(e.KeyHash, f.parts)
 	o := f.frameOf(p, e.Edge)
-	if o.n > 0 && len(o.buf)+uvarintLen(uint64(n))+n > f.maxBytes {
+	if o.n > 0 && len(o.buf)+uvarintLen(uint64(n))+n > f.room {
 		f.seal(p, o)
 	}
 	if o.n == 0 {
@@ -158,12 +170,15 @@ func (f *framer) frameOf(p int, edge uint16) *openFrame {
 }
 
 // seal closes o, an open frame of partition p that holds events: it numbers
-// it, writes its header, and moves it to sealed in its buffer, which o
-// replaces. (The retry buffer copies what it keeps of a buffer little of
-// which is used.)
+// it, writes its header, signs it for p when the producer has a key, and
+// moves it to sealed in its buffer, which o replaces. (The retry buffer
+// copies what it keeps of a buffer little of which is used.)
 func (f *framer) seal(p int, o *openFrame) {
-	appendFrameHeader(o.buf[:0], o.edge, f.seq[p], o.n)
+	appendFrameHeader(o.buf[:0], f.format, o.edge, f.seq[p], o.n)
 	value := o.buf
+	if f.key != nil {
+		value = f.key.Sign(value, p) // within the buffer's capacity: room left FrameMACLen
+	}
 	o.buf = f.buffer()
 	f.sealed = append(f.sealed, frame{value: value, events: o.n, partition: p, time: o.time})
 	f.seq[p]++

@@ -50,7 +50,7 @@ func testFramer(t testing.TB, maxEvents, maxBytes, parts int, base uint64) *fram
 	cfg := DefaultProducerConfig()
 	cfg.FrameEvents, cfg.FrameBytes = maxEvents, maxBytes
 	m := newProducerMetrics(&Producer{})
-	f := newFramer(cfg, base, &m)
+	f := newFramer(cfg, base, nil, &m)
 	f.setPartitions(parts)
 	return &f
 }
@@ -216,7 +216,16 @@ func TestFramerShrinkingPartitions(t *testing.T) {
 // sealing a frame once the buffers of frames whose outcome is known come
 // back; without them, a seal allocates the partition's next buffer.
 func TestFramerAllocs(t *testing.T) {
-	f := testFramer(t, MaxFrameEvents, 64<<10, 4, 0)
+	t.Run("unsigned", func(t *testing.T) { testFramerAllocs(t, testFramer(t, MaxFrameEvents, 64<<10, 4, 0)) })
+	t.Run("signed", func(t *testing.T) { // one HMAC per frame, in place
+		f := testFramer(t, MaxFrameEvents, 64<<10, 4, 0)
+		k, _ := NewFrameKey(make([]byte, MinKeyLen))
+		f.key, f.format, f.room = k, signedFrameByte, f.maxBytes-FrameMACLen
+		testFramerAllocs(t, f)
+	})
+}
+
+func testFramerAllocs(t *testing.T, f *framer) {
 	e := Event{KeyHash: 42, Rule: []byte("api"), Limit: 100, Burst: 100, WindowMillis: 60_000, Cost: 1}
 	n := EncodedLen(&e)
 	if got := testing.AllocsPerRun(1000, func() { f.add(&e, n) }); got != 0 {

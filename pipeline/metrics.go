@@ -89,17 +89,24 @@ func newProducerMetrics(p *Producer) producerMetrics {
 type consumerMetrics struct {
 	consumed, decodeErrors, commitErrors, applyErrors, fetchErrors prometheus.Counter
 	framesConsumed, duplicateFrames, duplicateEvents               prometheus.Counter
+	refusedUnsigned, refusedBadMAC                                 prometheus.Counter
 	lag                                                            *prometheus.GaugeVec
 	collectors                                                     []prometheus.Collector
 }
 
 func newConsumerMetrics() consumerMetrics {
+	refused := prometheus.NewCounterVec(counterOpts("messages_refused_total",
+		"Messages dropped unread because the consumer has an events key and they are not frames signed with it, by reason: "+
+			"unsigned (a single event, or a frame without a MAC), bad_mac (a MAC that does not match: another key, "+
+			"altered bytes, or a frame moved to another partition)."), []string{"reason"})
 	m := consumerMetrics{
-		consumed:     prometheus.NewCounter(counterOpts("events_consumed_total", "Events decoded and accepted by apply.")),
-		decodeErrors: prometheus.NewCounter(counterOpts("decode_errors_total", "Messages skipped because they did not decode as an event or a frame.")),
-		commitErrors: prometheus.NewCounter(counterOpts("commit_errors_total", "Offset commits that failed (their events may be replayed).")),
-		applyErrors:  prometheus.NewCounter(counterOpts("apply_errors_total", "Batches that apply refused, ending Run.")),
-		fetchErrors:  prometheus.NewCounter(counterOpts("fetch_errors_total", "Errors of the consumer group reported by fetches; the reader retries.")),
+		refusedUnsigned: refused.WithLabelValues("unsigned"),
+		refusedBadMAC:   refused.WithLabelValues("bad_mac"),
+		consumed:        prometheus.NewCounter(counterOpts("events_consumed_total", "Events decoded and accepted by apply.")),
+		decodeErrors:    prometheus.NewCounter(counterOpts("decode_errors_total", "Messages skipped because they did not decode as an event or a frame.")),
+		commitErrors:    prometheus.NewCounter(counterOpts("commit_errors_total", "Offset commits that failed (their events may be replayed).")),
+		applyErrors:     prometheus.NewCounter(counterOpts("apply_errors_total", "Batches that apply refused, ending Run.")),
+		fetchErrors:     prometheus.NewCounter(counterOpts("fetch_errors_total", "Errors of the consumer group reported by fetches; the reader retries.")),
 		framesConsumed: prometheus.NewCounter(counterOpts("frames_consumed_total",
 			"Frames decoded and accepted by apply (messages of one event without a frame are not counted).")),
 		duplicateFrames: prometheus.NewCounter(counterOpts("duplicate_frames_total",
@@ -113,7 +120,7 @@ func newConsumerMetrics() consumerMetrics {
 		}, []string{"partition"}),
 	}
 	m.collectors = []prometheus.Collector{m.consumed, m.decodeErrors, m.commitErrors, m.applyErrors, m.fetchErrors,
-		m.framesConsumed, m.duplicateFrames, m.duplicateEvents, m.lag}
+		m.framesConsumed, m.duplicateFrames, m.duplicateEvents, refused, m.lag}
 	return m
 }
 

@@ -128,8 +128,15 @@ func newProducer(cfg ProducerConfig, reg prometheus.Registerer) (*Producer, erro
 	if err := register(reg, p.m.collectors); err != nil {
 		return nil, fmt.Errorf("pipeline: register producer metrics: %w", err)
 	}
+	var key *FrameKey
+	if cfg.Key != nil {
+		var err error
+		if key, err = NewFrameKey(cfg.Key); err != nil { // unreachable: Validate checked
+			return nil, err
+		}
+	}
 	// A random first sequence number: see "Frames" in the package doc.
-	p.framer = newFramer(cfg, rand.Uint64(), &p.m)
+	p.framer = newFramer(cfg, rand.Uint64(), key, &p.m)
 
 	p.runCtx, p.runCancel = context.WithCancel(context.Background())
 	trCtx, cancel := context.WithCancel(context.Background())

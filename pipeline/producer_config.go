@@ -36,6 +36,12 @@ type ProducerConfig struct {
 	Topic string
 	// ClientID names the producer to the brokers. Default "poplimit-pipeline".
 	ClientID string
+	// Key, when set, is the events key (at least MinKeyLen bytes, shared
+	// with the aggregator): every frame is signed with it
+	// (FrameVersionSigned, see FrameKey), one HMAC-SHA256 per frame, and
+	// its MAC takes FrameMACLen of FrameBytes. Default none: frames of
+	// FrameVersion, unsigned, which an aggregator with a key refuses.
+	Key []byte
 
 	// QueueSize is the capacity, in events, of the queue between Emit and
 	// the writer goroutine, rounded up to a power of two (at least 2). An
@@ -50,8 +56,9 @@ type ProducerConfig struct {
 	// FrameEvents is the most events in one frame (one Kafka message),
 	// 1 to MaxFrameEvents. 1 sends one event per message. Default 1024.
 	FrameEvents int
-	// FrameBytes is the most bytes in one frame, header included; at
-	// least 322 (a frame of the longest event) and at most BatchBytes-64.
+	// FrameBytes is the most bytes in one frame, header (and MAC)
+	// included; at least 355 (a frame of the longest event; 387 with a
+	// Key) and at most BatchBytes-64.
 	// Default 65536 (64 KiB; 1024 events of a rule with an 11-byte name
 	// are 45 KiB before compression).
 	FrameBytes int
@@ -187,8 +194,15 @@ func (c *ProducerConfig) Validate() error {
 	if c.FrameEvents < 1 || c.FrameEvents > MaxFrameEvents {
 		bad("FrameEvents", c.FrameEvents, "must be between 1 and "+strconv.Itoa(MaxFrameEvents))
 	}
-	if c.FrameBytes < minFrameBytes {
-		bad("FrameBytes", c.FrameBytes, "must be at least "+strconv.Itoa(minFrameBytes)+" (a frame of the longest event)")
+	if c.Key != nil && len(c.Key) < MinKeyLen {
+		bad("Key", strconv.Itoa(len(c.Key))+" bytes", "must be at least "+strconv.Itoa(MinKeyLen)+" bytes")
+	}
+	minBytes := minFrameBytes
+	if c.Key != nil {
+		minBytes += FrameMACLen
+	}
+	if c.FrameBytes < minBytes {
+		bad("FrameBytes", c.FrameBytes, "must be at least "+strconv.Itoa(minBytes)+" (a frame of the longest event, and its MAC with a Key)")
 	} else if c.BatchBytes >= 1024 && int64(c.FrameBytes) > c.BatchBytes-messageOverhead {
 		bad("FrameBytes", c.FrameBytes, "must be at most BatchBytes-"+strconv.Itoa(messageOverhead)+
 			" ("+strconv.FormatInt(c.BatchBytes-messageOverhead, 10)+")")

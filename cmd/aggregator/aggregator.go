@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,6 +41,22 @@ type config struct {
 	// Partitions is the partition count of the topic the embedded broker
 	// creates. Default 8.
 	Partitions int
+	// EmbeddedRetention bounds how long the embedded broker keeps the
+	// messages of both topics (retention.ms), EmbeddedRetentionBytes the
+	// bytes of decision events it keeps, all partitions together, and
+	// EmbeddedGlobalRetentionBytes those of the counts (retention.bytes,
+	// per partition, is the share of each); it holds a topic to 9/8 of
+	// its bytes at most (retention drops whole segments, an eighth each),
+	// checked every EmbeddedRetentionCheck. Zero is the default: 1 h,
+	// 256 MiB, 64 MiB and 1 s.
+	EmbeddedRetention            time.Duration
+	EmbeddedRetentionBytes       int64
+	EmbeddedGlobalRetentionBytes int64
+	EmbeddedRetentionCheck       time.Duration
+	// EmbeddedSASL, when set (-kafka-sasl with -embedded-edge-users), makes
+	// the embedded broker require SASL and ACLs of every client (see
+	// startEmbedded). Default nil: no authentication.
+	EmbeddedSASL *embeddedSASL
 	// Consumer configures the consumer group; Brokers is set by start.
 	Consumer pipeline.ConsumerConfig
 	// Judge configures the judge.
@@ -86,6 +101,7 @@ func (c *config) validate() error {
 		if c.Partitions < 1 || c.Partitions > 10000 {
 			errs = append(errs, fmt.Errorf("aggregator: -partitions %d: must be between 1 and 10000", c.Partitions))
 		}
+		errs = append(errs, c.validateEmbedded()...)
 	}
 	if c.GlobalInterval < 0 || c.GlobalMinShare < 0 || c.GlobalMinShare > 1 {
 		errs = append(errs, fmt.Errorf("aggregator: -global-interval %v, -global-min-share %v: want a duration not negative and a share between 0 and 1", c.GlobalInterval, c.GlobalMinShare))
@@ -106,8 +122,8 @@ func (c *config) validate() error {
 }
 
 // embeddedPort checks that addr is a loopback host:port (kfake listens on
-// 127.0.0.1 only, and has no authentication: it must not face a network)
-// and returns the port.
+// 127.0.0.1 only, without TLS: it must not face a network) and returns the
+// port.
 func embeddedPort(addr string) (int, error) {
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -167,17 +183,8 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 
 	a.brokers = cfg.Brokers
 	if len(a.brokers) == 0 {
-		port, _ := embeddedPort(cfg.Embedded) // validated
-		opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port),
-			kfake.SeedTopics(int32(cfg.Partitions), cfg.Consumer.Topic)}
-		if cfg.GlobalInterval > 0 {
-			opts = append(opts, kfake.SeedTopics(1, cmp.Or(cfg.GlobalTopic, global.DefaultTopic)))
-		}
-		if cfg.EmbeddedDataDir != "" {
-			opts = append(opts, kfake.DataDir(cfg.EmbeddedDataDir))
-		}
-		if a.broker, err = kfake.NewCluster(opts...); err != nil {
-			return nil, fmt.Errorf("aggregator: embedded broker on %s: %w", cfg.Embedded, err)
+		if a.broker, err = startEmbedded(cfg, log); err != nil {
+			return nil, err
 		}
 		undo = append(undo, a.broker.Close)
 		a.brokers = a.broker.ListenAddrs()

@@ -13,8 +13,19 @@
 // kfake) on a loopback address, default 127.0.0.1:9392, with the topic
 // created (-partitions), so `go run ./cmd/aggregator` works alone and logs
 // every default it took. The embedded broker keeps its log and offsets in
-// memory unless -embedded-data-dir names a directory. With -brokers it
-// joins that cluster, where the topic must exist.
+// memory unless -embedded-data-dir names a directory, and bounds both
+// topics by time and bytes (-embedded-retention, -embedded-retention-bytes,
+// -embedded-global-retention-bytes). With -kafka-sasl and
+// -embedded-edge-users it requires SASL and ACLs of every client: the
+// aggregator reads the decisions and writes the counts, the edges write the
+// decisions and read the counts (deploy/KAFKA.md). With -brokers it joins
+// that cluster, where the topic must exist.
+//
+// With -events-key-file it judges, and counts across PoPs, only the events
+// of frames signed with that key (the edges' -events-key-file); every
+// other message is dropped and counted in
+// poplimit_pipeline_messages_refused_total{reason}, so a writer of the
+// topic without the key changes no decision and no figure.
 //
 // On SIGTERM or SIGINT it stops consuming after the batch in hand, which
 // is committed, judges every event still buffered, stops serving and, last,
@@ -86,6 +97,11 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.StringVar(&cfg.Embedded, "embedded-broker", "127.0.0.1:9392", "loopback address of the embedded broker, without -brokers (port 0: any)")
 	fs.StringVar(&cfg.EmbeddedDataDir, "embedded-data-dir", "", "directory where the embedded broker keeps its log and offsets (default: memory only)")
 	fs.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic the embedded broker creates")
+	cfg.EmbeddedRetention, cfg.EmbeddedRetentionBytes, cfg.EmbeddedGlobalRetentionBytes, cfg.EmbeddedRetentionCheck = cfg.embeddedBounds()
+	fs.DurationVar(&cfg.EmbeddedRetention, "embedded-retention", cfg.EmbeddedRetention, "the embedded broker drops messages of both topics older than this (retention.ms)")
+	fs.Int64Var(&cfg.EmbeddedRetentionBytes, "embedded-retention-bytes", cfg.EmbeddedRetentionBytes, "bytes of decision events the embedded broker keeps, all partitions together (it holds up to 9/8 of it): the oldest are dropped")
+	fs.Int64Var(&cfg.EmbeddedGlobalRetentionBytes, "embedded-global-retention-bytes", cfg.EmbeddedGlobalRetentionBytes, "bytes of the topic of the counts the embedded broker keeps (it holds up to 9/8 of it): the oldest are dropped")
+	edgeUsers := fs.String("embedded-edge-users", "", `file of the principals edges authenticate as to the embedded broker, one "user:password" a line; with -kafka-sasl, the embedded broker requires SASL and ACLs (deploy/KAFKA.md); default: no authentication`)
 	fs.StringVar(&cfg.Consumer.Topic, "topic", "poplimit.decisions", "Kafka topic of decision events")
 	fs.StringVar(&cfg.Consumer.GroupID, "group", "poplimit-aggregator", "Kafka consumer group")
 	fs.StringVar(&cfg.GlobalTopic, "global-topic", global.DefaultTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
@@ -105,6 +121,10 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time to stop serving on SIGTERM")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof/ on -listen (no authentication: keep -listen on loopback)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Func("events-key-file", "file holding the key decision events must be signed with (at least 32 bytes, the edges' -events-key-file); unsigned or badly signed messages are dropped and counted; default: none, nothing checked", func(f string) (err error) {
+		cfg.Consumer.Key, err = pipeline.ReadKeyFile(f)
+		return err
+	})
 	var ka kafkaauth.Flags
 	kafkaFlags(fs, &ka)
 	if err := fs.Parse(args); err != nil {
@@ -113,6 +133,15 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	var err error
 	if cfg.Consumer.TLS, cfg.Consumer.SASL, err = ka.Build(); err != nil {
 		return config{}, 0, nil, fmt.Errorf("aggregator: %w", err)
+	}
+	switch {
+	case *edgeUsers != "" && *brokers != "":
+		return config{}, 0, nil, errors.New("aggregator: -embedded-edge-users with -brokers: the principals of a cluster are its own (deploy/KAFKA.md)")
+	case *edgeUsers != "" && ka.Mechanism == "":
+		return config{}, 0, nil, errors.New("aggregator: -embedded-edge-users needs -kafka-sasl (and the aggregator's own -kafka-user and -kafka-password-file)")
+	}
+	if cfg.EmbeddedSASL, err = buildEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, *edgeUsers); err != nil {
+		return config{}, 0, nil, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, 0, nil, fmt.Errorf("aggregator: unexpected arguments %q", fs.Args())
@@ -161,6 +190,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	a, err := start(cfg, log)
 	if err != nil {
 		return err
+	}
+	if cfg.Consumer.Key == nil {
+		log.Warn("aggregator: decision events are not authenticated: any writer of the topic can forge decisions that change the global counts and the accuracy figures (pass -events-key-file; deploy/KAFKA.md)")
 	}
 	var failed error
 	select {

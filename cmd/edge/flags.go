@@ -17,6 +17,7 @@ import (
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/kafkaauth"
+	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/rls"
 	"github.com/poplimit/poplimit/shardproxy"
@@ -112,6 +113,10 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.StringVar(&ka.Mechanism, "kafka-sasl", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512")
 	fs.StringVar(&ka.User, "kafka-user", "", "SASL user")
 	fs.StringVar(&ka.PasswordFile, "kafka-password-file", "", "file holding the SASL password")
+	fs.Func("events-key-file", "file holding the key that signs decision events (at least 32 bytes, the aggregator's -events-key-file); default: unsigned", func(f string) (err error) {
+		o.EventsKey, err = pipeline.ReadKeyFile(f)
+		return err
+	})
 	fs.Float64Var(&o.Sample, "sample", o.Sample, "fraction of keys whose events are sent (0-1]")
 	fs.StringVar(&o.Pop, "pop", o.Pop, "this edge's PoP, named in its events (at most 32 bytes); with -brokers, rules of scope global hold across PoPs")
 	fs.StringVar(&o.GlobalTopic, "global-topic", o.GlobalTopic, "Kafka topic of the other PoPs' counts, published by the aggregator (one partition)")
