@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,13 @@ type config struct {
 	GlobalTopic    string
 	GlobalInterval time.Duration
 	GlobalMinShare float64
+	// GlobalKeyFile holds the secret (at least 32 bytes) the global topic's
+	// messages are signed with, shared with the edges (global.LoadKey).
+	// Empty: unsigned, with a warning. GlobalPublisher names this
+	// aggregator in them; each publisher needs its own name. Default the
+	// host's name and Listen.
+	GlobalKeyFile   string
+	GlobalPublisher string
 
 	// onApply, when set (tests), sees every batch after the judge took it.
 	onApply func([]pipeline.Event)
@@ -189,9 +197,15 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	undo = append(undo, func() { _ = a.consumer.Close() })
 
 	if cfg.GlobalInterval > 0 {
+		var key []byte
+		if cfg.GlobalKeyFile != "" {
+			if key, err = global.LoadKey("aggregator: -global-key-file", cfg.GlobalKeyFile); err != nil {
+				return nil, err
+			}
+		}
 		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare})
 		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
-			TLS: cc.TLS, SASL: cc.SASL}, cfg.GlobalInterval, log, a.reg)
+			TLS: cc.TLS, SASL: cc.SASL, Key: key, Name: publisherName(cfg)}, cfg.GlobalInterval, log, a.reg)
 		if err != nil {
 			return nil, err
 		}
@@ -225,6 +239,17 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		"max_clock_skew", cfg.Judge.MaxClockSkew, "max_event_age", cfg.Judge.MaxEventAge,
 		"idle_flush", cfg.IdleFlush)
 	return a, nil
+}
+
+// publisherName is cfg.GlobalPublisher, or the host's name and Listen:
+// two aggregators on one host listen on different addresses.
+func publisherName(cfg config) string {
+	if cfg.GlobalPublisher != "" {
+		return cfg.GlobalPublisher
+	}
+	host, _ := os.Hostname()
+	name := host + "/" + cfg.Listen
+	return name[max(0, len(name)-global.MaxPublisherLen):]
 }
 
 func nameOr(s, def string) string {
