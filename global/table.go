@@ -98,15 +98,15 @@ type Drop uint8
 // Why a message is dropped: the values of the reason label of
 // poplimit_edge_global_feed_dropped_total.
 const (
-	Kept          Drop = iota
-	DropUnsigned       // no MAC, and the edge has a key
-	DropBadMAC         // a MAC that the edge's key did not make
-	DropMalformed      // does not decode
-	DropFuture         // stamped, or its counts' window starts, beyond the edge's clock + MaxSkew
-	DropStale          // stamped more than Stale ago, or counts of a window that no longer weighs
-	DropReplay         // stamped before the same publisher's previous message
-	DropTableFull      // counts of a new key while the table held MaxKeys
-	DropPublishers     // a heartbeat of a new publisher while the table tracked 64
+	Kept           Drop = iota
+	DropUnsigned        // no MAC, and the edge has a key
+	DropBadMAC          // a MAC that the edge's key did not make
+	DropMalformed       // does not decode
+	DropFuture          // stamped, or its counts' window starts, beyond the edge's clock + MaxSkew
+	DropStale           // stamped more than Stale ago, or counts of a window that no longer weighs
+	DropReplay          // stamped before the same publisher's previous message
+	DropTableFull       // counts of a new key while the table held MaxKeys
+	DropPublishers      // a heartbeat of a new publisher while the table tracked 64
 	numDrops
 )
 
