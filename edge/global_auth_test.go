@@ -1,9 +1,17 @@
 package edge_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -206,8 +214,14 @@ func TestGlobalFullTableHoldsToShare(t *testing.T) {
 	waitFresh(t, a, true, 20*time.Second)
 	waitFresh(t, b, true, 20*time.Second)
 	const flood = 300_000
-	start := thisWindow()
-	forge(t, broker, flood, func(i int, now int64) kafka.Message { return forgedCounts(uint64(i)+1<<40, start, 1, now) })
+	// Keys of an hour's window: they stay in the tables however slowly
+	// this machine reads them.
+	hour := time.Now().Truncate(time.Hour).UnixMilli()
+	forge(t, broker, flood, func(i int, now int64) kafka.Message {
+		c := global.Counts{Key: uint64(i) + 1<<40, Start: hour, WindowMs: 3_600_000, Pops: []global.PopCount{{Pop: "x"}}}
+		c.Pops[0].Units[global.Slots] = 1
+		return kafka.Message{Value: global.AppendCounts(nil, forger(now), &c)}
+	})
 	waitRead(t, a, flood, 120*time.Second)
 	waitRead(t, b, flood, 120*time.Second)
 	waitFresh(t, a, true, 20*time.Second)
@@ -253,5 +267,182 @@ func TestGlobalNewEdgeReadsFromNewest(t *testing.T) {
 	}
 	if ok := admitted(t, e.Addr(), 3); ok != 3 {
 		t.Errorf("after a restart, %d of 3 admitted: a forged entry of the topic's past came back", ok)
+	}
+}
+
+// keyFile writes a key file of n bytes and returns its path and the key.
+func keyFile(t *testing.T, n int, fill byte) (string, []byte) {
+	t.Helper()
+	key := bytes.Repeat([]byte{fill}, n)
+	p := filepath.Join(t.TempDir(), "global.key")
+	if err := os.WriteFile(p, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p, key
+}
+
+// TestGlobalUnsignedMessagesChangeNoDecision: with -global-key-file, the
+// signed publisher's counts are taken; unsigned messages, and messages
+// signed with another key, change no decision and are counted.
+func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
+	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
+	path, key := keyFile(t, 32, 'k')
+	publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg"})
+	e := globalEdge(t, broker, "a", func(o *edge.Options) { o.GlobalKeyFile = path })
+	waitFresh(t, e, true, 20*time.Second)
+	before := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
+	k := loopbackKey(e)
+	other := bytes.Repeat([]byte{'o'}, 32)
+	forge(t, broker, 3, func(i int, now int64) kafka.Message {
+		m := forgedCounts(k, thisWindow(), 1000, now)
+		switch i {
+		case 1: // signed with another key
+			m.Value, _ = global.Sign(other, global.DefaultTopic, m.Key, m.Value)
+		case 2: // a heartbeat of a publisher of its own, unsigned
+			m = forgedBeat(now)
+		}
+		return m
+	})
+	waitRead(t, e, before+5, 20*time.Second)
+	if ok := admitted(t, e.Addr(), 3); ok != 3 {
+		t.Errorf("after unsigned and badly signed counts of 1000: %d of 3 admitted, want 3", ok)
+	}
+	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "unsigned"); n != 2 {
+		t.Errorf("dropped{reason=unsigned}: %v, want 2", n)
+	}
+	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "bad_mac"); n != 1 {
+		t.Errorf("dropped{reason=bad_mac}: %v, want 1", n)
+	}
+	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_publishers"); n != 1 {
+		t.Errorf("global_publishers: %v, want 1 (the forged heartbeat's publisher is not one)", n)
+	}
+	// A signed count of the key does change the decision: the key is the
+	// same one the aggregator signs with.
+	tally := global.NewTally(global.TallyConfig{})
+	for range 8 {
+		tally.Add(pipeline.Event{Time: time.Now().UnixNano(), KeyHash: k, Rule: []byte("g"), Cost: 1, Limit: 10,
+			WindowMillis: 60_000, Decision: pipeline.Allowed, Global: true, Pop: []byte("b")})
+	}
+	publish(t, broker, tally, global.KafkaConfig{Key: key, Name: "agg2"})
+	deadline := time.Now().Add(20 * time.Second)
+	for testenv.MetricSum(t, e.Registry, "poplimit_edge_global_publishers") != 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitFresh(t, e, true, 20*time.Second)
+	if ok := admitted(t, e.Addr(), 3); ok != 0 {
+		t.Errorf("PoP b counted 8 of 10 (signed), this PoP 3 already: %d of 3 more admitted, want 0", ok)
+	}
+}
+
+// TestGlobalKeyFileRefused: a key file shorter than 32 bytes, or missing,
+// stops the edge from starting, with an error naming the flag.
+func TestGlobalKeyFileRefused(t *testing.T) {
+	short, _ := keyFile(t, 31, 's')
+	for _, path := range []string{short, filepath.Join(t.TempDir(), "missing")} {
+		o := edge.Options{Pop: "a", Brokers: []string{"127.0.0.1:1"}, Events: noEvents{}, GlobalKeyFile: path, Logger: edgetest.Discard}
+		o.BlockCache.MaxEntries = 1 << 10
+		e, err := edge.Build(o)
+		if err == nil {
+			e.Close(context.Background())
+			t.Errorf("key file %s: built, want an error", path)
+			continue
+		}
+		if !strings.Contains(err.Error(), "-global-key-file") {
+			t.Errorf("key file %s: error %q does not name -global-key-file", path, err)
+		}
+	}
+}
+
+// cutDial dials brokers until cut, then refuses (and closes what it
+// opened): a publisher that crashes writes no farewell.
+type cutDial struct {
+	cut   atomic.Bool
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (c *cutDial) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if c.cut.Load() {
+		return nil, errors.New("cut")
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err == nil {
+		c.mu.Lock()
+		c.conns = append(c.conns, conn)
+		c.mu.Unlock()
+	}
+	return conn, err
+}
+
+func (c *cutDial) Cut() {
+	c.cut.Store(true)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+}
+
+// TestGlobalTwoPublishersOneDies: two aggregators publish to one topic
+// (each its partitions' keys): the edge waits for both; one that stops
+// cleanly says so and the feed stays fresh; one that dies leaves the feed
+// stale, its keys' counts held to -global-share, until the edge forgets it
+// (ForgetStales × -global-stale), not silently stale.
+func TestGlobalTwoPublishersOneDies(t *testing.T) {
+	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
+	path, key := keyFile(t, 40, 'z')
+	const stale = 300 * time.Millisecond
+	e := globalEdge(t, broker, "a", func(o *edge.Options) { o.GlobalKeyFile, o.GlobalStale = path, stale })
+	publishers := func() float64 { return testenv.MetricSum(t, e.Registry, "poplimit_edge_global_publishers") }
+	waitPublishers := func(n float64, d time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for publishers() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("global_publishers: %v after %v, want %v", publishers(), d, n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-1"})
+	var cut cutDial
+	stop2 := publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-2", Dial: cut.dial})
+	waitPublishers(2, 20*time.Second)
+	waitFresh(t, e, true, 20*time.Second)
+
+	// agg-2 dies: no farewell.
+	cut.Cut()
+	diedAt := time.Now()
+	go stop2()
+	waitFresh(t, e, false, 10*time.Second)
+	t.Logf("stale %v after agg-2 died", time.Since(diedAt))
+	if ok := admitted(t, e.Addr(), 10); ok != 5 {
+		t.Errorf("with agg-2 dead: %d of 10 admitted, want 5 (held to -global-share)", ok)
+	}
+	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_fallbacks_total"); n < 5 {
+		t.Errorf("global_fallbacks_total: %v, want ≥ 5", n)
+	}
+	if publishers() != 2 {
+		t.Errorf("global_publishers: %v right after agg-2 died, want 2 (waited for)", publishers())
+	}
+	// Forgotten after ForgetStales × stale (4.5 s): fresh again on agg-1.
+	waitPublishers(1, 30*time.Second)
+	waitFresh(t, e, true, 10*time.Second)
+	// (Forgotten after its last message, up to one interval before it died.)
+	if d := time.Since(diedAt); d < global.ForgetStales*stale-100*time.Millisecond {
+		t.Errorf("agg-2 forgotten %v after it died, want about %v", d, global.ForgetStales*stale)
+	}
+
+	// agg-3 joins, then stops cleanly: its farewell keeps the feed fresh.
+	stop3 := publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-3"})
+	waitPublishers(2, 20*time.Second)
+	waitFresh(t, e, true, 20*time.Second)
+	stop3()
+	waitPublishers(1, 20*time.Second)
+	for range 10 {
+		if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
+			t.Fatal("the feed went stale after agg-3 stopped cleanly")
+		}
+		time.Sleep(stale / 4)
 	}
 }
