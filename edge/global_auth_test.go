@@ -166,6 +166,9 @@ func TestGlobalCountsFromTheFutureChangeNoDecision(t *testing.T) {
 	if ok := admitted(t, e.Addr(), 3); ok != 3 {
 		t.Errorf("after counts dated a year ahead: %d of 3 requests admitted, want 3 (a limit of 10, nothing counted)", ok)
 	}
+	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
+		t.Error("not fresh: the decisions above were held to the share")
+	}
 	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "future"); n < 1 {
 		t.Errorf("dropped{reason=future}: %v, want ≥ 1", n)
 	}
@@ -268,6 +271,9 @@ func TestGlobalNewEdgeReadsFromNewest(t *testing.T) {
 	if ok := admitted(t, e.Addr(), 3); ok != 3 {
 		t.Errorf("after a restart, %d of 3 admitted: a forged entry of the topic's past came back", ok)
 	}
+	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
+		t.Error("not fresh: the decisions above were held to the share")
+	}
 }
 
 // keyFile writes a key file of n bytes and returns its path and the key.
@@ -293,20 +299,23 @@ func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
 	before := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
 	k := loopbackKey(e)
 	other := bytes.Repeat([]byte{'o'}, 32)
-	forge(t, broker, 3, func(i int, now int64) kafka.Message {
+	forge(t, broker, 2, func(i int, now int64) kafka.Message {
 		m := forgedCounts(k, thisWindow(), 1000, now)
-		switch i {
-		case 1: // signed with another key
+		if i == 1 { // signed with another key
 			m.Value, _ = global.Sign(other, global.DefaultTopic, m.Key, m.Value)
-		case 2: // a heartbeat of a publisher of its own, unsigned
-			m = forgedBeat(now)
 		}
 		return m
 	})
-	waitRead(t, e, before+5, 20*time.Second)
+	waitRead(t, e, before+4, 20*time.Second)
 	if ok := admitted(t, e.Addr(), 3); ok != 3 {
 		t.Errorf("after unsigned and badly signed counts of 1000: %d of 3 admitted, want 3", ok)
 	}
+	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
+		t.Error("not fresh: the decisions above were held to the share, not decided on the signed counts")
+	}
+	// A heartbeat of a publisher of its own, unsigned: not a publisher.
+	forge(t, broker, 1, func(_ int, now int64) kafka.Message { return forgedBeat(now) })
+	waitRead(t, e, before+7, 20*time.Second)
 	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "unsigned"); n != 2 {
 		t.Errorf("dropped{reason=unsigned}: %v, want 2", n)
 	}
@@ -331,6 +340,9 @@ func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
 	waitFresh(t, e, true, 20*time.Second)
 	if ok := admitted(t, e.Addr(), 3); ok != 0 {
 		t.Errorf("PoP b counted 8 of 10 (signed), this PoP 3 already: %d of 3 more admitted, want 0", ok)
+	}
+	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
+		t.Error("not fresh: the decisions above were held to the share, not decided on the signed counts")
 	}
 }
 

@@ -65,7 +65,7 @@ type config struct {
 	// messages are signed with, shared with the edges (global.LoadKey).
 	// Empty: unsigned, with a warning. GlobalPublisher names this
 	// aggregator in them; each publisher needs its own name. Default the
-	// host's name and Listen.
+	// host's name and the address Listen bound.
 	GlobalKeyFile   string
 	GlobalPublisher string
 
@@ -194,7 +194,14 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	if a.consumer, err = pipeline.NewConsumer(cc, a.reg); err != nil {
 		return nil, err
 	}
-	undo = append(undo, func() { _ = a.consumer.Close() })
+	consumer := a.consumer // a is nil once start returns an error
+	undo = append(undo, func() { _ = consumer.Close() })
+
+	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("aggregator: -listen: %w", err)
+	}
+	ln := a.ln // a is nil once start returns an error
+	undo = append(undo, func() { ln.Close() })
 
 	if cfg.GlobalInterval > 0 {
 		var key []byte
@@ -205,7 +212,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		}
 		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare})
 		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
-			TLS: cc.TLS, SASL: cc.SASL, Key: key, Name: publisherName(cfg)}, cfg.GlobalInterval, log, a.reg)
+			TLS: cc.TLS, SASL: cc.SASL, Key: key, Name: publisherName(cfg, a.ln.Addr())}, cfg.GlobalInterval, log, a.reg)
 		if err != nil {
 			return nil, err
 		}
@@ -216,9 +223,6 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		undo = append(undo, cancel)
 	}
 
-	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("aggregator: -listen: %w", err)
-	}
 	a.http = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
 
 	// Everything is built: start the goroutines.
@@ -241,14 +245,15 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	return a, nil
 }
 
-// publisherName is cfg.GlobalPublisher, or the host's name and Listen:
-// two aggregators on one host listen on different addresses.
-func publisherName(cfg config) string {
+// publisherName is cfg.GlobalPublisher, or the host's name and the
+// address it listens on: two aggregators on one host listen on different
+// ones, and a restarted one on the same.
+func publisherName(cfg config, listen net.Addr) string {
 	if cfg.GlobalPublisher != "" {
 		return cfg.GlobalPublisher
 	}
 	host, _ := os.Hostname()
-	name := host + "/" + cfg.Listen
+	name := host + "/" + listen.String()
 	return name[max(0, len(name)-global.MaxPublisherLen):]
 }
 
