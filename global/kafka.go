@@ -17,8 +17,8 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 )
 
-// DefaultTopic is the topic of the counts, one partition (the publisher is
-// one aggregator, and every edge reads all of it).
+// DefaultTopic is the topic of the counts, one partition (every edge reads
+// all of it; each aggregator of the group publishes its keys to it).
 const DefaultTopic = "poplimit-global"
 
 // KafkaConfig says where the topic of the counts is.
