@@ -458,3 +458,30 @@ func TestGlobalTwoPublishersOneDies(t *testing.T) {
 		time.Sleep(stale / 4)
 	}
 }
+
+// TestGlobalNewEdgeReadsNoOldMessage: after a flood of 20,000 messages
+// (older than -global-stale by the time the edge starts), a new edge reads
+// fewer of them than one publish carries (201 messages: 200 keys and a
+// heartbeat); each one read would be counted as stale.
+func TestGlobalNewEdgeReadsNoOldMessage(t *testing.T) {
+	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
+	const flood, keys = 20_000, 200
+	start := thisWindow()
+	forge(t, broker, flood, func(i int, now int64) kafka.Message { return forgedCounts(uint64(i)+1<<40, start, 1, now) })
+	time.Sleep(global.DefaultStale + 500*time.Millisecond) // the flood is stale now
+	tally := global.NewTally(global.TallyConfig{})
+	for k := range uint64(keys) {
+		tally.Add(pipeline.Event{Time: time.Now().UnixNano(), KeyHash: k + 1, Rule: []byte("g"), Cost: 5, Limit: 10,
+			WindowMillis: 60_000, Decision: pipeline.Allowed, Global: true, Pop: []byte("b")})
+	}
+	publish(t, broker, tally, global.KafkaConfig{Name: "agg"})
+	e := globalEdge(t, broker, "a", nil)
+	waitFresh(t, e, true, 20*time.Second)
+	time.Sleep(200 * time.Millisecond) // a few publishes more
+	old := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "stale")
+	read := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
+	t.Logf("a new edge read %v messages, %v of them old (the topic held %d old ones; a publish is %d)", read, old, flood, keys+1)
+	if old >= keys+1 {
+		t.Errorf("a new edge read %v old messages, want fewer than one publish's worth (%d)", old, keys+1)
+	}
+}
