@@ -89,9 +89,10 @@ type Options struct {
 	// theirs. Empty: no PoP; global rules hold within the PoP.
 	Pop         string
 	GlobalTopic string // default global.DefaultTopic
-	// GlobalStale is how long without the publisher's heartbeat before
-	// the edge counts itself cut off from the other PoPs; it then holds
-	// global rules to GlobalShare of their limits.
+	// GlobalStale is how long without a publisher's heartbeat before the
+	// edge counts itself cut off from the other PoPs; it then holds global
+	// rules to GlobalShare of their limits. A message of the topic stamped
+	// longer ago is dropped.
 	GlobalStale time.Duration // default global.DefaultStale (2s)
 	GlobalShare float64       // default decision.DefaultGlobalShare (0.5)
 	// GlobalKeyFile holds the secret (at least 32 bytes) the aggregators

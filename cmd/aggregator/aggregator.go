@@ -91,6 +91,9 @@ func (c *config) validate() error {
 	if c.GlobalInterval < 0 || c.GlobalMinShare < 0 || c.GlobalMinShare > 1 {
 		errs = append(errs, fmt.Errorf("aggregator: -global-interval %v, -global-min-share %v: want a duration not negative and a share between 0 and 1", c.GlobalInterval, c.GlobalMinShare))
 	}
+	if len(c.GlobalPublisher) > global.MaxPublisherLen {
+		errs = append(errs, fmt.Errorf("aggregator: -global-publisher %q: at most %d bytes", c.GlobalPublisher, global.MaxPublisherLen))
+	}
 	if c.IdleFlush < 0 {
 		errs = append(errs, fmt.Errorf("aggregator: -idle-flush %v: must not be negative", c.IdleFlush))
 	}
