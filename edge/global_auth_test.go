@@ -28,9 +28,9 @@ import (
 // aggregator (anyone the brokers let write): the real edge must not let
 // what that writer sends choose another client's limit.
 
-type noEvents struct{}
+type globalNoEvents struct{}
 
-func (noEvents) Emit(*pipeline.Event) bool { return true }
+func (globalNoEvents) Emit(*pipeline.Event) bool { return true }
 
 const globalRule = "rules: [{name: g, limit: 10, window: 1m, scope: global}]"
 
@@ -38,7 +38,7 @@ const globalRule = "rules: [{name: g, limit: 10, window: 1m, scope: global}]"
 func globalEdge(t *testing.T, broker, pop string, mod func(*edge.Options)) *edge.Edge {
 	t.Helper()
 	var o edge.Options
-	o.Pop, o.Brokers, o.Events = pop, []string{broker}, noEvents{}
+	o.Pop, o.Brokers, o.Events = pop, []string{broker}, globalNoEvents{}
 	o.BlockCache.MaxEntries = 1 << 10
 	if mod != nil {
 		mod(&o)
@@ -46,14 +46,14 @@ func globalEdge(t *testing.T, broker, pop string, mod func(*edge.Options)) *edge
 	return edgetest.Start(t, globalRule, o)
 }
 
-// loopbackKey is the global rule's key of a client at 127.0.0.1.
-func loopbackKey(e *edge.Edge) uint64 {
+// globalLoopbackKey is the global rule's key of a client at 127.0.0.1.
+func globalLoopbackKey(e *edge.Edge) uint64 {
 	return e.Rules().Rules[0].Hash(netip.MustParseAddr("127.0.0.1").AppendTo(nil))
 }
 
-// forge writes n messages to the topic of the counts as any client of the
+// forgeGlobal writes n messages to the topic of the counts as any client of the
 // brokers can, msg(i, now) the i-th, built as it is written.
-func forge(t *testing.T, broker string, n int, msg func(i int, now int64) kafka.Message) {
+func forgeGlobal(t *testing.T, broker string, n int, msg func(i int, now int64) kafka.Message) {
 	t.Helper()
 	w := &kafka.Writer{Addr: kafka.TCP(broker), Topic: global.DefaultTopic, BatchSize: 10000,
 		BatchTimeout: time.Millisecond, BatchBytes: 64 << 20, RequiredAcks: kafka.RequireOne}
@@ -72,35 +72,35 @@ func forge(t *testing.T, broker string, n int, msg func(i int, now int64) kafka.
 	}
 }
 
-// forger is the header of the forged messages, stamped at.
-func forger(at int64) *global.Header {
+// forgerHeader is the header of the forged messages, stamped at.
+func forgerHeader(at int64) *global.Header {
 	return &global.Header{Publisher: "forger", Instance: 1, Stamp: at}
 }
 
-// forgedCounts are counts for key of PoP "x" dated at start (Unix ms),
+// forgedGlobalCounts are counts for key of PoP "x" dated at start (Unix ms),
 // units in the current window's first slot, stamped now.
-func forgedCounts(key uint64, start int64, units uint64, now int64) kafka.Message {
+func forgedGlobalCounts(key uint64, start int64, units uint64, now int64) kafka.Message {
 	c := global.Counts{Key: key, Start: start, WindowMs: 60_000, Pops: []global.PopCount{{Pop: "x"}}}
 	c.Pops[0].Units[global.Slots] = units
-	return kafka.Message{Value: global.AppendCounts(nil, forger(now), &c)}
+	return kafka.Message{Value: global.AppendCounts(nil, forgerHeader(now), &c)}
 }
 
-func forgedBeat(at int64) kafka.Message {
-	return kafka.Message{Value: global.AppendHeartbeat(nil, forger(at), 50*time.Millisecond)}
+func forgedGlobalBeat(at int64) kafka.Message {
+	return kafka.Message{Value: global.AppendHeartbeat(nil, forgerHeader(at), 50*time.Millisecond)}
 }
 
-func thisWindow() int64 { return time.Now().UnixMilli() / 60_000 * 60_000 }
+func globalWindow() int64 { return time.Now().UnixMilli() / 60_000 * 60_000 }
 
-// beating runs a real publisher of an empty tally (heartbeats only) until
+// beatingGlobal runs a real publisher of an empty tally (heartbeats only) until
 // the test ends.
-func beating(t *testing.T, broker string) {
+func beatingGlobal(t *testing.T, broker string) {
 	t.Helper()
-	publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{})
+	publishGlobal(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{})
 }
 
-// publish runs a real publisher of tally every 50 ms until the test ends,
+// publishGlobal runs a real publisher of tally every 50 ms until the test ends,
 // or until the returned stop.
-func publish(t *testing.T, broker string, tally *global.Tally, kc global.KafkaConfig) (stop func()) {
+func publishGlobal(t *testing.T, broker string, tally *global.Tally, kc global.KafkaConfig) (stop func()) {
 	t.Helper()
 	kc.Brokers = []string{broker}
 	p, err := global.NewPublisher(tally, kc, 50*time.Millisecond, edgetest.Discard, nil)
@@ -115,7 +115,7 @@ func publish(t *testing.T, broker string, tally *global.Tally, kc global.KafkaCo
 	return stop
 }
 
-func waitFresh(t *testing.T, e *edge.Edge, want bool, d time.Duration) {
+func waitGlobalFresh(t *testing.T, e *edge.Edge, want bool, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -130,8 +130,8 @@ func waitFresh(t *testing.T, e *edge.Edge, want bool, d time.Duration) {
 	}
 }
 
-// waitRead waits until e has read at least n messages of the topic.
-func waitRead(t *testing.T, e *edge.Edge, n float64, d time.Duration) {
+// waitGlobalRead waits until e has read at least n messages of the topic.
+func waitGlobalRead(t *testing.T, e *edge.Edge, n float64, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total") < n {
@@ -142,7 +142,7 @@ func waitRead(t *testing.T, e *edge.Edge, n float64, d time.Duration) {
 	}
 }
 
-func admitted(t *testing.T, addr string, n int) (ok int) {
+func globalAdmitted(t *testing.T, addr string, n int) (ok int) {
 	t.Helper()
 	for range n {
 		if get(t, addr, "/").StatusCode == http.StatusOK {
@@ -156,15 +156,15 @@ func admitted(t *testing.T, addr string, n int) (ok int) {
 // are ignored (and counted), not held until a year has passed.
 func TestGlobalCountsFromTheFutureChangeNoDecision(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
-	beating(t, broker)
+	beatingGlobal(t, broker)
 	e := globalEdge(t, broker, "a", nil)
-	waitFresh(t, e, true, 20*time.Second)
+	waitGlobalFresh(t, e, true, 20*time.Second)
 	before := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
 	yearAhead := time.Now().AddDate(1, 0, 0).UnixMilli() / 60_000 * 60_000
-	forge(t, broker, 1, func(_ int, now int64) kafka.Message { return forgedCounts(loopbackKey(e), yearAhead, 1000, now) })
-	waitRead(t, e, before+3, 20*time.Second) // the forged one and beats after it
-	if ok := admitted(t, e.Addr(), 3); ok != 3 {
-		t.Errorf("after counts dated a year ahead: %d of 3 requests admitted, want 3 (a limit of 10, nothing counted)", ok)
+	forgeGlobal(t, broker, 1, func(_ int, now int64) kafka.Message { return forgedGlobalCounts(globalLoopbackKey(e), yearAhead, 1000, now) })
+	waitGlobalRead(t, e, before+3, 20*time.Second) // the forged one and beats after it
+	if ok := globalAdmitted(t, e.Addr(), 3); ok != 3 {
+		t.Errorf("after counts dated a year ahead: %d of 3 requests globalAdmitted, want 3 (a limit of 10, nothing counted)", ok)
 	}
 	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
 		t.Error("not fresh: the decisions above were held to the share")
@@ -180,19 +180,19 @@ func TestGlobalForgedHeartbeatsKeepNothingFresh(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
 	e := globalEdge(t, broker, "a", nil)
 	time.Sleep(300 * time.Millisecond) // the feed is at the topic's end
-	forge(t, broker, 40, func(i int, now int64) kafka.Message {
+	forgeGlobal(t, broker, 40, func(i int, now int64) kafka.Message {
 		if i%2 == 0 {
-			return forgedBeat(0)
+			return forgedGlobalBeat(0)
 		}
-		return forgedBeat(time.Now().AddDate(1, 0, 0).UnixNano())
+		return forgedGlobalBeat(time.Now().AddDate(1, 0, 0).UnixNano())
 	})
-	waitRead(t, e, 40, 20*time.Second)
+	waitGlobalRead(t, e, 40, 20*time.Second)
 	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 0 {
 		t.Error("forged heartbeats stamped 0 and a year ahead made the feed fresh")
 	}
 	// Cut off: held to half the limit of 10.
-	if ok := admitted(t, e.Addr(), 10); ok != 5 {
-		t.Errorf("%d of 10 admitted, want 5 (-global-share 0.5 of 10: the feed is not fresh)", ok)
+	if ok := globalAdmitted(t, e.Addr(), 10); ok != 5 {
+		t.Errorf("%d of 10 globalAdmitted, want 5 (-global-share 0.5 of 10: the feed is not fresh)", ok)
 	}
 	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "stale"); n < 20 {
 		t.Errorf("dropped{reason=stale}: %v, want ≥ 20", n)
@@ -208,30 +208,30 @@ func TestGlobalForgedHeartbeatsKeepNothingFresh(t *testing.T) {
 // it got its limit in each PoP, 10 + 10 under a limit of 10.
 func TestGlobalFullTableHoldsToShare(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
-	beating(t, broker)
+	beatingGlobal(t, broker)
 	// A minute's -global-stale: the flood is read as fast as this loaded
 	// machine can, and its messages must not go stale meanwhile.
 	slow := func(o *edge.Options) { o.GlobalStale = time.Minute }
 	a := globalEdge(t, broker, "a", slow)
 	b := globalEdge(t, broker, "b", slow)
-	waitFresh(t, a, true, 20*time.Second)
-	waitFresh(t, b, true, 20*time.Second)
+	waitGlobalFresh(t, a, true, 20*time.Second)
+	waitGlobalFresh(t, b, true, 20*time.Second)
 	const flood = 300_000
 	// Keys of an hour's window: they stay in the tables however slowly
 	// this machine reads them.
 	hour := time.Now().Truncate(time.Hour).UnixMilli()
-	forge(t, broker, flood, func(i int, now int64) kafka.Message {
+	forgeGlobal(t, broker, flood, func(i int, now int64) kafka.Message {
 		c := global.Counts{Key: uint64(i) + 1<<40, Start: hour, WindowMs: 3_600_000, Pops: []global.PopCount{{Pop: "x"}}}
 		c.Pops[0].Units[global.Slots] = 1
-		return kafka.Message{Value: global.AppendCounts(nil, forger(now), &c)}
+		return kafka.Message{Value: global.AppendCounts(nil, forgerHeader(now), &c)}
 	})
-	waitRead(t, a, flood, 120*time.Second)
-	waitRead(t, b, flood, 120*time.Second)
-	waitFresh(t, a, true, 20*time.Second)
-	okA, okB := admitted(t, a.Addr(), 10), admitted(t, b.Addr(), 10)
+	waitGlobalRead(t, a, flood, 120*time.Second)
+	waitGlobalRead(t, b, flood, 120*time.Second)
+	waitGlobalFresh(t, a, true, 20*time.Second)
+	okA, okB := globalAdmitted(t, a.Addr(), 10), globalAdmitted(t, b.Addr(), 10)
 	t.Logf("admitted: PoP a %d, PoP b %d of 10 each, limit 10 across PoPs", okA, okB)
 	if okA+okB > 10 {
-		t.Errorf("a key the full tables could not hold: %d + %d admitted under a global limit of 10, want each PoP held to its share (5)", okA, okB)
+		t.Errorf("a key the full tables could not hold: %d + %d globalAdmitted under a global limit of 10, want each PoP held to its share (5)", okA, okB)
 	}
 	for _, e := range []*edge.Edge{a, b} {
 		if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_table_full_total"); n < 1 {
@@ -245,22 +245,22 @@ func TestGlobalFullTableHoldsToShare(t *testing.T) {
 
 // TestGlobalNewEdgeReadsFromNewest: an edge started after a flood of old
 // messages reads the topic from its newest: fewer old messages than one
-// publish carries, and the flood's forged entries do not come back.
+// publishGlobal carries, and the flood's forged entries do not come back.
 func TestGlobalNewEdgeReadsFromNewest(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
-	start := thisWindow()
+	start := globalWindow()
 	const flood = 20_000
 	// The key of a client at 127.0.0.1 under rule g, as an edge hashes it.
 	probe := globalEdge(t, broker, "p", func(o *edge.Options) { o.Brokers = nil })
-	forge(t, broker, flood, func(i int, now int64) kafka.Message {
+	forgeGlobal(t, broker, flood, func(i int, now int64) kafka.Message {
 		if i == flood-1 {
-			return forgedCounts(loopbackKey(probe), start, 1000, now)
+			return forgedGlobalCounts(globalLoopbackKey(probe), start, 1000, now)
 		}
-		return forgedCounts(uint64(i)+1<<40, start, 1, now)
+		return forgedGlobalCounts(uint64(i)+1<<40, start, 1, now)
 	})
-	beating(t, broker) // one heartbeat per publish: a publish of one message
+	beatingGlobal(t, broker) // one heartbeat per publish: a publishGlobal of one message
 	e := globalEdge(t, broker, "a", nil)
-	waitFresh(t, e, true, 20*time.Second)
+	waitGlobalFresh(t, e, true, 20*time.Second)
 	read := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
 	t.Logf("messages read by the time the feed was fresh: %v (%d old ones on the topic)", read, flood)
 	// From its newest message, the edge reads heartbeats only: at most a
@@ -268,7 +268,7 @@ func TestGlobalNewEdgeReadsFromNewest(t *testing.T) {
 	if read >= 100 {
 		t.Errorf("a new edge read %v messages before it was fresh, want the newest only (the topic held %d old ones)", read, flood)
 	}
-	if ok := admitted(t, e.Addr(), 3); ok != 3 {
+	if ok := globalAdmitted(t, e.Addr(), 3); ok != 3 {
 		t.Errorf("after a restart, %d of 3 admitted: a forged entry of the topic's past came back", ok)
 	}
 	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
@@ -276,8 +276,8 @@ func TestGlobalNewEdgeReadsFromNewest(t *testing.T) {
 	}
 }
 
-// keyFile writes a key file of n bytes and returns its path and the key.
-func keyFile(t *testing.T, n int, fill byte) (string, []byte) {
+// writeGlobalKey writes a key file of n bytes and returns its path and the key.
+func writeGlobalKey(t *testing.T, n int, fill byte) (string, []byte) {
 	t.Helper()
 	key := bytes.Repeat([]byte{fill}, n)
 	p := filepath.Join(t.TempDir(), "global.key")
@@ -292,30 +292,30 @@ func keyFile(t *testing.T, n int, fill byte) (string, []byte) {
 // signed with another key, change no decision and are counted.
 func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
-	path, key := keyFile(t, 32, 'k')
-	publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg"})
+	path, key := writeGlobalKey(t, 32, 'k')
+	publishGlobal(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg"})
 	e := globalEdge(t, broker, "a", func(o *edge.Options) { o.GlobalKeyFile = path })
-	waitFresh(t, e, true, 20*time.Second)
+	waitGlobalFresh(t, e, true, 20*time.Second)
 	before := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
-	k := loopbackKey(e)
+	k := globalLoopbackKey(e)
 	other := bytes.Repeat([]byte{'o'}, 32)
-	forge(t, broker, 2, func(i int, now int64) kafka.Message {
-		m := forgedCounts(k, thisWindow(), 1000, now)
+	forgeGlobal(t, broker, 2, func(i int, now int64) kafka.Message {
+		m := forgedGlobalCounts(k, globalWindow(), 1000, now)
 		if i == 1 { // signed with another key
 			m.Value, _ = global.Sign(other, global.DefaultTopic, m.Key, m.Value)
 		}
 		return m
 	})
-	waitRead(t, e, before+4, 20*time.Second)
-	if ok := admitted(t, e.Addr(), 3); ok != 3 {
-		t.Errorf("after unsigned and badly signed counts of 1000: %d of 3 admitted, want 3", ok)
+	waitGlobalRead(t, e, before+4, 20*time.Second)
+	if ok := globalAdmitted(t, e.Addr(), 3); ok != 3 {
+		t.Errorf("after unsigned and badly signed counts of 1000: %d of 3 globalAdmitted, want 3", ok)
 	}
 	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
 		t.Error("not fresh: the decisions above were held to the share, not decided on the signed counts")
 	}
 	// A heartbeat of a publisher of its own, unsigned: not a publisher.
-	forge(t, broker, 1, func(_ int, now int64) kafka.Message { return forgedBeat(now) })
-	waitRead(t, e, before+7, 20*time.Second)
+	forgeGlobal(t, broker, 1, func(_ int, now int64) kafka.Message { return forgedGlobalBeat(now) })
+	waitGlobalRead(t, e, before+7, 20*time.Second)
 	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "unsigned"); n != 2 {
 		t.Errorf("dropped{reason=unsigned}: %v, want 2", n)
 	}
@@ -332,14 +332,14 @@ func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
 		tally.Add(pipeline.Event{Time: time.Now().UnixNano(), KeyHash: k, Rule: []byte("g"), Cost: 1, Limit: 10,
 			WindowMillis: 60_000, Decision: pipeline.Allowed, Global: true, Pop: []byte("b")})
 	}
-	publish(t, broker, tally, global.KafkaConfig{Key: key, Name: "agg2"})
+	publishGlobal(t, broker, tally, global.KafkaConfig{Key: key, Name: "agg2"})
 	deadline := time.Now().Add(20 * time.Second)
 	for testenv.MetricSum(t, e.Registry, "poplimit_edge_global_publishers") != 2 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	waitFresh(t, e, true, 20*time.Second)
-	if ok := admitted(t, e.Addr(), 3); ok != 0 {
-		t.Errorf("PoP b counted 8 of 10 (signed), this PoP 3 already: %d of 3 more admitted, want 0", ok)
+	waitGlobalFresh(t, e, true, 20*time.Second)
+	if ok := globalAdmitted(t, e.Addr(), 3); ok != 0 {
+		t.Errorf("PoP b counted 8 of 10 (signed), this PoP 3 already: %d of 3 more globalAdmitted, want 0", ok)
 	}
 	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
 		t.Error("not fresh: the decisions above were held to the share, not decided on the signed counts")
@@ -349,9 +349,9 @@ func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
 // TestGlobalKeyFileRefused: a key file shorter than 32 bytes, or missing,
 // stops the edge from starting, with an error naming the flag.
 func TestGlobalKeyFileRefused(t *testing.T) {
-	short, _ := keyFile(t, 31, 's')
+	short, _ := writeGlobalKey(t, 31, 's')
 	for _, path := range []string{short, filepath.Join(t.TempDir(), "missing")} {
-		o := edge.Options{Pop: "a", Brokers: []string{"127.0.0.1:1"}, Events: noEvents{}, GlobalKeyFile: path, Logger: edgetest.Discard}
+		o := edge.Options{Pop: "a", Brokers: []string{"127.0.0.1:1"}, Events: globalNoEvents{}, GlobalKeyFile: path, Logger: edgetest.Discard}
 		o.BlockCache.MaxEntries = 1 << 10
 		e, err := edge.Build(o)
 		if err == nil {
@@ -365,15 +365,15 @@ func TestGlobalKeyFileRefused(t *testing.T) {
 	}
 }
 
-// cutDial dials brokers until cut, then refuses (and closes what it
+// globalCut dials brokers until cut, then refuses (and closes what it
 // opened): a publisher that crashes writes no farewell.
-type cutDial struct {
+type globalCut struct {
 	cut   atomic.Bool
 	mu    sync.Mutex
 	conns []net.Conn
 }
 
-func (c *cutDial) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+func (c *globalCut) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	if c.cut.Load() {
 		return nil, errors.New("cut")
 	}
@@ -386,7 +386,7 @@ func (c *cutDial) dial(ctx context.Context, network, addr string) (net.Conn, err
 	return conn, err
 }
 
-func (c *cutDial) Cut() {
+func (c *globalCut) Cut() {
 	c.cut.Store(true)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -395,14 +395,14 @@ func (c *cutDial) Cut() {
 	}
 }
 
-// TestGlobalTwoPublishersOneDies: two aggregators publish to one topic
+// TestGlobalTwoPublishersOneDies: two aggregators publishGlobal to one topic
 // (each its partitions' keys): the edge waits for both; one that stops
 // cleanly says so and the feed stays fresh; one that dies leaves the feed
 // stale, its keys' counts held to -global-share, until the edge forgets it
 // (ForgetStales × -global-stale), not silently stale.
 func TestGlobalTwoPublishersOneDies(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
-	path, key := keyFile(t, 40, 'z')
+	path, key := writeGlobalKey(t, 40, 'z')
 	const stale = 300 * time.Millisecond
 	e := globalEdge(t, broker, "a", func(o *edge.Options) { o.GlobalKeyFile, o.GlobalStale = path, stale })
 	publishers := func() float64 { return testenv.MetricSum(t, e.Registry, "poplimit_edge_global_publishers") }
@@ -416,20 +416,20 @@ func TestGlobalTwoPublishersOneDies(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-1"})
-	var cut cutDial
-	stop2 := publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-2", Dial: cut.dial})
+	publishGlobal(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-1"})
+	var cut globalCut
+	stop2 := publishGlobal(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-2", Dial: cut.dial})
 	waitPublishers(2, 20*time.Second)
-	waitFresh(t, e, true, 20*time.Second)
+	waitGlobalFresh(t, e, true, 20*time.Second)
 
 	// agg-2 dies: no farewell.
 	cut.Cut()
 	diedAt := time.Now()
 	go stop2()
-	waitFresh(t, e, false, 10*time.Second)
+	waitGlobalFresh(t, e, false, 10*time.Second)
 	t.Logf("stale %v after agg-2 died", time.Since(diedAt))
-	if ok := admitted(t, e.Addr(), 10); ok != 5 {
-		t.Errorf("with agg-2 dead: %d of 10 admitted, want 5 (held to -global-share)", ok)
+	if ok := globalAdmitted(t, e.Addr(), 10); ok != 5 {
+		t.Errorf("with agg-2 dead: %d of 10 globalAdmitted, want 5 (held to -global-share)", ok)
 	}
 	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_fallbacks_total"); n < 5 {
 		t.Errorf("global_fallbacks_total: %v, want ≥ 5", n)
@@ -439,16 +439,16 @@ func TestGlobalTwoPublishersOneDies(t *testing.T) {
 	}
 	// Forgotten after ForgetStales × stale (4.5 s): fresh again on agg-1.
 	waitPublishers(1, 30*time.Second)
-	waitFresh(t, e, true, 10*time.Second)
+	waitGlobalFresh(t, e, true, 10*time.Second)
 	// (Forgotten after its last message, up to one interval before it died.)
 	if d := time.Since(diedAt); d < global.ForgetStales*stale-100*time.Millisecond {
 		t.Errorf("agg-2 forgotten %v after it died, want about %v", d, global.ForgetStales*stale)
 	}
 
 	// agg-3 joins, then stops cleanly: its farewell keeps the feed fresh.
-	stop3 := publish(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-3"})
+	stop3 := publishGlobal(t, broker, global.NewTally(global.TallyConfig{}), global.KafkaConfig{Key: key, Name: "agg-3"})
 	waitPublishers(2, 20*time.Second)
-	waitFresh(t, e, true, 20*time.Second)
+	waitGlobalFresh(t, e, true, 20*time.Second)
 	stop3()
 	waitPublishers(1, 20*time.Second)
 	for range 10 {
@@ -461,26 +461,26 @@ func TestGlobalTwoPublishersOneDies(t *testing.T) {
 
 // TestGlobalNewEdgeReadsNoOldMessage: after a flood of 20,000 messages
 // (older than -global-stale by the time the edge starts), a new edge reads
-// fewer of them than one publish carries (201 messages: 200 keys and a
+// fewer of them than one publishGlobal carries (201 messages: 200 keys and a
 // heartbeat); each one read would be counted as stale.
 func TestGlobalNewEdgeReadsNoOldMessage(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
 	const flood, keys = 20_000, 200
-	start := thisWindow()
-	forge(t, broker, flood, func(i int, now int64) kafka.Message { return forgedCounts(uint64(i)+1<<40, start, 1, now) })
+	start := globalWindow()
+	forgeGlobal(t, broker, flood, func(i int, now int64) kafka.Message { return forgedGlobalCounts(uint64(i)+1<<40, start, 1, now) })
 	time.Sleep(global.DefaultStale + 500*time.Millisecond) // the flood is stale now
 	tally := global.NewTally(global.TallyConfig{})
 	for k := range uint64(keys) {
 		tally.Add(pipeline.Event{Time: time.Now().UnixNano(), KeyHash: k + 1, Rule: []byte("g"), Cost: 5, Limit: 10,
 			WindowMillis: 60_000, Decision: pipeline.Allowed, Global: true, Pop: []byte("b")})
 	}
-	publish(t, broker, tally, global.KafkaConfig{Name: "agg"})
+	publishGlobal(t, broker, tally, global.KafkaConfig{Name: "agg"})
 	e := globalEdge(t, broker, "a", nil)
-	waitFresh(t, e, true, 20*time.Second)
+	waitGlobalFresh(t, e, true, 20*time.Second)
 	time.Sleep(200 * time.Millisecond) // a few publishes more
 	old := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "stale")
 	read := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
-	t.Logf("a new edge read %v messages, %v of them old (the topic held %d old ones; a publish is %d)", read, old, flood, keys+1)
+	t.Logf("a new edge read %v messages, %v of them old (the topic held %d old ones; a publishGlobal is %d)", read, old, flood, keys+1)
 	if old >= keys+1 {
 		t.Errorf("a new edge read %v old messages, want fewer than one publish's worth (%d)", old, keys+1)
 	}

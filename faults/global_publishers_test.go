@@ -18,9 +18,9 @@ import (
 	"github.com/poplimit/poplimit/pipeline"
 )
 
-type noEvents struct{}
+type globalNoEvents struct{}
 
-func (noEvents) Emit(*pipeline.Event) bool { return true }
+func (globalNoEvents) Emit(*pipeline.Event) bool { return true }
 
 // TestGlobalTwoAggregatorsOneKilled runs two aggregator binaries in one
 // consumer group, both publishing the counts (signed, -global-key-file)
@@ -54,7 +54,7 @@ func TestGlobalTwoAggregatorsOneKilled(t *testing.T) {
 	// (10 s), as at the defaults (30 s).
 	const stale = time.Second
 	var o edge.Options
-	o.Pop, o.Brokers, o.Events, o.GlobalKeyFile, o.GlobalStale = "a", []string{broker}, noEvents{}, keyPath, stale
+	o.Pop, o.Brokers, o.Events, o.GlobalKeyFile, o.GlobalStale = "a", []string{broker}, globalNoEvents{}, keyPath, stale
 	o.BlockCache.MaxEntries = 1 << 10
 	e := edgetest.New(t, "rules: [{name: g, limit: 100, window: 1m, scope: global}]", o)
 
