@@ -161,7 +161,9 @@ func TestGlobalCountsFromTheFutureChangeNoDecision(t *testing.T) {
 	waitGlobalFresh(t, e, true, 20*time.Second)
 	before := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
 	yearAhead := time.Now().AddDate(1, 0, 0).UnixMilli() / 60_000 * 60_000
-	forgeGlobal(t, broker, 1, func(_ int, now int64) kafka.Message { return forgedGlobalCounts(globalLoopbackKey(e), yearAhead, 1000, now) })
+	forgeGlobal(t, broker, 1, func(_ int, now int64) kafka.Message {
+		return forgedGlobalCounts(globalLoopbackKey(e), yearAhead, 1000, now)
+	})
 	waitGlobalRead(t, e, before+3, 20*time.Second) // the forged one and beats after it
 	if ok := globalAdmitted(t, e.Addr(), 3); ok != 3 {
 		t.Errorf("after counts dated a year ahead: %d of 3 requests globalAdmitted, want 3 (a limit of 10, nothing counted)", ok)
