@@ -166,7 +166,7 @@ func TestGlobalCountsFromTheFutureChangeNoDecision(t *testing.T) {
 	})
 	waitGlobalRead(t, e, before+3, 20*time.Second) // the forged one and beats after it
 	if ok := globalAdmitted(t, e.Addr(), 3); ok != 3 {
-		t.Errorf("after counts dated a year ahead: %d of 3 requests globalAdmitted, want 3 (a limit of 10, nothing counted)", ok)
+		t.Errorf("after counts dated a year ahead: %d of 3 requests admitted, want 3 (a limit of 10, nothing counted)", ok)
 	}
 	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
 		t.Error("not fresh: the decisions above were held to the share")
@@ -194,7 +194,7 @@ func TestGlobalForgedHeartbeatsKeepNothingFresh(t *testing.T) {
 	}
 	// Cut off: held to half the limit of 10.
 	if ok := globalAdmitted(t, e.Addr(), 10); ok != 5 {
-		t.Errorf("%d of 10 globalAdmitted, want 5 (-global-share 0.5 of 10: the feed is not fresh)", ok)
+		t.Errorf("%d of 10 admitted, want 5 (-global-share 0.5 of 10: the feed is not fresh)", ok)
 	}
 	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "stale"); n < 20 {
 		t.Errorf("dropped{reason=stale}: %v, want ≥ 20", n)
@@ -233,7 +233,7 @@ func TestGlobalFullTableHoldsToShare(t *testing.T) {
 	okA, okB := globalAdmitted(t, a.Addr(), 10), globalAdmitted(t, b.Addr(), 10)
 	t.Logf("admitted: PoP a %d, PoP b %d of 10 each, limit 10 across PoPs", okA, okB)
 	if okA+okB > 10 {
-		t.Errorf("a key the full tables could not hold: %d + %d globalAdmitted under a global limit of 10, want each PoP held to its share (5)", okA, okB)
+		t.Errorf("a key the full tables could not hold: %d + %d admitted under a global limit of 10, want each PoP held to its share (5)", okA, okB)
 	}
 	for _, e := range []*edge.Edge{a, b} {
 		if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_table_full_total"); n < 1 {
@@ -247,7 +247,7 @@ func TestGlobalFullTableHoldsToShare(t *testing.T) {
 
 // TestGlobalNewEdgeReadsFromNewest: an edge started after a flood of old
 // messages reads the topic from its newest: fewer old messages than one
-// publishGlobal carries, and the flood's forged entries do not come back.
+// publish carries, and the flood's forged entries do not come back.
 func TestGlobalNewEdgeReadsFromNewest(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
 	start := globalWindow()
@@ -260,7 +260,7 @@ func TestGlobalNewEdgeReadsFromNewest(t *testing.T) {
 		}
 		return forgedGlobalCounts(uint64(i)+1<<40, start, 1, now)
 	})
-	beatingGlobal(t, broker) // one heartbeat per publish: a publishGlobal of one message
+	beatingGlobal(t, broker) // one heartbeat per publish: a publish of one message
 	e := globalEdge(t, broker, "a", nil)
 	waitGlobalFresh(t, e, true, 20*time.Second)
 	read := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
@@ -310,7 +310,7 @@ func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
 	})
 	waitGlobalRead(t, e, before+4, 20*time.Second)
 	if ok := globalAdmitted(t, e.Addr(), 3); ok != 3 {
-		t.Errorf("after unsigned and badly signed counts of 1000: %d of 3 globalAdmitted, want 3", ok)
+		t.Errorf("after unsigned and badly signed counts of 1000: %d of 3 admitted, want 3", ok)
 	}
 	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
 		t.Error("not fresh: the decisions above were held to the share, not decided on the signed counts")
@@ -341,7 +341,7 @@ func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
 	}
 	waitGlobalFresh(t, e, true, 20*time.Second)
 	if ok := globalAdmitted(t, e.Addr(), 3); ok != 0 {
-		t.Errorf("PoP b counted 8 of 10 (signed), this PoP 3 already: %d of 3 more globalAdmitted, want 0", ok)
+		t.Errorf("PoP b counted 8 of 10 (signed), this PoP 3 already: %d of 3 more admitted, want 0", ok)
 	}
 	if testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_fresh") != 1 {
 		t.Error("not fresh: the decisions above were held to the share, not decided on the signed counts")
@@ -397,7 +397,7 @@ func (c *globalCut) Cut() {
 	}
 }
 
-// TestGlobalTwoPublishersOneDies: two aggregators publishGlobal to one topic
+// TestGlobalTwoPublishersOneDies: two aggregators publish to one topic
 // (each its partitions' keys): the edge waits for both; one that stops
 // cleanly says so and the feed stays fresh; one that dies leaves the feed
 // stale, its keys' counts held to -global-share, until the edge forgets it
@@ -431,7 +431,7 @@ func TestGlobalTwoPublishersOneDies(t *testing.T) {
 	waitGlobalFresh(t, e, false, 10*time.Second)
 	t.Logf("stale %v after agg-2 died", time.Since(diedAt))
 	if ok := globalAdmitted(t, e.Addr(), 10); ok != 5 {
-		t.Errorf("with agg-2 dead: %d of 10 globalAdmitted, want 5 (held to -global-share)", ok)
+		t.Errorf("with agg-2 dead: %d of 10 admitted, want 5 (held to -global-share)", ok)
 	}
 	if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_fallbacks_total"); n < 5 {
 		t.Errorf("global_fallbacks_total: %v, want ≥ 5", n)
@@ -463,7 +463,7 @@ func TestGlobalTwoPublishersOneDies(t *testing.T) {
 
 // TestGlobalNewEdgeReadsNoOldMessage: after a flood of 20,000 messages
 // (older than -global-stale by the time the edge starts), a new edge reads
-// fewer of them than one publishGlobal carries (201 messages: 200 keys and a
+// fewer of them than one publish carries (201 messages: 200 keys and a
 // heartbeat); each one read would be counted as stale.
 func TestGlobalNewEdgeReadsNoOldMessage(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
@@ -482,7 +482,7 @@ func TestGlobalNewEdgeReadsNoOldMessage(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // a few publishes more
 	old := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_dropped_total", "reason", "stale")
 	read := testenv.MetricSum(t, e.Registry, "poplimit_edge_global_feed_messages_total")
-	t.Logf("a new edge read %v messages, %v of them old (the topic held %d old ones; a publishGlobal is %d)", read, old, flood, keys+1)
+	t.Logf("a new edge read %v messages, %v of them old (the topic held %d old ones; a publish is %d)", read, old, flood, keys+1)
 	if old >= keys+1 {
 		t.Errorf("a new edge read %v old messages, want fewer than one publish's worth (%d)", old, keys+1)
 	}
