@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 )
 
 // A table tracks publishers: fresh once it read two heartbeats of each,
@@ -233,4 +235,38 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("%x: decoded %+v, re-encoded %x, decoded %+v, %v", b, m, again, m2, err)
 		}
 	})
+}
+
+// BenchmarkFeedTake is what a Feed does with one message of one PoP's
+// counts: check its MAC (signed) or not, decode it and apply it.
+func BenchmarkFeedTake(b *testing.B) {
+	for _, signed := range []bool{false, true} {
+		name := "unsigned"
+		if signed {
+			name = "signed"
+		}
+		b.Run(name, func(b *testing.B) {
+			key := bytes.Repeat([]byte{1}, 32)
+			now := time.Now().UnixNano()
+			tb := NewTable(TableConfig{Pop: "a", Now: func() int64 { return now }})
+			f := &Feed{table: tb}
+			if signed {
+				f.mac = newMAC(key, DefaultTopic)
+			}
+			c := Counts{Key: 9, Start: windowStart(now, 10*sec) / 1e6, WindowMs: 10_000, Pops: []PopCount{{Pop: "b", Units: [2 * Slots]uint64{Slots: 5}}}}
+			kk := []byte{0, 0, 0, 0, 0, 0, 0, 9}
+			v := AppendCounts(nil, &Header{Publisher: "agg", Instance: 1, Stamp: now}, &c)
+			if signed {
+				v, _ = Sign(key, DefaultTopic, kk, v)
+			}
+			msg := kafka.Message{Key: kk, Value: v}
+			var m decoded
+			b.ReportAllocs()
+			for b.Loop() {
+				if d := f.take(&msg, &m); d != Kept {
+					b.Fatal(d)
+				}
+			}
+		})
+	}
 }

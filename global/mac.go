@@ -55,6 +55,7 @@ func LoadKey(flag, path string) ([]byte, error) {
 type mac struct {
 	h   hash.Hash
 	sum [MACSize]byte
+	n   [1]byte
 	pre []byte // macLabel, then the topic's length and name
 }
 
@@ -71,7 +72,8 @@ func newMAC(key []byte, topic string) *mac {
 func (m *mac) compute(kafkaKey, body []byte) []byte {
 	m.h.Reset()
 	m.h.Write(m.pre)
-	m.h.Write([]byte{byte(len(kafkaKey))})
+	m.n[0] = byte(len(kafkaKey))
+	m.h.Write(m.n[:])
 	m.h.Write(kafkaKey)
 	m.h.Write(body)
 	return m.h.Sum(m.sum[:0])
