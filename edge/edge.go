@@ -110,11 +110,22 @@ type Options struct {
 	// theirs. Empty: no PoP; global rules hold within the PoP.
 	Pop         string
 	GlobalTopic string // default global.DefaultTopic
-	// GlobalStale is how long without the publisher's heartbeat before
-	// the edge counts itself cut off from the other PoPs; it then holds
-	// global rules to GlobalShare of their limits.
+	// GlobalStale is how long without a publisher's heartbeat before the
+	// edge counts itself cut off from the other PoPs; it then holds global
+	// rules to GlobalShare of their limits. A message of the topic stamped
+	// longer ago is dropped.
 	GlobalStale time.Duration // default global.DefaultStale (2s)
 	GlobalShare float64       // default decision.DefaultGlobalShare (0.5)
+	// GlobalKeyFile holds the secret (at least 32 bytes) the aggregators
+	// sign the topic's messages with: the edge drops, and counts, every
+	// message it did not sign. Empty: messages are taken unsigned, and a
+	// warning logged (production needs it: anyone who can write to the
+	// topic would choose the other PoPs' counts).
+	GlobalKeyFile string
+	// GlobalMaxSkew is how far ahead of the edge's clock a message of the
+	// topic may be stamped, or its counts' window start, before it is
+	// dropped (and counted).
+	GlobalMaxSkew time.Duration // default global.DefaultMaxSkew (1s)
 
 	Pprof bool // serve /debug/pprof/ on the admin listener
 	// PprofToken, when set, is the bearer token /debug/pprof/ requires
@@ -198,6 +209,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.GlobalShare == 0 {
 		o.GlobalShare = decision.DefaultGlobalShare
+	}
+	if o.GlobalMaxSkew == 0 {
+		o.GlobalMaxSkew = global.DefaultMaxSkew
 	}
 	if o.Sample == 0 {
 		o.Sample = 1
@@ -377,8 +391,20 @@ func (e *Edge) startGlobal(o Options, reg prometheus.Registerer) (*global.Table,
 	if o.GlobalStale < 0 || o.GlobalShare < 0 || o.GlobalShare > 1 {
 		return nil, fmt.Errorf("edge: GlobalStale %v, GlobalShare %v: want a positive duration and a share between 0 and 1", o.GlobalStale, o.GlobalShare)
 	}
-	t := global.NewTable(global.TableConfig{Pop: o.Pop, Stale: o.GlobalStale})
-	f, err := global.NewFeed(t, global.KafkaConfig{Brokers: o.Brokers, Topic: o.GlobalTopic, TLS: o.KafkaTLS, SASL: o.KafkaSASL, Dial: o.KafkaDial}, o.Logger, reg)
+	if o.GlobalMaxSkew < 0 {
+		return nil, fmt.Errorf("edge: GlobalMaxSkew %v (-global-max-skew): must not be negative", o.GlobalMaxSkew)
+	}
+	var key []byte
+	if o.GlobalKeyFile != "" {
+		var err error
+		if key, err = global.LoadKey("edge: GlobalKeyFile (-global-key-file)", o.GlobalKeyFile); err != nil {
+			return nil, err
+		}
+	}
+	skew := int64(o.ClockSkew)
+	t := global.NewTable(global.TableConfig{Pop: o.Pop, Stale: o.GlobalStale, MaxSkew: o.GlobalMaxSkew,
+		Now: func() int64 { return time.Now().UnixNano() + skew }})
+	f, err := global.NewFeed(t, global.KafkaConfig{Brokers: o.Brokers, Topic: o.GlobalTopic, TLS: o.KafkaTLS, SASL: o.KafkaSASL, Dial: o.KafkaDial, Key: key}, o.Logger, reg)
 	if err != nil {
 		return nil, err
 	}

@@ -16,10 +16,23 @@
 // The Tally and the Table are bounded (MaxKeys), and each message carries
 // one key.
 //
-// An edge whose Table has not heard the publisher's heartbeat for Stale is
-// cut off (the topic, the broker or the aggregator is out of reach): it
-// then holds a global rule's keys to Share of their limits, counted in
-// poplimit_edge_global_fallbacks_total.
+// Every message names its publisher and carries its clock; with a key
+// shared by the aggregators and the edges (KafkaConfig.Key, LoadKey) it is
+// signed with HMAC-SHA256 and a Feed drops what the key did not sign. A
+// Table checks each message against the edge's clock (TableConfig.Now):
+// stamped in the future or longer ago than Stale, stamped before its
+// publisher's previous message, counts of a window in the future or that
+// no longer weighs: dropped, and counted by reason. It expires entries by
+// that clock too, whether messages come or not (Sweep).
+//
+// An edge whose Table has not heard each publisher's heartbeat within
+// Stale, or has not yet read a whole publish of each, is cut off (the
+// topic, the broker or an aggregator is out of reach): it then holds a
+// global rule's keys to Share of their limits, counted in
+// poplimit_edge_global_fallbacks_total. A publisher that stops cleanly
+// says so (a farewell); one that dies is waited for Forget. A Table that
+// had to refuse a key for want of room holds the keys it does not hold
+// the same way, for Stale after the refusal.
 //
 // The wire format of the topic's messages is in FORMAT.md beside this
 // file.

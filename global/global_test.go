@@ -45,18 +45,25 @@ func TestTallyToTable(t *testing.T) {
 	if c.Key != 7 || c.Start != (t0+10*sec)/1e6 || c.WindowMs != 10_000 || len(c.Pops) != 2 || c.Pops[0] != want[0] || c.Pops[1] != want[1] {
 		t.Fatalf("snapshot: got %+v, want key 7 from %d: %+v", c, (t0+10*sec)/1e6, want)
 	}
+	now := t0 + 12*sec
+	hdr := Header{Publisher: "agg", Instance: 1, Stamp: now}
 	var m decoded
-	if err := decode(AppendCounts(nil, &c), &m); err != nil || m.heartbeat || m.c.Key != 7 || len(m.c.Pops) != 2 || m.c.Pops[1] != want[1] {
+	if err := decode(AppendCounts(nil, &hdr, &c), &m); err != nil || m.kind != kindCounts || m.h != hdr || m.c.Key != 7 || len(m.c.Pops) != 2 || m.c.Pops[1] != want[1] {
 		t.Fatalf("round trip: got %+v, %v", m, err)
 	}
 
-	tb := NewTable(TableConfig{Pop: "fra1"})
-	now := t0 + 12*sec
+	tb := NewTable(TableConfig{Pop: "fra1", Stale: 2 * time.Second})
 	if _, fresh := tb.Others(7, now, 10*sec); fresh {
 		t.Error("fresh before any heartbeat")
 	}
-	tb.Beat(now)
-	tb.Apply(&m.c)
+	beat(t, tb, hdr, now-sec/10)
+	if _, fresh := tb.Others(7, now, 10*sec); fresh {
+		t.Error("fresh after one heartbeat: a whole publish is not read yet")
+	}
+	if d := tb.take(&m, now); d != Kept {
+		t.Fatalf("counts: dropped (%v)", d)
+	}
+	beat(t, tb, hdr, now)
 	// At t0+12 s the trailing window is (t0+2 s, t0+12 s]: both of ams2's
 	// slots (3-3.6 s and 4-4.4 s) are in it, 40 units. (Weighing the window's
 	// 40 as if even would say 32.)
@@ -91,7 +98,7 @@ func TestTallyToTable(t *testing.T) {
 
 func TestDecodeRefusesGarbage(t *testing.T) {
 	c := Counts{Key: 1, Start: 2, WindowMs: 3, Pops: []PopCount{{Pop: "a", Units: [2 * Slots]uint64{1, 2}}}}
-	b := AppendCounts(nil, &c)
+	b := AppendCounts(nil, &Header{Publisher: "p", Instance: 1, Stamp: 2}, &c)
 	var m decoded
 	for i := range len(b) {
 		if err := decode(b[:i], &m); err == nil {
@@ -101,14 +108,31 @@ func TestDecodeRefusesGarbage(t *testing.T) {
 	if err := decode(append(b, 0), &m); err == nil {
 		t.Error("decode with a trailing byte: got nil")
 	}
-	if err := decode(AppendHeartbeat(nil, 5), &m); err != nil || !m.heartbeat || m.at != 5 {
+	h := Header{Publisher: "p", Instance: 9, Stamp: 5}
+	if err := decode(AppendHeartbeat(nil, &h, 100*time.Millisecond), &m); err != nil || m.kind != kindHeartbeat || m.h != h || m.interval != int64(100*time.Millisecond) {
 		t.Errorf("heartbeat: got %+v, %v", m, err)
+	}
+	if err := decode(AppendFarewell(nil, &h), &m); err != nil || m.kind != kindFarewell || m.h != h {
+		t.Errorf("farewell: got %+v, %v", m, err)
+	}
+}
+
+// beat gives tb a heartbeat of h's publisher stamped (and arrived) at.
+func beat(t *testing.T, tb *Table, h Header, at int64) {
+	t.Helper()
+	h.Stamp = at
+	var m decoded
+	if err := decode(AppendHeartbeat(nil, &h, 100*time.Millisecond), &m); err != nil {
+		t.Fatal(err)
+	}
+	if d := tb.take(&m, at); d != Kept {
+		t.Fatalf("heartbeat at %d: dropped (%v)", at, d)
 	}
 }
 
 func TestTableOthersAllocates0(t *testing.T) {
 	tb := NewTable(TableConfig{Pop: "a"})
-	tb.Apply(&Counts{Key: 3, Start: 0, WindowMs: 1000, Pops: []PopCount{{Pop: "b", Units: [2 * Slots]uint64{1, 2}}}})
+	tb.apply(&Counts{Key: 3, Start: 0, WindowMs: 1000, Pops: []PopCount{{Pop: "b", Units: [2 * Slots]uint64{1, 2}}}}, 0)
 	if n := testing.AllocsPerRun(100, func() { tb.Others(3, 500*int64(time.Millisecond), sec) }); n != 0 {
 		t.Errorf("Others: %v allocations, want 0", n)
 	}

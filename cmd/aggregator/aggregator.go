@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -82,6 +83,13 @@ type config struct {
 	// keys leave, and are counted in
 	// poplimit_aggregator_global_tally_dropped_events_total. Default 1<<18.
 	GlobalMaxKeys int
+	// GlobalKeyFile holds the secret (at least 32 bytes) the global topic's
+	// messages are signed with, shared with the edges (global.LoadKey).
+	// Empty: unsigned, with a warning. GlobalPublisher names this
+	// aggregator in them; each publisher needs its own name. Default the
+	// host's name and the address Listen bound.
+	GlobalKeyFile   string
+	GlobalPublisher string
 
 	// onApply, when set (tests), sees every batch after the judge took it.
 	onApply func([]pipeline.Event)
@@ -108,6 +116,9 @@ func (c *config) validate() error {
 	}
 	if c.GlobalInterval > 0 && c.GlobalMaxKeys < 1 {
 		errs = append(errs, fmt.Errorf("aggregator: -global-max-keys %d: must be at least 1", c.GlobalMaxKeys))
+	}
+	if len(c.GlobalPublisher) > global.MaxPublisherLen {
+		errs = append(errs, fmt.Errorf("aggregator: -global-publisher %q: at most %d bytes", c.GlobalPublisher, global.MaxPublisherLen))
 	}
 	if c.IdleFlush < 0 {
 		errs = append(errs, fmt.Errorf("aggregator: -idle-flush %v: must not be negative", c.IdleFlush))
@@ -204,13 +215,26 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	if a.consumer, err = pipeline.NewConsumer(cc, a.reg); err != nil {
 		return nil, err
 	}
-	undo = append(undo, func() { _ = a.consumer.Close() })
+	consumer := a.consumer // a is nil once start returns an error
+	undo = append(undo, func() { _ = consumer.Close() })
+
+	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("aggregator: -listen: %w", err)
+	}
+	ln := a.ln // a is nil once start returns an error
+	undo = append(undo, func() { ln.Close() })
 
 	if cfg.GlobalInterval > 0 {
+		var key []byte
+		if cfg.GlobalKeyFile != "" {
+			if key, err = global.LoadKey("aggregator: -global-key-file", cfg.GlobalKeyFile); err != nil {
+				return nil, err
+			}
+		}
 		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare, MaxKeys: cfg.GlobalMaxKeys})
 		a.reg.MustRegister(aggstate.TallyDropped(a.tally))
 		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
-			TLS: cc.TLS, SASL: cc.SASL}, cfg.GlobalInterval, log, a.reg)
+			TLS: cc.TLS, SASL: cc.SASL, Key: key, Name: publisherName(cfg, a.ln.Addr())}, cfg.GlobalInterval, log, a.reg)
 		if err != nil {
 			return nil, err
 		}
@@ -221,9 +245,6 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		undo = append(undo, cancel)
 	}
 
-	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("aggregator: -listen: %w", err)
-	}
 	a.http = &http.Server{Handler: a.handler(), ReadHeaderTimeout: 5 * time.Second}
 
 	// Everything is built: start the goroutines.
@@ -245,6 +266,18 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		"max_clock_skew", cfg.Judge.MaxClockSkew, "max_event_age", cfg.Judge.MaxEventAge,
 		"idle_flush", cfg.IdleFlush)
 	return a, nil
+}
+
+// publisherName is cfg.GlobalPublisher, or the host's name and the
+// address it listens on: two aggregators on one host listen on different
+// ones, and a restarted one on the same.
+func publisherName(cfg config, listen net.Addr) string {
+	if cfg.GlobalPublisher != "" {
+		return cfg.GlobalPublisher
+	}
+	host, _ := os.Hostname()
+	name := host + "/" + listen.String()
+	return name[max(0, len(name)-global.MaxPublisherLen):]
 }
 
 func nameOr(s, def string) string {

@@ -108,6 +108,8 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.DurationVar(&cfg.GlobalInterval, "global-interval", global.DefaultInterval, "how often the counts of global rules' keys are published (0: never)")
 	fs.Float64Var(&cfg.GlobalMinShare, "global-min-share", global.DefaultMinShare, "a global rule's key is published while its units across PoPs reach this part of its limit")
 	fs.IntVar(&cfg.GlobalMaxKeys, "global-max-keys", 1<<18, "keys of global rules counted for the global topic at most (about 720 B each); past it new keys' events are not counted, and counted as dropped")
+	fs.StringVar(&cfg.GlobalKeyFile, "global-key-file", "", "file of the secret (at least 32 bytes) the global topic's messages are signed with, shared with the edges (default: unsigned, with a warning; production needs it)")
+	fs.StringVar(&cfg.GlobalPublisher, "global-publisher", "", "this aggregator's name in the global topic, distinct per aggregator (default: host name/-listen)")
 	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")
 	fs.DurationVar(&cfg.Judge.MaxClockSkew, "max-clock-skew", cfg.Judge.MaxClockSkew, "events more than -lateness plus this after the aggregator's clock are invalid (reason future), kept out of the watermark (0: off)")
 	fs.DurationVar(&cfg.Judge.MaxEventAge, "max-event-age", cfg.Judge.MaxEventAge, "events older than this behind the aggregator's clock are invalid (reason past), not judged (0: off)")

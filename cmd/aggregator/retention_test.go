@@ -10,8 +10,8 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// heapInUse returns the live heap after a collection.
-func heapInUse() uint64 {
+// heapAllocated returns the live heap after a collection.
+func heapAllocated() uint64 {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
@@ -33,7 +33,7 @@ func TestEmbeddedBrokerBounded(t *testing.T) {
 	cfg.EmbeddedGlobalRetentionBytes = 1 << 20
 	cfg.EmbeddedRetentionCheck = 50 * time.Millisecond
 	a := startAggregator(t, cfg)
-	before := heapInUse()
+	before := heapAllocated()
 
 	const flood, size = 64 << 20, 8 << 10
 	tr := &kafka.Transport{}
@@ -81,7 +81,7 @@ func TestEmbeddedBrokerBounded(t *testing.T) {
 			t.Errorf("partition %d after the flood: offsets %d to %d kept, want the 2 messages written since", p.Partition, p.LogStartOffset, p.HighWatermark)
 		}
 	}
-	grown := int64(heapInUse()) - int64(before)
+	grown := int64(heapAllocated()) - int64(before)
 	t.Logf("flood of %d MiB on each topic: broker holds %d KiB of decisions and %d KiB of counts; live heap grew %d MiB",
 		flood>>20, held(topic)>>10, held("global")>>10, grown>>20)
 	if grown > 16<<20 {

@@ -122,6 +122,8 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.StringVar(&o.GlobalTopic, "global-topic", o.GlobalTopic, "Kafka topic of the other PoPs' counts, published by the aggregator (one partition)")
 	fs.DurationVar(&o.GlobalStale, "global-stale", o.GlobalStale, "without the publisher's heartbeat this long, the edge is cut off from the other PoPs and holds global rules to -global-share")
 	fs.Float64Var(&o.GlobalShare, "global-share", o.GlobalShare, "part of a global rule's limit this PoP admits while cut off from the other PoPs' counts (0-1]")
+	fs.StringVar(&o.GlobalKeyFile, "global-key-file", o.GlobalKeyFile, "file of the secret (at least 32 bytes) the aggregators sign the global topic with; messages not signed with it are dropped (default: unsigned taken, with a warning; production needs it)")
+	fs.DurationVar(&o.GlobalMaxSkew, "global-max-skew", o.GlobalMaxSkew, "global topic messages stamped, or counts dated, further ahead of this edge's clock are dropped")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.ClockSkew, "clock-skew", 0, "add this to the clock: a fault-test hook, at most ±1m")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate of the traffic listener (with -tls-key): TLS 1.2+, reloaded on change")
