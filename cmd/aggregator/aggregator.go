@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -81,7 +82,8 @@ type config struct {
 	// global topic (global.TallyConfig.MaxKeys, about tallyBytesPerKey
 	// each): past it, the events of new keys are not counted until idle
 	// keys leave, and are counted in
-	// poplimit_aggregator_global_tally_dropped_events_total. Default 1<<18.
+	// poplimit_aggregator_global_tally_dropped_events_total. 0 means
+	// DefaultGlobalMaxKeys.
 	GlobalMaxKeys int
 	// GlobalKeyFile holds the secret (at least 32 bytes) the global topic's
 	// messages are signed with, shared with the edges (global.LoadKey).
@@ -97,6 +99,11 @@ type config struct {
 
 // validate reports every problem with c that start would otherwise find
 // one at a time; the judge's and consumer's own Validate cover theirs.
+// DefaultGlobalMaxKeys is config.GlobalMaxKeys's default.
+const DefaultGlobalMaxKeys = 1 << 18
+
+func (c *config) globalMaxKeys() int { return cmp.Or(c.GlobalMaxKeys, DefaultGlobalMaxKeys) }
+
 func (c *config) validate() error {
 	var errs []error
 	if c.Listen == "" {
@@ -114,7 +121,7 @@ func (c *config) validate() error {
 	if c.GlobalInterval < 0 || c.GlobalMinShare < 0 || c.GlobalMinShare > 1 {
 		errs = append(errs, fmt.Errorf("aggregator: -global-interval %v, -global-min-share %v: want a duration not negative and a share between 0 and 1", c.GlobalInterval, c.GlobalMinShare))
 	}
-	if c.GlobalInterval > 0 && c.GlobalMaxKeys < 1 {
+	if c.GlobalMaxKeys < 0 {
 		errs = append(errs, fmt.Errorf("aggregator: -global-max-keys %d: must be at least 1", c.GlobalMaxKeys))
 	}
 	if len(c.GlobalPublisher) > global.MaxPublisherLen {
@@ -231,7 +238,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 				return nil, err
 			}
 		}
-		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare, MaxKeys: cfg.GlobalMaxKeys})
+		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare, MaxKeys: cfg.globalMaxKeys()})
 		a.reg.MustRegister(aggstate.TallyDropped(a.tally))
 		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
 			TLS: cc.TLS, SASL: cc.SASL, Key: key, Name: publisherName(cfg, a.ln.Addr())}, cfg.GlobalInterval, log, a.reg)

@@ -107,7 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.StringVar(&cfg.GlobalTopic, "global-topic", global.DefaultTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
 	fs.DurationVar(&cfg.GlobalInterval, "global-interval", global.DefaultInterval, "how often the counts of global rules' keys are published (0: never)")
 	fs.Float64Var(&cfg.GlobalMinShare, "global-min-share", global.DefaultMinShare, "a global rule's key is published while its units across PoPs reach this part of its limit")
-	fs.IntVar(&cfg.GlobalMaxKeys, "global-max-keys", 1<<18, "keys of global rules counted for the global topic at most (about 720 B each); past it new keys' events are not counted, and counted as dropped")
+	fs.IntVar(&cfg.GlobalMaxKeys, "global-max-keys", DefaultGlobalMaxKeys, "keys of global rules counted for the global topic at most (about 720 B each); past it new keys' events are not counted, and counted as dropped")
 	fs.StringVar(&cfg.GlobalKeyFile, "global-key-file", "", "file of the secret (at least 32 bytes) the global topic's messages are signed with, shared with the edges (default: unsigned, with a warning; production needs it)")
 	fs.StringVar(&cfg.GlobalPublisher, "global-publisher", "", "this aggregator's name in the global topic, distinct per aggregator (default: host name/-listen)")
 	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")

@@ -35,7 +35,7 @@ func (c *config) memoryBound() int64 {
 	b := c.Judge.MemoryBound() + int64(c.Consumer.DedupFrames)*bytesPerDedupFrame + fixedBytes +
 		int64(c.Consumer.QueueCapacity)*maxMessageBytes + int64(c.Consumer.MaxBytes)
 	if c.GlobalInterval > 0 {
-		b += int64(c.GlobalMaxKeys) * tallyBytesPerKey
+		b += int64(c.globalMaxKeys()) * tallyBytesPerKey
 	}
 	return b
 }
