@@ -3,6 +3,8 @@ package decision
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -10,7 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/poplimit/poplimit/blockcache"
+	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/memcachestore"
+	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -344,5 +350,121 @@ func TestReserveOnACounterAndCancel(t *testing.T) {
 				t.Fatalf("after a Cancel: %v, %v; want the unit given back", r, err)
 			}
 		})
+	}
+}
+
+// Wait and Reserve run over every store as over the in-memory one: the
+// bucket's reservations and waits exactly spaced, a counter's unit given
+// back, a queue's places.
+func TestWaitAndReserveOverEveryStore(t *testing.T) {
+	const doc = `rules:
+  - {name: tb, limit: 10, window: 1s, burst: 1, algorithm: token_bucket, mode: sync}
+  - {name: w, limit: 2, window: 1s, mode: sync}
+  - {name: q, limit: 10, window: 1s, burst: 1, algorithm: leaky_bucket, action: delay, mode: sync}`
+	stores := map[string]func(t *testing.T, clk window.Clock) window.Store{
+		"memstore": func(t *testing.T, clk window.Clock) window.Store { return window.NewMemStore(clk) },
+		"memcached": func(t *testing.T, _ window.Clock) window.Store {
+			mc := testenv.Memcached(t)
+			client, err := shardproxy.New(shardproxy.Config{Servers: []shardproxy.Server{{Addr: mc.Addr}}, Timeout: 2 * time.Second}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { client.Close() })
+			s, err := memcachestore.New(client, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		"redis": func(t *testing.T, _ window.Clock) window.Store {
+			rd := testenv.Redis(t)
+			s, err := redisstore.New(redisstore.Config{Addrs: []string{rd.Addr}, Timeout: 2 * time.Second}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+	}
+	for name, mk := range stores {
+		t.Run(name, func(t *testing.T) {
+			clk := newSteppedClock()
+			c := waitCore(t, doc, mk(t, clk), clk)
+			ctx := context.Background()
+			now := clk.t
+			for i := range 3 {
+				r, err := c.Reserve(ctx, now, "tb", []byte("k"), 1, time.Second)
+				if err != nil || !r.OK() || r.DelayFrom(now) != time.Duration(i)*100*time.Millisecond {
+					t.Fatalf("bucket reservation %d: %v, %v", i, r, err)
+				}
+			}
+			if err := c.wait(ctx, clk, "tb", []byte("k"), 1); err != nil {
+				t.Fatal(err)
+			}
+			if len(clk.slept) != 1 || clk.slept[0] != 300*time.Millisecond {
+				t.Fatalf("a wait behind three reservations slept %v, want [300ms]", clk.slept)
+			}
+
+			now = clk.t
+			var second *Reservation
+			for range 2 {
+				r, err := c.Reserve(ctx, now, "w", []byte("k"), 1, time.Hour)
+				if err != nil || !r.OK() {
+					t.Fatalf("counter reservation: %v, %v", r, err)
+				}
+				second = r
+			}
+			if r, err := c.Reserve(ctx, now, "w", []byte("k"), 1, time.Hour); err != nil || r.OK() {
+				t.Fatalf("a third in the window: %v, %v; want not taken", r, err)
+			}
+			if !second.Cancel(ctx) {
+				t.Fatal("Cancel did not give a counter's unit back")
+			}
+			c.blocks.Clear() // the refusal's block, until its release
+			if r, err := c.Reserve(ctx, now, "w", []byte("k"), 1, time.Hour); err != nil || !r.OK() {
+				t.Fatalf("after a Cancel: %v, %v; want the unit given back", r, err)
+			}
+
+			slept := len(clk.slept)
+			for range 2 {
+				if err := c.wait(ctx, clk, "q", []byte("k"), 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := clk.slept[slept:]; len(got) != 1 || got[0] != 100*time.Millisecond {
+				t.Fatalf("two waits on a queue slept %v, want [100ms]", got)
+			}
+		})
+	}
+}
+
+// When the store cannot answer, a waiter is told so, whatever the rule's
+// failure policy: it never proceeds on a guess.
+func TestWaitStopsWhenTheStoreFails(t *testing.T) {
+	// A memcached client to a loopback port nothing listens on.
+	client, err := shardproxy.New(shardproxy.Config{Servers: []shardproxy.Server{{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))}},
+		Timeout: 200 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	store, err := memcachestore.New(client, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := waitCore(t, `rules:
+  - {name: open, limit: 10, window: 1s, mode: sync}
+  - {name: closed, limit: 10, window: 1s, mode: sync, fail: closed}
+  - {name: tb, limit: 10, window: 1s, algorithm: token_bucket, mode: sync}`, store, nil)
+	for _, rule := range []string{"open", "closed", "tb"} {
+		if err := c.Wait(context.Background(), rule, []byte("k"), 1); !errors.Is(err, ErrStoreFailed) {
+			t.Errorf("Wait(%s) with the store down = %v, want ErrStoreFailed", rule, err)
+		}
+		if _, err := c.Reserve(context.Background(), time.Now(), rule, []byte("k"), 1, time.Second); !errors.Is(err, ErrStoreFailed) {
+			t.Errorf("Reserve(%s) with the store down = %v, want ErrStoreFailed", rule, err)
+		}
+	}
+	if n := testutil.ToFloat64(c.wm.result[waitStoreFailed]); n != 3 {
+		t.Errorf("waits_total{result=store_failed} = %v, want 3", n)
 	}
 }
