@@ -77,7 +77,8 @@ const InfDuration = time.Duration(math.MaxInt64)
 // (action: delay) takes the request's place in it at once, within the
 // queue's bound and ctx's deadline, and Wait sleeps until the place comes;
 // a place given up when ctx ends is not given back (a bucket's store
-// operations only pour). Under action: block every attempt counts, as the
+// operations only pour), and the place, a reservation, emits no decision
+// event. Under action: block every attempt counts, as the
 // rule says, so a waiter asks again only once each block has ended. A
 // shadow rule never makes a waiter wait.
 //

@@ -89,6 +89,12 @@ func TestWaitSleepsUntilTheExactRelease(t *testing.T) {
 		{"sliding_window", "{name: r, limit: 2, window: 1s, mode: sync}", 2, time.Second},
 		// 10 a second, burst 1: one at once, the next 100 ms on.
 		{"token_bucket", "{name: r, limit: 10, window: 1s, burst: 1, algorithm: token_bucket, mode: sync}", 1, 100 * time.Millisecond},
+		// A fixed window of 2 a second: the third at the next window's
+		// start, 0.9 s on.
+		{"fixed_window", "{name: r, limit: 2, window: 1s, algorithm: fixed_window, mode: sync}", 2, 900 * time.Millisecond},
+		// A leaky bucket (the meter) leaking 4 a second, capacity 2: two
+		// at once, the third once one has leaked, 250 ms on.
+		{"leaky_bucket", "{name: r, limit: 4, window: 1s, burst: 2, algorithm: leaky_bucket, mode: sync}", 2, 250 * time.Millisecond},
 		// A log of 2 a second: the third when the first leaves, 1 s on.
 		{"sliding_log", "{name: r, limit: 2, window: 1s, algorithm: sliding_log}", 2, time.Second},
 	} {
@@ -208,6 +214,19 @@ func TestWaitRefusesAtOnce(t *testing.T) {
 	}
 }
 
+// parkedClock is the wall clock's Now, and a Sleep that says it began and
+// lasts until its context ends.
+type parkedClock struct {
+	wallClock
+	asleep chan struct{}
+}
+
+func (c parkedClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.asleep <- struct{}{}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
 // A waiter whose context ends while it sleeps returns its error.
 func TestWaitReturnsWhenTheContextEnds(t *testing.T) {
 	c := waitCore(t, "rules: [{name: r, limit: 1, window: 1h, mode: sync}]", window.NewMemStore(nil), nil)
@@ -215,9 +234,14 @@ func TestWaitReturnsWhenTheContextEnds(t *testing.T) {
 	if err := c.Wait(ctx, "r", []byte("k"), 1); err != nil {
 		t.Fatal(err)
 	}
+	clk := parkedClock{asleep: make(chan struct{}, 1)}
 	done := make(chan error, 1)
-	go func() { done <- c.Wait(ctx, "r", []byte("k"), 1) }()
-	time.Sleep(20 * time.Millisecond) // not needed for the outcome: cancel before or during the wait
+	go func() { done <- c.wait(ctx, clk, "r", []byte("k"), 1) }()
+	select {
+	case <-clk.asleep:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second Wait did not sleep")
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -226,6 +250,9 @@ func TestWaitReturnsWhenTheContextEnds(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Wait did not return once its context was canceled")
+	}
+	if n := testutil.ToFloat64(c.wm.result[waitCanceled]); n != 1 {
+		t.Errorf("waits_total{result=canceled} = %v, want 1", n)
 	}
 }
 
