@@ -95,7 +95,8 @@ type Core struct {
 	lim    *window.Limiter
 	blocks BlockCache
 	m      *coreMetrics
-	pop    []byte // cfg.Pop, for events
+	wm     *waitMetrics // Wait and Reserve (wait.go)
+	pop    []byte       // cfg.Pop, for events
 
 	rules    atomic.Pointer[snapshot]
 	pool     sync.Pool // *Verdict
@@ -146,6 +147,9 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 	c.pool.New = func() any { return &Verdict{key: make([]byte, 0, 256)} }
 	var err error
 	if c.m, err = newCoreMetrics(deps.Registerer, c); err != nil {
+		return nil, err
+	}
+	if c.wm, err = newWaitMetrics(deps.Registerer); err != nil {
 		return nil, err
 	}
 	if err := c.SetRules(rs); err != nil {
