@@ -28,8 +28,17 @@
 // Finish (Done for one it owns) once the request is over: that gives back
 // the concurrency slots it holds.
 //
-// The core reads no clock (the time is Request.Now), keeps none of a
-// Request's bytes after Decide returns, allocates nothing on the request
-// path, and is safe for concurrent use. Every store fallback is counted in
-// poplimit_edge_requests_total{source="fallback"}.
+// A decision's time is the caller's: Request.Now for Decide, the now
+// argument of DecideKey (which decides a key a front end names itself,
+// skipping the match, the key recipe and the cost header). Deciding reads
+// no clock, so a replayed log decides as the live edge did. The wall clock
+// is read or waited on only where real time must pass or be measured: a
+// request admitted by a delay rule is held for its Verdict.Delay inside
+// Decide or DecideKey (time.Sleep, unless CoreConfig.Wait replaces it; the
+// offline simulator passes a no-op), and BeginUpstream and EndUpstream
+// time the upstream for load shedding (time.Now, time.Since).
+//
+// The core keeps none of a Request's bytes after Decide returns, allocates
+// nothing on the request path, and is safe for concurrent use. Every store
+// fallback is counted in poplimit_edge_requests_total{source="fallback"}.
 package decision
