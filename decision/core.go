@@ -42,8 +42,9 @@ type CoreConfig struct {
 	// Observe, when set, is called for every rule decision with the rule,
 	// its key material and the event, on the deciding goroutine; the key
 	// and event are valid during the call (the offline simulator's reports
-	// use it). A request's time is always Request.Now: the core reads no
-	// clock.
+	// use it). A decision's time is Request.Now (DecideKey's now), or
+	// the limiter's clock after a wait for a new key's read (see the
+	// package doc).
 	Observe func(r *rules.Rule, key []byte, e *pipeline.Event)
 	// MaxDelayed bounds the requests held at once by leaky-bucket queues
 	// (rules with action: delay); a request that would wait past it is

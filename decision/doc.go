@@ -28,8 +28,26 @@
 // Finish (Done for one it owns) once the request is over: that gives back
 // the concurrency slots it holds.
 //
-// The core reads no clock (the time is Request.Now), keeps none of a
-// Request's bytes after Decide returns, allocates nothing on the request
-// path, and is safe for concurrent use. Every store fallback is counted in
-// poplimit_edge_requests_total{source="fallback"}.
+// A decision's time is the caller's: Request.Now for Decide, the now
+// argument of DecideKey (which decides a key a front end names itself,
+// skipping the match, the key recipe and the cost header). This package
+// reads no clock to decide, so a replayed log decides as the live edge
+// did. Real time enters where it must pass:
+//
+//   - a decision that asks the store (a sync rule, or an async one near
+//     its limit) waits for the reply at most the store timeout, measured
+//     on the wall clock;
+//   - an async decision that waits for the read of a key new to the edge
+//     (window.Config.NewKeyWait) is then made at the later of its time and
+//     the limiter's Clock (window.Config.Clock), so that decisions keep the
+//     order of their times;
+//   - a request admitted by a delay rule is held for its Verdict.Delay
+//     before Decide or DecideKey returns (time.Sleep, unless
+//     CoreConfig.Wait replaces it; the offline simulator passes a no-op);
+//   - BeginUpstream and EndUpstream read the wall clock (time.Now,
+//     time.Since) to time the upstream for load shedding.
+//
+// The core keeps none of a Request's bytes after Decide returns, allocates
+// nothing on the request path, and is safe for concurrent use. Every store
+// fallback is counted in poplimit_edge_requests_total{source="fallback"}.
 package decision

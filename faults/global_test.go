@@ -178,7 +178,8 @@ rules:
 // mid-window was undercounted in its next window, 6.4-16.2 % wrong and
 // 1.10-1.20× from mid-window against 0.59 % and 1.00× from a boundary.
 // With the shape: 0.39-0.54 % and 1.01-1.02× at all four phases
-// (BENCHMARKS.md).
+// (docs/DESIGN.md, "Limits across PoPs"; BENCHMARKS.md has the current
+// figures).
 func TestGlobalLimitAcrossPoPs(t *testing.T) {
 	const interval = 100 * time.Millisecond // the aggregator's default
 	var events recorder

@@ -10,10 +10,10 @@ import (
 	"github.com/poplimit/poplimit/window"
 )
 
-// TestLeakyBucketSeedTable runs the textbook token-bucket table through the
+// TestLeakyBucketRefillTable runs TestTokenBucketRefillTable's table through the
 // meter with Capacity 20 leaking 10/s: the same decisions, and the GCRA state
 // (the theoretical arrival time) after each row.
-func TestLeakyBucketSeedTable(t *testing.T) {
+func TestLeakyBucketRefillTable(t *testing.T) {
 	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
 	ms := int64(time.Millisecond)
 	rows := []struct {

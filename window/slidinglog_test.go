@@ -21,10 +21,10 @@ func slClock(ns int64) string {
 	return time.Unix(0, ns).UTC().Format(time.TimeOnly)
 }
 
-// TestSlidingLogSeedExample is the textbook example: 3 per 60 s, log [12:00:10,
+// TestSlidingLogThreePerMinute: 3 per 60 s, log [12:00:10,
 // 12:00:30, 12:00:55]; at 12:01:20 the window (12:00:20, 12:01:20] holds 2,
 // so the request is allowed.
-func TestSlidingLogSeedExample(t *testing.T) {
+func TestSlidingLogThreePerMinute(t *testing.T) {
 	l := SlidingLog{Limit: 3, Window: time.Minute}
 	var s SlidingLogState
 	for _, at := range []int64{slWall(12, 0, 10), slWall(12, 0, 30), slWall(12, 0, 55)} {
@@ -384,7 +384,7 @@ func BenchmarkSlidingLogRelease(b *testing.B) {
 	}
 }
 
-// Seed 003: 3 per 60 s.
+// A sliding log of 3 per 60 s.
 func ExampleSlidingLog_Allow() {
 	l := SlidingLog{Limit: 3, Window: time.Minute}
 	var s SlidingLogState // one per key; zero is an empty log

@@ -9,7 +9,7 @@ import (
 
 func at(d time.Duration) int64 { return int64(d) }
 
-func TestSlidingWindowEstimateSeedExamples(t *testing.T) {
+func TestSlidingWindowEstimateWorkedExamples(t *testing.T) {
 	minute := SlidingWindow{Limit: 100, Window: time.Minute}
 	tests := []struct {
 		name       string
@@ -18,10 +18,10 @@ func TestSlidingWindowEstimateSeedExamples(t *testing.T) {
 		prev, curr uint64
 		want       float64
 	}{
-		// Seed 003: 20 % through the minute, 80 before and 15 now.
-		{"seed003 at 20%", minute, 12 * time.Second, 80, 15, 79},
-		// Seed 003: 75 % through the minute.
-		{"seed003 at 75%", minute, 45 * time.Second, 80, 15, 35},
+		// 20 % through the minute, 80 before and 15 now: 80 × 0.8 + 15.
+		{"80 then 15, at 20%", minute, 12 * time.Second, 80, 15, 79},
+		// 75 % through the minute: 80 × 0.25 + 15.
+		{"80 then 15, at 75%", minute, 45 * time.Second, 80, 15, 35},
 		// Cloudflare's blog: 42 × 0.75 + 18 = 49.5, 15 s into the minute.
 		{"cloudflare", minute, 15 * time.Second, 42, 18, 49.5},
 		{"window start", minute, 0, 80, 0, 80},

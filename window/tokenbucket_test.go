@@ -15,10 +15,10 @@ import (
 // these tests hold that meter to the token bucket's textbook behaviour and
 // to an exact rational model of it.
 
-// TestTokenBucketSeedTable reproduces the textbook table for r = 10/s, B = 20,
+// TestTokenBucketRefillTable works through a table for r = 10/s, B = 20,
 // row by row: tokens before the refill, the refill, tokens after the
 // requests, and how many were allowed and rejected.
-func TestTokenBucketSeedTable(t *testing.T) {
+func TestTokenBucketRefillTable(t *testing.T) {
 	tb := window.TokenBucketMeter(window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20})
 	rows := []struct {
 		time                              time.Duration
@@ -30,7 +30,7 @@ func TestTokenBucketSeedTable(t *testing.T) {
 		{100 * time.Millisecond, 1, 19, 1, 19, 1, 0},  // 0.1 s: 19 +1 → 19, allow
 		{100 * time.Millisecond, 25, 19, 0, 0, 19, 6}, // burst of 25 at 0.1 s: 19 allowed, 6 rejected
 		{2100 * time.Millisecond, 1, 0, 20, 19, 1, 0}, // 2.1 s: 0 +20 (capped) → 19, allow
-		{10 * time.Second, 1, 19, 1, 19, 1, 0},        // beyond the seed: 7.9 s of refill is capped at +1
+		{10 * time.Second, 1, 19, 1, 19, 1, 0},        // 10 s: 7.9 s of refill is capped at +1
 	}
 	var st window.LeakyBucketState // the zero value is a full bucket of tokens, even at t = 0
 	last := int64(0)               // the previous row's instant
@@ -68,7 +68,7 @@ func TestTokenBucketAllow(t *testing.T) {
 		wantRelease   int64
 	}{
 		{
-			name:  "release after the 6 rejected of the seed burst is one token later",
+			name:  "release after the 6 rejected of a burst of 25 is one token later",
 			tb:    window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
 			steps: [][2]int64{{0, 1}, {100 * ms, 1}, {100 * ms, 19}, {100 * ms, 1}},
 			// empty at 0.1 s; one token per 100 ms.
@@ -145,7 +145,7 @@ func TestTokenBucketAllow(t *testing.T) {
 	}
 }
 
-// ratBucket is the seed's token bucket in exact rational arithmetic: the
+// ratBucket is a token bucket in exact rational arithmetic: the
 // reference the token_bucket rule's meter is checked against.
 type ratBucket struct {
 	tb     window.TokenBucket
