@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 )
@@ -27,7 +27,7 @@ type BlockCache interface {
 // Emitter takes decision events without blocking (package pipeline's
 // Producer). Emit copies the event; it counts what it drops itself.
 type Emitter interface {
-	Emit(e *pipeline.Event) bool
+	Emit(e *event.Event) bool
 }
 
 // CoreConfig configures a Core. The zero value of each field means the
@@ -45,7 +45,7 @@ type CoreConfig struct {
 	// use it). A decision's time is Request.Now (DecideKey's now), or
 	// the limiter's clock after a wait for a new key's read (see the
 	// package doc).
-	Observe func(r *rules.Rule, key []byte, e *pipeline.Event)
+	Observe func(r *rules.Rule, key []byte, e *event.Event)
 	// MaxDelayed bounds the requests held at once by leaky-bucket queues
 	// (rules with action: delay); a request that would wait past it is
 	// refused, as if its queue were full.
@@ -135,8 +135,8 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 	if cfg.MaxDelayed == 0 {
 		cfg.MaxDelayed = 10000
 	}
-	if len(cfg.Pop) > pipeline.MaxPopLen {
-		return nil, fmt.Errorf("edge: Pop %q: at most %d bytes", cfg.Pop, pipeline.MaxPopLen)
+	if len(cfg.Pop) > event.MaxPopLen {
+		return nil, fmt.Errorf("edge: Pop %q: at most %d bytes", cfg.Pop, event.MaxPopLen)
 	}
 	if cfg.GlobalShare < 0 || cfg.GlobalShare > 1 {
 		return nil, fmt.Errorf("edge: GlobalShare %v: must be between 0 and 1", cfg.GlobalShare)

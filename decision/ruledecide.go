@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 )
@@ -17,10 +17,10 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	limit := sn.rules.LimitFor(r, d.key)
 	rc := &sn.counters[r.Index]
 	ev := &d.ev
-	*ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
+	*ev = event.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
 		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
-		Mode: pipeline.Mode(r.Mode), Action: eventAction(r.Action), Shadow: r.Shadow,
-		Algorithm: pipeline.Algorithm(r.Algorithm), Burst: uint32(burstFor(r, limit)),
+		Mode: event.Mode(r.Mode), Action: eventAction(r.Action), Shadow: r.Shadow,
+		Algorithm: event.Algorithm(r.Algorithm), Burst: uint32(burstFor(r, limit)),
 		Pop: c.pop, Global: r.Scope == rules.ScopeGlobal}
 	d.Quota = Quota{Rule: r, Limit: limit, fixed: &sn.fixed[r.Index]}
 	bk := h ^ sn.blockSalt
@@ -31,7 +31,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		rc.limitedCache.Inc()
 		d.Quota.ResetAt, d.Quota.ReleaseAt = rel, rel
 		d.FromBlockCache = true
-		ev.Decision, ev.FromBlockCache = pipeline.Limited, true
+		ev.Decision, ev.FromBlockCache = event.Limited, true
 		c.emit(r, d)
 		return true
 	}
@@ -51,14 +51,14 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	}
 	fb := v.Fallback != window.FallbackNone
 	ev.Fallback, d.Fallback = fb, d.Fallback || fb
-	ev.Decision = pipeline.Limited
+	ev.Decision = event.Limited
 	switch {
 	case v.Allowed && fb:
 		rc.allowedFallback.Inc()
-		ev.Decision = pipeline.Allowed
+		ev.Decision = event.Allowed
 	case v.Allowed:
 		rc.allowed.Inc()
-		ev.Decision = pipeline.Allowed
+		ev.Decision = event.Allowed
 	case r.Shadow:
 		rc.shadowLimited.Inc()
 	case fb:
@@ -88,11 +88,11 @@ func (c *Core) globalRoom(r *rules.Rule, h uint64, t int64, limit uint64) uint64
 
 // eventAction is a rule's action as events name it: a queue counts what
 // it admits, as a throttle does (the event says Delayed).
-func eventAction(a window.Action) pipeline.Action {
+func eventAction(a window.Action) event.Action {
 	if a == window.Block {
-		return pipeline.ActionBlock
+		return event.ActionBlock
 	}
-	return pipeline.ActionThrottle
+	return event.ActionThrottle
 }
 
 // burstFor is the bucket capacity rule r runs with for limit: a tier's
@@ -145,10 +145,10 @@ func (c *Core) acquire(sn *snapshot, r *rules.Rule, d *Verdict, t int64) bool {
 	if c.cfg.Observe != nil {
 		// Concurrency decisions are not rate events (the judge has no truth
 		// for them) and go to no Emitter; the observer sees them.
-		d.ev = pipeline.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: 1, Limit: uint32(limit),
-			Edge: uint16(c.cfg.EdgeID), Decision: pipeline.Limited, Shadow: r.Shadow, Fallback: fb != window.FallbackNone}
+		d.ev = event.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: 1, Limit: uint32(limit),
+			Edge: uint16(c.cfg.EdgeID), Decision: event.Limited, Shadow: r.Shadow, Fallback: fb != window.FallbackNone}
 		if ok {
-			d.ev.Decision = pipeline.Allowed
+			d.ev.Decision = event.Allowed
 		}
 		c.cfg.Observe(r, d.key, &d.ev)
 	}

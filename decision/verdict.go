@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/rules"
 )
 
@@ -113,7 +113,7 @@ type Verdict struct {
 	Delay time.Duration
 
 	key  []byte
-	ev   pipeline.Event
+	ev   event.Event
 	held [maxHeld]heldSlot
 	nh   int
 	now  time.Time

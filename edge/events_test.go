@@ -9,6 +9,7 @@ import (
 
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -48,8 +49,8 @@ func TestDecisionEventsReachKafka(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var mu sync.Mutex
-	var got []pipeline.Event
-	go cons.Run(ctx, func(batch []pipeline.Event) error {
+	var got []event.Event
+	go cons.Run(ctx, func(batch []event.Event) error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, e := range batch {
@@ -75,7 +76,7 @@ func TestDecisionEventsReachKafka(t *testing.T) {
 			t.Errorf("event %+v: want rule evt, key %x, edge 7, limit 3, window 60000", e, key)
 		}
 		switch {
-		case e.Decision == pipeline.Allowed:
+		case e.Decision == event.Allowed:
 			allowed++
 		case e.FromBlockCache:
 			cache++

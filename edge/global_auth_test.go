@@ -19,9 +19,9 @@ import (
 
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // These tests play a writer to the topic of the counts who is not the
@@ -30,7 +30,7 @@ import (
 
 type globalNoEvents struct{}
 
-func (globalNoEvents) Emit(*pipeline.Event) bool { return true }
+func (globalNoEvents) Emit(*event.Event) bool { return true }
 
 const globalRule = "rules: [{name: g, limit: 10, window: 1m, scope: global}]"
 
@@ -331,8 +331,8 @@ func TestGlobalUnsignedMessagesChangeNoDecision(t *testing.T) {
 	// same one the aggregator signs with.
 	tally := global.NewTally(global.TallyConfig{})
 	for range 8 {
-		tally.Add(pipeline.Event{Time: time.Now().UnixNano(), KeyHash: k, Rule: []byte("g"), Cost: 1, Limit: 10,
-			WindowMillis: 60_000, Decision: pipeline.Allowed, Global: true, Pop: []byte("b")})
+		tally.Add(event.Event{Time: time.Now().UnixNano(), KeyHash: k, Rule: []byte("g"), Cost: 1, Limit: 10,
+			WindowMillis: 60_000, Decision: event.Allowed, Global: true, Pop: []byte("b")})
 	}
 	publishGlobal(t, broker, tally, global.KafkaConfig{Key: key, Name: "agg2"})
 	deadline := time.Now().Add(20 * time.Second)
@@ -473,8 +473,8 @@ func TestGlobalNewEdgeReadsNoOldMessage(t *testing.T) {
 	time.Sleep(global.DefaultStale + 500*time.Millisecond) // the flood is stale now
 	tally := global.NewTally(global.TallyConfig{})
 	for k := range uint64(keys) {
-		tally.Add(pipeline.Event{Time: time.Now().UnixNano(), KeyHash: k + 1, Rule: []byte("g"), Cost: 5, Limit: 10,
-			WindowMillis: 60_000, Decision: pipeline.Allowed, Global: true, Pop: []byte("b")})
+		tally.Add(event.Event{Time: time.Now().UnixNano(), KeyHash: k + 1, Rule: []byte("g"), Cost: 5, Limit: 10,
+			WindowMillis: 60_000, Decision: event.Allowed, Global: true, Pop: []byte("b")})
 	}
 	publishGlobal(t, broker, tally, global.KafkaConfig{Name: "agg"})
 	e := globalEdge(t, broker, "a", nil)

@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/httpedge"
-	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 )
@@ -45,7 +45,7 @@ type StackDeps struct {
 	Clock window.Clock
 	Phase time.Duration
 	// Observe and Wait are the core's hooks (decision.CoreConfig).
-	Observe func(r *rules.Rule, key []byte, e *pipeline.Event)
+	Observe func(r *rules.Rule, key []byte, e *event.Event)
 	Wait    func(d time.Duration)
 	// Global is the other PoPs' counts (decision.CoreDeps.Global).
 	Global decision.GlobalView

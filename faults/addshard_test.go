@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/loadtest"
-	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/shardproxy"
 )
 
@@ -173,7 +173,7 @@ rules:
 			groups[g] = &tally{}
 		}
 		groups[g].add(r, vs[i])
-		if r.ev.Decision == pipeline.Allowed {
+		if r.ev.Decision == event.Allowed {
 			excess[g]++
 		}
 	}

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/event"
 
 	"github.com/poplimit/poplimit/judge"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // recorder is an decision.Emitter that keeps every decision event with the true
@@ -29,11 +29,11 @@ type recorder struct {
 // rec is one decision: the edge's event, and the true wall-clock time (Unix
 // ns) at which the edge decided, which its own clock may not agree with.
 type rec struct {
-	ev pipeline.Event
+	ev event.Event
 	at int64
 }
 
-func (r *recorder) Emit(e *pipeline.Event) bool {
+func (r *recorder) Emit(e *event.Event) bool {
 	at := e.Time - int64(r.skews[e.Edge])
 	r.mu.Lock()
 	r.recs = append(r.recs, rec{ev: *e, at: at})
@@ -97,7 +97,7 @@ func exact(recs []rec) []verdict {
 	out := make([]verdict, len(recs))
 	for i := range recs {
 		e := &recs[i].ev
-		if e.Shadow || e.Action != pipeline.ActionThrottle || e.Limit == 0 || e.WindowMillis == 0 {
+		if e.Shadow || e.Action != event.ActionThrottle || e.Limit == 0 || e.WindowMillis == 0 {
 			continue
 		}
 		id := keyID{string(e.Rule), e.KeyHash}
@@ -117,7 +117,7 @@ func exact(recs []rec) []verdict {
 			s.attempted = s.attempted[1:]
 		}
 		c := uint64(e.Cost)
-		if e.Decision == pipeline.Allowed {
+		if e.Decision == event.Allowed {
 			out[i].overAdmitted = s.admittedN+c > uint64(e.Limit)
 			if out[i].overAdmitted {
 				out[i].overshoot = float64(s.admittedN+c) / float64(e.Limit)
@@ -143,7 +143,7 @@ type tally struct {
 
 func (t *tally) add(r *rec, v verdict) {
 	t.Decisions++
-	if r.ev.Decision == pipeline.Allowed {
+	if r.ev.Decision == event.Allowed {
 		t.Allowed++
 	} else {
 		t.Limited++
@@ -200,7 +200,7 @@ func judgeReport(t testing.TB, recs []rec) judge.Report {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := make([]pipeline.Event, 0, 1024)
+	batch := make([]event.Event, 0, 1024)
 	for i := range recs {
 		e := recs[i].ev
 		e.Time = recs[i].at

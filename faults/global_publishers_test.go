@@ -13,6 +13,7 @@ import (
 
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
@@ -20,7 +21,7 @@ import (
 
 type globalNoEvents struct{}
 
-func (globalNoEvents) Emit(*pipeline.Event) bool { return true }
+func (globalNoEvents) Emit(*event.Event) bool { return true }
 
 // TestGlobalTwoAggregatorsOneKilled runs two aggregator binaries in one
 // consumer group, both publishing the counts (signed, -global-key-file)
@@ -73,8 +74,8 @@ func TestGlobalTwoAggregatorsOneKilled(t *testing.T) {
 	// a key go to its partition).
 	emit := func(keys []uint64) {
 		for _, k := range keys {
-			prod.Emit(&pipeline.Event{Time: time.Now().UnixNano(), KeyHash: k, Rule: []byte("g"), Pop: []byte("b"), Cost: 20,
-				Limit: 100, Burst: 100, WindowMillis: 60_000, Edge: 9, Decision: pipeline.Allowed, Global: true})
+			prod.Emit(&event.Event{Time: time.Now().UnixNano(), KeyHash: k, Rule: []byte("g"), Pop: []byte("b"), Cost: 20,
+				Limit: 100, Burst: 100, WindowMillis: 60_000, Edge: 9, Decision: event.Allowed, Global: true})
 		}
 	}
 	keysFrom := func(base uint64) []uint64 {

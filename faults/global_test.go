@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/loadtest"
@@ -68,7 +69,7 @@ type tee struct {
 	p   *pipeline.Producer
 }
 
-func (t tee) Emit(e *pipeline.Event) bool { t.rec.Emit(e); return t.p.Emit(e) }
+func (t tee) Emit(e *event.Event) bool { t.rec.Emit(e); return t.p.Emit(e) }
 
 // twoPops starts a broker with the events' and the counts' topics, the
 // aggregator binary publishing the counts every interval, and two PoPs of
@@ -117,7 +118,7 @@ func twoPops(t *testing.T, rules string, interval time.Duration, rec *recorder) 
 func worstTrailing(recs []rec, rule string, w time.Duration, limit float64, from int64) (worst float64, who uint64) {
 	byKey := map[uint64][]int64{}
 	for _, r := range recs {
-		if string(r.ev.Rule) == rule && r.ev.Decision == pipeline.Allowed {
+		if string(r.ev.Rule) == rule && r.ev.Decision == event.Allowed {
 			byKey[r.ev.KeyHash] = append(byKey[r.ev.KeyHash], r.at)
 		}
 	}

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/loadtest"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // TestPartition splits two edges so that each reaches only part of the
@@ -128,7 +128,7 @@ rules:
 			continue
 		}
 		per[ci][ph].add(r, vs[i])
-		if r.ev.Decision == pipeline.Allowed {
+		if r.ev.Decision == event.Allowed {
 			admitted[ci][ph]++
 		}
 	}

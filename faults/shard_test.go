@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/loadtest"
-	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/shardproxy"
 )
 
@@ -251,7 +251,7 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 		if r.ev.Fallback {
 			fallbacks++
 			closed := string(r.ev.Rule) == "closed" || string(r.ev.Rule) == "sync-closed"
-			if closed && r.ev.Decision == pipeline.Allowed {
+			if closed && r.ev.Decision == event.Allowed {
 				closedFallbackAdmitted++
 			}
 			// Fail-open decides from the edge's own view of the key (the
@@ -259,7 +259,7 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 			// only what that view says is over the limit, never for the
 			// failure itself.
 			switch {
-			case closed || r.ev.Decision == pipeline.Allowed:
+			case closed || r.ev.Decision == event.Allowed:
 			case float64(r.ev.Estimate)+float64(r.ev.Cost) > float64(r.ev.Limit):
 				openAtLimit++
 			default:
@@ -276,7 +276,7 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 			groups[g] = &tally{}
 		}
 		groups[g].add(r, vs[i])
-		if r.ev.Decision == pipeline.Allowed {
+		if r.ev.Decision == event.Allowed {
 			excess[g]++
 		}
 	}

@@ -20,7 +20,7 @@ const (
 // carries the MaxPops largest.
 const MaxPops = 64
 
-// MaxPopLen is the longest PoP name, in bytes (pipeline.MaxPopLen).
+// MaxPopLen is the longest PoP name, in bytes (event.MaxPopLen).
 const MaxPopLen = 32
 
 // MaxPublisherLen is the longest publisher name, in bytes.

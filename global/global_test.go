@@ -4,13 +4,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 )
 
 const sec = int64(time.Second)
 
-func ev(pop string, at int64, cost uint32, d pipeline.Decision) pipeline.Event {
-	return pipeline.Event{Time: at, KeyHash: 7, Rule: []byte("g"), Cost: cost, Limit: 100, WindowMillis: 10_000,
+func ev(pop string, at int64, cost uint32, d event.Decision) event.Event {
+	return event.Event{Time: at, KeyHash: 7, Rule: []byte("g"), Cost: cost, Limit: 100, WindowMillis: 10_000,
 		Decision: d, Global: true, Pop: []byte(pop)}
 }
 
@@ -22,16 +22,16 @@ func TestTallyToTable(t *testing.T) {
 	tally := NewTally(TallyConfig{})
 	// 5 units: below 1/8 of 100, not published.
 	for i := range 5 {
-		tally.Add(ev("fra1", t0+int64(i)*sec/10, 1, pipeline.Allowed))
+		tally.Add(ev("fra1", t0+int64(i)*sec/10, 1, event.Allowed))
 	}
 	if cs := tally.Snapshot(nil, t0+sec); len(cs) != 0 {
 		t.Fatalf("5 units of 100: published %+v, want nothing", cs)
 	}
-	tally.Add(ev("fra1", t0+2*sec, 20, pipeline.Allowed), ev("ams2", t0+3*sec, 30, pipeline.Allowed),
-		ev("ams2", t0+3*sec, 50, pipeline.Limited), // refused: not counted
-		ev("ams2", t0+4*sec, 10, pipeline.Allowed)) // still window t0
-	tally.Add(pipeline.Event{Time: t0, KeyHash: 8, Cost: 90, Limit: 100, WindowMillis: 10_000, Pop: []byte("x")}) // scope pop: not counted
-	cs := tally.Snapshot(nil, t0+12*sec)                                                                          // in the next window: t0's counts are prev
+	tally.Add(ev("fra1", t0+2*sec, 20, event.Allowed), ev("ams2", t0+3*sec, 30, event.Allowed),
+		ev("ams2", t0+3*sec, 50, event.Limited), // refused: not counted
+		ev("ams2", t0+4*sec, 10, event.Allowed)) // still window t0
+	tally.Add(event.Event{Time: t0, KeyHash: 8, Cost: 90, Limit: 100, WindowMillis: 10_000, Pop: []byte("x")}) // scope pop: not counted
+	cs := tally.Snapshot(nil, t0+12*sec)                                                                       // in the next window: t0's counts are prev
 	if len(cs) != 1 {
 		t.Fatalf("snapshot: got %+v, want key 7 alone", cs)
 	}

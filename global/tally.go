@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 )
 
 // TallyConfig bounds a Tally and says which keys matter.
@@ -63,12 +63,12 @@ func NewTally(cfg TallyConfig) *Tally {
 }
 
 // Add counts the events of global rules among evs; it copies what it keeps.
-func (t *Tally) Add(evs ...pipeline.Event) {
+func (t *Tally) Add(evs ...event.Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := range evs {
 		e := &evs[i]
-		if !e.Global || e.WindowMillis == 0 || e.Decision != pipeline.Allowed && e.Action != pipeline.ActionBlock {
+		if !e.Global || e.WindowMillis == 0 || e.Decision != event.Allowed && e.Action != event.ActionBlock {
 			continue
 		}
 		w := int64(e.WindowMillis) * int64(time.Millisecond)

@@ -8,21 +8,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/window"
 )
 
-func algo(a pipeline.Algorithm) opt { return func(e *pipeline.Event) { e.Algorithm = a } }
-func burstOfN(n uint32) opt         { return func(e *pipeline.Event) { e.Burst = n } }
+func algo(a event.Algorithm) opt { return func(e *event.Event) { e.Algorithm = a } }
+func burstOfN(n uint32) opt      { return func(e *event.Event) { e.Burst = n } }
 func delayed(us uint32) opt {
-	return func(e *pipeline.Event) { e.Delayed, e.DelayMicros = true, us }
+	return func(e *event.Event) { e.Delayed, e.DelayMicros = true, us }
 }
 
 var (
-	tb  = algo(pipeline.AlgorithmTokenBucket)
-	lbk = algo(pipeline.AlgorithmLeakyBucket)
-	fw  = algo(pipeline.AlgorithmFixedWindow)
-	slg = algo(pipeline.AlgorithmSlidingLog)
+	tb  = algo(event.AlgorithmTokenBucket)
+	lbk = algo(event.AlgorithmLeakyBucket)
+	fw  = algo(event.AlgorithmFixedWindow)
+	slg = algo(event.AlgorithmSlidingLog)
 )
 
 // TestJudgeAlgorithms judges hand-made traces of every algorithm. ev's
@@ -31,8 +31,8 @@ var (
 func TestJudgeAlgorithms(t *testing.T) {
 	zeroLateness := func(c *Config) { c.AllowedLateness = 0 }
 	// Delays of a queue serving one a second from 0: the i-th at i s.
-	queued := func(n int, stepUs uint32, opts ...opt) []pipeline.Event {
-		evs := make([]pipeline.Event, n)
+	queued := func(n int, stepUs uint32, opts ...opt) []event.Event {
+		evs := make([]event.Event, n)
 		for i := range evs {
 			evs[i] = ev(0, 1, A, append(opts, delayed(uint32(i)*stepUs))...)
 		}
@@ -41,7 +41,7 @@ func TestJudgeAlgorithms(t *testing.T) {
 	tests := []struct {
 		name   string
 		cfg    func(*Config)
-		events []pipeline.Event
+		events []event.Event
 		want   outcome
 	}{
 		// Token bucket, rate 1/s.
@@ -110,14 +110,14 @@ func TestJudgeAlgorithms(t *testing.T) {
 			// at 500 arrives after them: late, poured at 1000. At 2000 the
 			// bucket holds 3 − 1 = 2: the admission there overflows it.
 			cfg: zeroLateness,
-			events: []pipeline.Event{ev(1000, 1, A, tb, burstOfN(2)), ev(1000, 1, A, tb, burstOfN(2)),
+			events: []event.Event{ev(1000, 1, A, tb, burstOfN(2)), ev(1000, 1, A, tb, burstOfN(2)),
 				ev(500, 1, A, tb, burstOfN(2), onEdge(2)), ev(2000, 1, A, tb, burstOfN(2))},
 			want: outcome{Enforced: [3]int64{3, 1, 0}, Late: 1, FalseNegativeKeys: 1},
 		},
 		{
 			name: "token bucket: arithmetic out of range is invalid",
 			// Burst × window overflows int64 nanoseconds (rules refuse it).
-			events: []pipeline.Event{ev(0, 1, A, tb, burstOfN(math.MaxUint32), win(math.MaxUint32))},
+			events: []event.Event{ev(0, 1, A, tb, burstOfN(math.MaxUint32), win(math.MaxUint32))},
 			want:   outcome{Invalid: 1},
 		},
 
@@ -233,7 +233,7 @@ func TestJudgeAlgorithms(t *testing.T) {
 func TestBucketRatio(t *testing.T) {
 	tests := []struct {
 		name   string
-		events []pipeline.Event
+		events []event.Event
 		fn, fp float64 // worst false negative, false positive ratio (0: none)
 	}{
 		// 10 at once in a bucket of 5: twice what it holds.
@@ -278,9 +278,9 @@ func TestBucketRatio(t *testing.T) {
 // trace is judged by each algorithm's own truth.
 func TestByAlgorithm(t *testing.T) {
 	// The boundary double burst under each algorithm, one key each.
-	var events []pipeline.Event
-	for k, a := range []pipeline.Algorithm{pipeline.AlgorithmSlidingWindow, pipeline.AlgorithmFixedWindow,
-		pipeline.AlgorithmTokenBucket, pipeline.AlgorithmLeakyBucket, pipeline.AlgorithmSlidingLog} {
+	var events []event.Event
+	for k, a := range []event.Algorithm{event.AlgorithmSlidingWindow, event.AlgorithmFixedWindow,
+		event.AlgorithmTokenBucket, event.AlgorithmLeakyBucket, event.AlgorithmSlidingLog} {
 		events = append(events, cat(burst(9000, 10, 100, uint64(k+1), A, algo(a)), burst(10_000, 10, 100, uint64(k+1), A, algo(a)))...)
 	}
 	r := run(t, nil, events)
@@ -306,9 +306,9 @@ func TestByAlgorithm(t *testing.T) {
 // TestVersion1Event judges events decoded from the version 1 encoding,
 // which has no algorithm: they are sliding-window decisions.
 func TestVersion1Event(t *testing.T) {
-	v1 := func(atMs int64, d pipeline.Decision) pipeline.Event {
-		b := []byte{pipeline.VersionV1, 0}
-		if d == pipeline.Limited {
+	v1 := func(atMs int64, d event.Decision) event.Event {
+		b := []byte{event.VersionV1, 0}
+		if d == event.Limited {
 			b[1] = 1
 		}
 		b = binary.BigEndian.AppendUint64(b, uint64(t0+atMs*ms))
@@ -319,17 +319,17 @@ func TestVersion1Event(t *testing.T) {
 		b = binary.AppendUvarint(b, 10)     // limit
 		b = binary.AppendUvarint(b, 10_000) // window, ms
 		b = append(b, 3, 'a', 'p', 'i')
-		var e pipeline.Event
-		if err := pipeline.DecodeEvent(b, &e); err != nil {
+		var e event.Event
+		if err := event.Decode(b, &e); err != nil {
 			t.Fatalf("decode version 1: %v", err)
 		}
-		if e.Algorithm != pipeline.AlgorithmSlidingWindow || e.Burst != 10 {
+		if e.Algorithm != event.AlgorithmSlidingWindow || e.Burst != 10 {
 			t.Fatalf("version 1 decoded as %v, burst %d; want sliding_window, burst 10", e.Algorithm, e.Burst)
 		}
 		return e
 	}
 	// The fixed-window double burst: wrong under the sliding window.
-	var events []pipeline.Event
+	var events []event.Event
 	for i := range int64(10) {
 		events = append(events, v1(9000+100*i, A))
 	}
@@ -371,17 +371,17 @@ func TestBucketKeyExpiry(t *testing.T) {
 	// Burst 50 leaking 10 a second: 5 s to drain, so key 1 (last at 0)
 	// expires at 10 000, not at 2000 (two windows).
 	b := []opt{tb, burstOfN(50), win(1000)}
-	r := run(t, zero, []pipeline.Event{ev(0, 1, A, b...), ev(9999, 2, A, win(1000)), ev(9999, 3, A, b...)})
+	r := run(t, zero, []event.Event{ev(0, 1, A, b...), ev(9999, 2, A, win(1000)), ev(9999, 3, A, b...)})
 	if r.Keys != 3 || r.KeysEvicted["idle"] != 0 || r.LogEntries != 2 {
 		t.Errorf("at 9999: keys %d, idle evictions %d, log entries %d; want 3, 0, 2", r.Keys, r.KeysEvicted["idle"], r.LogEntries)
 	}
-	r = run(t, zero, []pipeline.Event{ev(0, 1, A, b...), ev(10_000, 2, A, win(1000))})
+	r = run(t, zero, []event.Event{ev(0, 1, A, b...), ev(10_000, 2, A, win(1000))})
 	if r.Keys != 1 || r.KeysEvicted["idle"] != 1 {
 		t.Errorf("at 10 000: keys %d, idle evictions %d; want 1, 1", r.Keys, r.KeysEvicted["idle"])
 	}
 	// Its history mattered until 5000: an event of key 1 before that,
 	// arriving once it has expired, is late.
-	r = run(t, zero, []pipeline.Event{ev(0, 1, A, b...), ev(10_000, 2, A, win(1000)), ev(4000, 1, A, b...)})
+	r = run(t, zero, []event.Event{ev(0, 1, A, b...), ev(10_000, 2, A, win(1000)), ev(4000, 1, A, b...)})
 	if r.Late != 1 {
 		t.Errorf("late: got %d, want 1", r.Late)
 	}
@@ -405,17 +405,17 @@ func TestBucketMatchesDefinition(t *testing.T) {
 		burst := uint32(1 + rng.IntN(30))
 		block := rng.IntN(4) == 0
 		n := 1 + rng.IntN(80)
-		var events []pipeline.Event
+		var events []event.Event
 		at := int64(0)
 		for range n {
 			at += int64(rng.IntN(int(windowMs) / 2))
-			d := pipeline.Allowed
+			d := event.Allowed
 			if rng.IntN(3) == 0 {
-				d = pipeline.Limited
+				d = event.Limited
 			}
 			e := ev(at, 1, d, tb, limit(lim), win(windowMs), burstOfN(burst), cost(uint32(1+rng.IntN(3))))
 			if block {
-				e.Action = pipeline.ActionBlock
+				e.Action = event.ActionBlock
 			}
 			events = append(events, e)
 		}
@@ -425,7 +425,7 @@ func TestBucketMatchesDefinition(t *testing.T) {
 		breaks := func(k int, admittedOnly bool) bool {
 			var units int64
 			for j := k; j >= 0; j-- {
-				if j < k && admittedOnly && events[j].Decision != pipeline.Allowed {
+				if j < k && admittedOnly && events[j].Decision != event.Allowed {
 					continue
 				}
 				units += int64(events[j].Cost)
@@ -438,13 +438,13 @@ func TestBucketMatchesDefinition(t *testing.T) {
 		var wantAllowed, wantLimited int64
 		for k, e := range events {
 			switch {
-			case block && e.Decision == pipeline.Allowed && breaks(k, false):
+			case block && e.Decision == event.Allowed && breaks(k, false):
 				wantAllowed++
-			case block && e.Decision == pipeline.Limited && !breaks(k, false):
+			case block && e.Decision == event.Limited && !breaks(k, false):
 				wantLimited++
-			case !block && e.Decision == pipeline.Allowed && breaks(k, true):
+			case !block && e.Decision == event.Allowed && breaks(k, true):
 				wantAllowed++
-			case !block && e.Decision == pipeline.Limited && !breaks(k, false):
+			case !block && e.Decision == event.Limited && !breaks(k, false):
 				wantLimited++
 			}
 		}
@@ -470,13 +470,13 @@ func TestFixedMatchesDefinition(t *testing.T) {
 	for trial := range 200 {
 		lim := uint32(1 + rng.IntN(10))
 		windowMs := uint32(100 + rng.IntN(5000))
-		var events []pipeline.Event
+		var events []event.Event
 		at := int64(0)
 		for range 1 + rng.IntN(80) {
 			at += int64(rng.IntN(int(windowMs) / 4))
-			d := pipeline.Allowed
+			d := event.Allowed
 			if rng.IntN(3) == 0 {
-				d = pipeline.Limited
+				d = event.Limited
 			}
 			events = append(events, ev(at, 1, d, fw, limit(lim), win(windowMs)))
 		}
@@ -486,7 +486,7 @@ func TestFixedMatchesDefinition(t *testing.T) {
 		for _, e := range events {
 			k := e.Time / w // the window's index since the epoch (times are > 0)
 			attempts[k]++
-			if e.Decision == pipeline.Allowed {
+			if e.Decision == event.Allowed {
 				admitted[k]++
 				if admitted[k] > int64(lim) {
 					wantAllowed++
@@ -536,14 +536,14 @@ func TestGCRAFitsAsWindow(t *testing.T) {
 // TestAddAllocsAlgorithms checks that the bucket and fixed references
 // allocate nothing in steady state either.
 func TestAddAllocsAlgorithms(t *testing.T) {
-	for _, a := range []pipeline.Algorithm{pipeline.AlgorithmTokenBucket, pipeline.AlgorithmFixedWindow} {
+	for _, a := range []event.Algorithm{event.AlgorithmTokenBucket, event.AlgorithmFixedWindow} {
 		j := newJudge(t, func(c *Config) { c.AllowedLateness = 50 * time.Millisecond })
-		e := pipeline.Event{Rule: []byte("api"), Cost: 1, Limit: 1000, WindowMillis: 1000, Burst: 100, Edge: 1, Algorithm: a}
+		e := event.Event{Rule: []byte("api"), Cost: 1, Limit: 1000, WindowMillis: 1000, Burst: 100, Edge: 1, Algorithm: a}
 		now := t0
 		step := func() {
 			for k := range uint64(64) {
 				e.Time, e.KeyHash = now, k
-				e.Decision = pipeline.Decision(k % 2)
+				e.Decision = event.Decision(k % 2)
 				j.Add(now, e)
 			}
 			now += int64(time.Millisecond)

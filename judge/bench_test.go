@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -16,10 +16,10 @@ import (
 // batch's events are in time order per edge, and edges lag each other by up
 // to 200 ms. Decisions follow a per-key sliding log of the same limit, so
 // verdicts are mostly correct, as in production.
-func benchTrace(n, keys, edges, batch int, rate float64) []pipeline.Event {
+func benchTrace(n, keys, edges, batch int, rate float64) []event.Event {
 	rng := rand.New(rand.NewPCG(1, 2))
 	rules := [][]byte{[]byte("api"), []byte("login"), []byte("search")}
-	evs := make([]pipeline.Event, 0, n)
+	evs := make([]event.Event, 0, n)
 	step := int64(float64(time.Second) / rate)
 	t := t0
 	for len(evs) < n {
@@ -27,14 +27,14 @@ func benchTrace(n, keys, edges, batch int, rate float64) []pipeline.Event {
 			for range batch / edges {
 				k := uint64(rng.IntN(keys))
 				lag := int64(e) * 200 * int64(time.Millisecond) / int64(max(edges-1, 1))
-				d := pipeline.Allowed
+				d := event.Allowed
 				if rng.IntN(10) == 0 {
-					d = pipeline.Limited
+					d = event.Limited
 				}
-				evs = append(evs, pipeline.Event{
+				evs = append(evs, event.Event{
 					Time: t - lag, KeyHash: k*0x9e3779b97f4a7c15 + 1, Rule: rules[k%3], Cost: 1,
 					Limit: 100, WindowMillis: 10_000, Estimate: 50, Edge: uint16(e), Decision: d,
-					Action: pipeline.Action(k % 2),
+					Action: event.Action(k % 2),
 				})
 				t += step
 			}
@@ -50,15 +50,15 @@ func BenchmarkAdd(b *testing.B) {
 		name   string
 		keys   int
 		dedup  int
-		alg    pipeline.Algorithm
+		alg    event.Algorithm
 		framed bool
 	}{
-		{"keys=1k", 1000, 0, pipeline.AlgorithmSlidingWindow, false},
-		{"keys=100k", 100_000, 0, pipeline.AlgorithmSlidingWindow, false},
-		{"keys=1k/dedup=256k", 1000, 1 << 18, pipeline.AlgorithmSlidingWindow, false},
-		{"keys=1k/dedup=256k/framed", 1000, 1 << 18, pipeline.AlgorithmSlidingWindow, true},
-		{"keys=1k/algorithm=fixed_window", 1000, 0, pipeline.AlgorithmFixedWindow, false},
-		{"keys=1k/algorithm=token_bucket", 1000, 0, pipeline.AlgorithmTokenBucket, false},
+		{"keys=1k", 1000, 0, event.AlgorithmSlidingWindow, false},
+		{"keys=100k", 100_000, 0, event.AlgorithmSlidingWindow, false},
+		{"keys=1k/dedup=256k", 1000, 1 << 18, event.AlgorithmSlidingWindow, false},
+		{"keys=1k/dedup=256k/framed", 1000, 1 << 18, event.AlgorithmSlidingWindow, true},
+		{"keys=1k/algorithm=fixed_window", 1000, 0, event.AlgorithmFixedWindow, false},
+		{"keys=1k/algorithm=token_bucket", 1000, 0, event.AlgorithmTokenBucket, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			const batch = 1000

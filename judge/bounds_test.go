@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 )
 
 func TestBoundedMemory(t *testing.T) {
 	tests := []struct {
 		name       string
 		cfg        func(*Config)
-		events     []pipeline.Event
+		events     []event.Event
 		keys       int
 		evicted    map[string]int64
 		overflows  int64
@@ -25,7 +25,7 @@ func TestBoundedMemory(t *testing.T) {
 			cfg:  func(c *Config) { c.AllowedLateness = 0 },
 			// Window 1 s: key 1 (last at 0) is two windows old when key 2
 			// is judged at 2000; key 3 at 1999 is not.
-			events:     []pipeline.Event{ev(0, 1, A, win(1000)), ev(1999, 3, A, win(1000)), ev(2000, 2, A, win(1000))},
+			events:     []event.Event{ev(0, 1, A, win(1000)), ev(1999, 3, A, win(1000)), ev(2000, 2, A, win(1000))},
 			keys:       2,
 			evicted:    map[string]int64{"idle": 1, "max_keys": 0, "max_log_entries": 0},
 			logEntries: 4, wantJudged: 3,
@@ -34,7 +34,7 @@ func TestBoundedMemory(t *testing.T) {
 			name: "windows are tracked apart",
 			cfg:  func(c *Config) { c.AllowedLateness = 0 },
 			// Key 1 (10 s) is young at 2000; key 2 (1 s) is two windows old.
-			events:     []pipeline.Event{ev(0, 1, A), ev(0, 2, A, win(1000)), ev(2000, 3, A, win(1000))},
+			events:     []event.Event{ev(0, 1, A), ev(0, 2, A, win(1000)), ev(2000, 3, A, win(1000))},
 			keys:       2,
 			evicted:    map[string]int64{"idle": 1, "max_keys": 0, "max_log_entries": 0},
 			logEntries: 4, wantJudged: 3,
@@ -42,7 +42,7 @@ func TestBoundedMemory(t *testing.T) {
 		{
 			name:       "the key cap evicts the least recently active",
 			cfg:        func(c *Config) { c.MaxKeys = 2 },
-			events:     []pipeline.Event{ev(0, 1, A), ev(10, 2, A), ev(20, 3, A), ev(30, 2, A)},
+			events:     []event.Event{ev(0, 1, A), ev(10, 2, A), ev(20, 3, A), ev(30, 2, A)},
 			keys:       2,
 			evicted:    map[string]int64{"idle": 0, "max_keys": 1, "max_log_entries": 0},
 			logEntries: 6, wantJudged: 4,
@@ -58,7 +58,7 @@ func TestBoundedMemory(t *testing.T) {
 		},
 		{
 			name: "units within one resolution step share an entry",
-			events: []pipeline.Event{ev(0, 1, A), ev(0, 1, A), {Time: t0 + 400_000, KeyHash: 1, Rule: []byte("api"),
+			events: []event.Event{ev(0, 1, A), ev(0, 1, A), {Time: t0 + 400_000, KeyHash: 1, Rule: []byte("api"),
 				Cost: 1, Limit: 10, WindowMillis: 10_000}},
 			keys:       1,
 			evicted:    map[string]int64{"idle": 0, "max_keys": 0, "max_log_entries": 0},
@@ -69,7 +69,7 @@ func TestBoundedMemory(t *testing.T) {
 			cfg:  func(c *Config) { c.MaxBuffered = 3; c.AllowedLateness = time.Hour },
 			// Arrivals 4, 3, 2, 1, 0 s: 1 is judged early when 4 wait, then
 			// 0 likewise, after 1: late.
-			events:     []pipeline.Event{ev(4000, 1, A), ev(3000, 1, A), ev(2000, 1, A), ev(1000, 1, A), ev(0, 1, A)},
+			events:     []event.Event{ev(4000, 1, A), ev(3000, 1, A), ev(2000, 1, A), ev(1000, 1, A), ev(0, 1, A)},
 			keys:       1,
 			evicted:    map[string]int64{"idle": 0, "max_keys": 0, "max_log_entries": 0},
 			overflows:  2,
@@ -107,7 +107,7 @@ func TestBoundedMemory(t *testing.T) {
 func TestWrongKeysBounded(t *testing.T) {
 	// Ten keys over their limit by 1..10 (limit 10): with room for four,
 	// the most severe survive.
-	var events []pipeline.Event
+	var events []event.Event
 	for k := range 10 {
 		events = append(events, burst(0, 11+k, 1, uint64(k+1), A)...)
 	}
@@ -129,7 +129,7 @@ func TestWrongKeysBounded(t *testing.T) {
 }
 
 func TestLabelCaps(t *testing.T) {
-	r := run(t, func(c *Config) { c.MaxRules = 2; c.MaxEdges = 1 }, []pipeline.Event{
+	r := run(t, func(c *Config) { c.MaxRules = 2; c.MaxEdges = 1 }, []event.Event{
 		ev(0, 1, A, rule("a"), onEdge(7)), ev(0, 1, A, rule("b"), onEdge(8)),
 		ev(0, 1, A, rule("c"), onEdge(9)), ev(0, 1, A, rule("d"), onEdge(9)),
 	})
@@ -160,12 +160,12 @@ func TestAddAllocs(t *testing.T) {
 		c.MaxClockSkew, c.MaxEventAge = DefaultConfig().MaxClockSkew, DefaultConfig().MaxEventAge // now is a clock here
 	})
 	rule := []byte("api")
-	e := pipeline.Event{Rule: rule, Cost: 1, Limit: 1000, WindowMillis: 1000, Edge: 1}
+	e := event.Event{Rule: rule, Cost: 1, Limit: 1000, WindowMillis: 1000, Edge: 1}
 	now := t0
 	step := func() {
 		for k := range uint64(64) {
 			e.Time, e.KeyHash = now, k
-			e.Decision = pipeline.Decision(k % 2)
+			e.Decision = event.Decision(k % 2)
 			j.Add(now, e)
 		}
 		now += int64(time.Millisecond)

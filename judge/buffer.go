@@ -1,6 +1,6 @@
 package judge
 
-import "github.com/poplimit/poplimit/pipeline"
+import "github.com/poplimit/poplimit/event"
 
 // Flag bits of pending.flags.
 const (
@@ -29,22 +29,22 @@ type pending struct {
 	estimate float32
 	edge     uint16
 	flags    uint8
-	alg      uint8  // pipeline.Algorithm
+	alg      uint8  // event.Algorithm
 	pop      uint16 // index into Judge.popNames
 }
 
-func flagsOf(e *pipeline.Event) uint8 {
+func flagsOf(e *event.Event) uint8 {
 	var f uint8
-	if e.Decision == pipeline.Limited {
+	if e.Decision == event.Limited {
 		f |= fLimited
 	}
 	if e.Global {
 		f |= fGlobal
 	}
-	if e.Mode == pipeline.ModeSync {
+	if e.Mode == event.ModeSync {
 		f |= fSync
 	}
-	if e.Action == pipeline.ActionBlock {
+	if e.Action == event.ActionBlock {
 		f |= fBlock
 	}
 	if e.FromBlockCache {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -21,7 +21,7 @@ const century = 100 * 365 * 24 * time.Hour
 // per 10 s) with history that decides phase 2: key 1 at 9 admissions, so
 // its 11th in phase 2 is wrongly allowed; key 2 at 10, so its refusal is
 // right; key 3 at 9, so its 10th is right.
-func clockRun(t *testing.T, inject []pipeline.Event) (Report, *prometheus.Registry) {
+func clockRun(t *testing.T, inject []event.Event) (Report, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	j, err := New(DefaultConfig(), reg)
@@ -29,8 +29,8 @@ func clockRun(t *testing.T, inject []pipeline.Event) (Report, *prometheus.Regist
 		t.Fatal(err)
 	}
 	const delivery = 50 * ms
-	feed := func(evs ...pipeline.Event) {
-		slices.SortStableFunc(evs, func(a, b pipeline.Event) int { return cmp.Compare(a.Time, b.Time) })
+	feed := func(evs ...event.Event) {
+		slices.SortStableFunc(evs, func(a, b event.Event) int { return cmp.Compare(a.Time, b.Time) })
 		for _, e := range evs {
 			j.Add(e.Time+delivery, e)
 			j.Advance(e.Time + delivery + int64(DefaultConfig().Hold))
@@ -71,12 +71,12 @@ func TestClockBounds(t *testing.T) {
 	}
 	tests := []struct {
 		name         string
-		inject       []pipeline.Event
+		inject       []event.Event
 		future, past int64
 	}{
-		{"100 years ahead", []pipeline.Event{future}, 1, 0},
-		{"100 years behind", []pipeline.Event{past}, 0, 1},
-		{"both", []pipeline.Event{future, past}, 1, 1},
+		{"100 years ahead", []event.Event{future}, 1, 0},
+		{"100 years behind", []event.Event{past}, 0, 1},
+		{"both", []event.Event{future, past}, 1, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,7 +113,7 @@ func TestClockBoundsEdges(t *testing.T) {
 	cfg := DefaultConfig()
 	ahead := int64(cfg.AllowedLateness + cfg.MaxClockSkew)
 	age := int64(cfg.MaxEventAge)
-	at := func(tm int64) pipeline.Event { e := ev(0, 1, A); e.Time = tm; return e }
+	at := func(tm int64) event.Event { e := ev(0, 1, A); e.Time = tm; return e }
 	tests := []struct {
 		name         string
 		mod          func(*Config)

@@ -82,7 +82,7 @@ type Config struct {
 	// twice (its commit was cut off). Edges stamp events to the
 	// nanosecond, so two real decisions are never identical. 0 keeps
 	// every event, for sources whose times are coarse, such as traces
-	// judged offline in milliseconds. Events marked pipeline.Event.Framed
+	// judged offline in milliseconds. Events marked event.Event.Framed
 	// are not fingerprinted: their copies are their frames', which the
 	// consumer drops. Default 0; the aggregator sets it.
 	Dedup int

@@ -2,8 +2,7 @@ package judge
 
 import (
 	"github.com/cespare/xxhash/v2"
-
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 )
 
 // dedup remembers the fingerprints of the latest events (Config.Dedup) and
@@ -19,7 +18,7 @@ type dedup struct {
 	n     int         // fingerprints in the current generation
 	limit int         // fingerprints a generation takes
 	mask  uint64
-	buf   [pipeline.MaxEventLen]byte
+	buf   [event.MaxLen]byte
 	count int64 // copies recognised
 }
 
@@ -38,11 +37,11 @@ func newDedup(n int) dedup {
 // seen reports whether e is a copy of a remembered event, and remembers it
 // if not. A fingerprint is the 64-bit hash of the event's canonical
 // encoding, every field included.
-func (d *dedup) seen(e *pipeline.Event) bool {
+func (d *dedup) seen(e *event.Event) bool {
 	if d.limit == 0 {
 		return false
 	}
-	b, err := pipeline.AppendEvent(d.buf[:0], e)
+	b, err := event.Append(d.buf[:0], e)
 	if err != nil {
 		return false // the judge counts it as it would any other
 	}

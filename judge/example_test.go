@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/judge"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // An edge of a sliding-window rule (the events' Algorithm, the zero value)
@@ -21,7 +21,7 @@ func Example() {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 	arrived := start + int64(11*time.Second) // when the consumer got the events: the caller's clock
 	for i, at := range []time.Duration{9100, 9200, 9300, 10_100, 10_200, 10_300} {
-		j.Add(arrived, pipeline.Event{
+		j.Add(arrived, event.Event{
 			Time:         start + int64(at*time.Millisecond),
 			KeyHash:      0xfeed,
 			Rule:         []byte("login"),
@@ -30,7 +30,7 @@ func Example() {
 			WindowMillis: 10_000,
 			Estimate:     float32(i % 3), // what a fixed window sees
 			Edge:         1,
-			Decision:     pipeline.Allowed,
+			Decision:     event.Allowed,
 		})
 	}
 	j.Flush() // the stream is over: judge what waits for the watermark

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 )
 
 // Scripted traces. Times are milliseconds after t0, a multiple of every
@@ -16,12 +16,12 @@ const (
 	ms = int64(time.Millisecond)
 )
 
-type opt func(*pipeline.Event)
+type opt func(*event.Event)
 
 // ev returns a throttle decision of key at atMs: limit 10 per 10 s, cost 1,
 // rule "api", edge 1, enforced, async, from the limiter.
-func ev(atMs int64, key uint64, d pipeline.Decision, opts ...opt) pipeline.Event {
-	e := pipeline.Event{Time: t0 + atMs*ms, KeyHash: key, Rule: []byte("api"), Cost: 1,
+func ev(atMs int64, key uint64, d event.Decision, opts ...opt) event.Event {
+	e := event.Event{Time: t0 + atMs*ms, KeyHash: key, Rule: []byte("api"), Cost: 1,
 		Limit: 10, WindowMillis: 10_000, Decision: d, Edge: 1}
 	for _, o := range opts {
 		o(&e)
@@ -30,32 +30,32 @@ func ev(atMs int64, key uint64, d pipeline.Decision, opts ...opt) pipeline.Event
 }
 
 // burst returns n decisions of key from fromMs, stepMs apart.
-func burst(fromMs int64, n int, stepMs int64, key uint64, d pipeline.Decision, opts ...opt) []pipeline.Event {
-	evs := make([]pipeline.Event, n)
+func burst(fromMs int64, n int, stepMs int64, key uint64, d event.Decision, opts ...opt) []event.Event {
+	evs := make([]event.Event, n)
 	for i := range evs {
 		evs[i] = ev(fromMs+int64(i)*stepMs, key, d, opts...)
 	}
 	return evs
 }
 
-func limit(n uint32) opt          { return func(e *pipeline.Event) { e.Limit = n } }
-func win(ms uint32) opt           { return func(e *pipeline.Event) { e.WindowMillis = ms } }
-func onEdge(id uint16) opt        { return func(e *pipeline.Event) { e.Edge = id } }
-func cost(n uint32) opt           { return func(e *pipeline.Event) { e.Cost = n } }
-func estimate(v float32) opt      { return func(e *pipeline.Event) { e.Estimate = v } }
-func rule(name string) opt        { return func(e *pipeline.Event) { e.Rule = []byte(name) } }
-func blockRule(e *pipeline.Event) { e.Action = pipeline.ActionBlock }
-func fromCache(e *pipeline.Event) { e.FromBlockCache, e.Decision = true, pipeline.Limited }
-func shadow(e *pipeline.Event)    { e.Shadow = true }
-func fallback(e *pipeline.Event)  { e.Fallback = true }
-func syncMode(e *pipeline.Event)  { e.Mode = pipeline.ModeSync }
+func limit(n uint32) opt       { return func(e *event.Event) { e.Limit = n } }
+func win(ms uint32) opt        { return func(e *event.Event) { e.WindowMillis = ms } }
+func onEdge(id uint16) opt     { return func(e *event.Event) { e.Edge = id } }
+func cost(n uint32) opt        { return func(e *event.Event) { e.Cost = n } }
+func estimate(v float32) opt   { return func(e *event.Event) { e.Estimate = v } }
+func rule(name string) opt     { return func(e *event.Event) { e.Rule = []byte(name) } }
+func blockRule(e *event.Event) { e.Action = event.ActionBlock }
+func fromCache(e *event.Event) { e.FromBlockCache, e.Decision = true, event.Limited }
+func shadow(e *event.Event)    { e.Shadow = true }
+func fallback(e *event.Event)  { e.Fallback = true }
+func syncMode(e *event.Event)  { e.Mode = event.ModeSync }
 
 const (
-	A = pipeline.Allowed
-	L = pipeline.Limited
+	A = event.Allowed
+	L = event.Limited
 )
 
-func cat(parts ...[]pipeline.Event) []pipeline.Event { return slices.Concat(parts...) }
+func cat(parts ...[]event.Event) []event.Event { return slices.Concat(parts...) }
 
 // outcome is what the table tests compare: decisions, wrongly allowed and
 // wrongly limited per class, and the rest of the headline counts.
@@ -94,7 +94,7 @@ func newJudge(t testing.TB, mod func(*Config)) *Judge {
 
 // run feeds events one at a time in the order given (arrival order),
 // flushes, checks the report's invariants and returns it.
-func run(t *testing.T, mod func(*Config), events []pipeline.Event) Report {
+func run(t *testing.T, mod func(*Config), events []event.Event) Report {
 	t.Helper()
 	j := newJudge(t, mod)
 	for _, e := range events {

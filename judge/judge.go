@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -95,10 +95,10 @@ const otherLabel = "_other" // rule and edge label past MaxRules / MaxEdges
 type cell struct {
 	rule   uint32
 	edge   int32 // edge id, -1 for "_other"
-	mode   pipeline.Mode
+	mode   event.Mode
 	source Source
 	class  Class
-	alg    uint8  // pipeline.Algorithm
+	alg    uint8  // event.Algorithm
 	pop    uint16 // index into Judge.popNames
 	global bool   // the rule's scope is global
 }
@@ -206,7 +206,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 // (an event's Rule may alias the caller's buffer). Without
 // new rules, edges, keys or wrong keys, and once the buffer and the logs
 // have grown to the traffic, it allocates nothing.
-func (j *Judge) Add(now int64, events ...pipeline.Event) {
+func (j *Judge) Add(now int64, events ...event.Event) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for i := range events {
@@ -244,7 +244,7 @@ func (j *Judge) Buffered() int {
 	return j.buf.len()
 }
 
-func (j *Judge) add(now int64, e *pipeline.Event) {
+func (j *Judge) add(now int64, e *event.Event) {
 	// A framed event's copies are its frame's, which the consumer drops.
 	if !e.Framed && j.dups.seen(e) {
 		return
@@ -276,7 +276,7 @@ func (j *Judge) add(now int64, e *pipeline.Event) {
 	}
 	decided := e.Time - mod(e.Time, j.res)
 	t := decided
-	if e.Delayed && e.Decision == pipeline.Allowed && e.DelayMicros > 0 {
+	if e.Delayed && e.Decision == event.Allowed && e.DelayMicros > 0 {
 		// Judged where it went through: at its served time.
 		at := e.Time + int64(e.DelayMicros)*int64(time.Microsecond)
 		if at < e.Time {
@@ -475,9 +475,9 @@ func (j *Judge) tally(p *pending, id keyID, v *verdict) {
 	if p.flags&fCache != 0 {
 		source = FromBlockCache
 	}
-	mode := pipeline.ModeAsync
+	mode := event.ModeAsync
 	if p.flags&fSync != 0 {
-		mode = pipeline.ModeSync
+		mode = event.ModeSync
 	}
 	k := cell{rule: p.rule, edge: j.edgeLabel(p.edge), mode: mode, source: source, class: class, alg: p.alg,
 		pop: p.pop, global: p.flags&fGlobal != 0}

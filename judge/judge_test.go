@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 )
 
 func TestJudgeTraces(t *testing.T) {
@@ -14,7 +14,7 @@ func TestJudgeTraces(t *testing.T) {
 	tests := []struct {
 		name   string
 		cfg    func(*Config)
-		events []pipeline.Event // in arrival order
+		events []event.Event // in arrival order
 		want   outcome
 	}{
 		{
@@ -78,8 +78,8 @@ func TestJudgeTraces(t *testing.T) {
 			// In time order nothing is wrong; judged in arrival order, the
 			// refusal at 500 would look wrong (3 attempts seen).
 			events: cat(
-				[]pipeline.Event{ev(100, 1, A, limit(3)), ev(300, 1, A, limit(3)), ev(500, 1, L, limit(3))},
-				[]pipeline.Event{ev(200, 1, A, limit(3), onEdge(2)), ev(400, 1, L, limit(3), onEdge(2)), ev(600, 1, L, limit(3), onEdge(2))},
+				[]event.Event{ev(100, 1, A, limit(3)), ev(300, 1, A, limit(3)), ev(500, 1, L, limit(3))},
+				[]event.Event{ev(200, 1, A, limit(3), onEdge(2)), ev(400, 1, L, limit(3), onEdge(2)), ev(600, 1, L, limit(3), onEdge(2))},
 			),
 			want: outcome{Enforced: [3]int64{6, 0, 0}},
 		},
@@ -89,8 +89,8 @@ func TestJudgeTraces(t *testing.T) {
 			// at 500, not judged. The refusal at 500 was judged on 3 attempts.
 			cfg: zeroLateness,
 			events: cat(
-				[]pipeline.Event{ev(100, 1, A, limit(3)), ev(300, 1, A, limit(3)), ev(500, 1, L, limit(3))},
-				[]pipeline.Event{ev(200, 1, A, limit(3), onEdge(2)), ev(400, 1, L, limit(3), onEdge(2)), ev(600, 1, L, limit(3), onEdge(2))},
+				[]event.Event{ev(100, 1, A, limit(3)), ev(300, 1, A, limit(3)), ev(500, 1, L, limit(3))},
+				[]event.Event{ev(200, 1, A, limit(3), onEdge(2)), ev(400, 1, L, limit(3), onEdge(2)), ev(600, 1, L, limit(3), onEdge(2))},
 			),
 			want: outcome{Enforced: [3]int64{4, 0, 1}, Late: 2, FalsePositiveKeys: 1},
 		},
@@ -102,7 +102,7 @@ func TestJudgeTraces(t *testing.T) {
 			// 7 admissions: two wrongly allowed.
 			events: cat(
 				burst(1000, 5, 1000, 1, A, limit(5)),
-				[]pipeline.Event{ev(2500, 1, A, limit(5), onEdge(2)), ev(6000, 1, A, limit(5))},
+				[]event.Event{ev(2500, 1, A, limit(5), onEdge(2)), ev(6000, 1, A, limit(5))},
 			),
 			want: outcome{Enforced: [3]int64{6, 2, 0}, Late: 1, FalseNegativeKeys: 1},
 		},
@@ -111,7 +111,7 @@ func TestJudgeTraces(t *testing.T) {
 			// Window 1 s. Key 1 at 0 expires when key 2 is judged at 5000;
 			// then key 1's event at 500 arrives: its history is gone.
 			cfg: zeroLateness,
-			events: []pipeline.Event{
+			events: []event.Event{
 				ev(0, 1, A, win(1000)), ev(5000, 2, A, win(1000)), ev(500, 1, A, win(1000)),
 			},
 			want: outcome{Enforced: [3]int64{2, 0, 0}, Late: 1},
@@ -149,7 +149,7 @@ func TestJudgeTraces(t *testing.T) {
 		},
 		{
 			name:   "invalid events are counted, not judged",
-			events: []pipeline.Event{ev(0, 1, A, limit(0)), ev(0, 1, A, win(0)), ev(0, 1, A)},
+			events: []event.Event{ev(0, 1, A, limit(0)), ev(0, 1, A, win(0)), ev(0, 1, A)},
 			want:   outcome{Enforced: [3]int64{1, 0, 0}, Invalid: 2},
 		},
 		{
@@ -213,34 +213,34 @@ func TestFalsePositiveKeys(t *testing.T) {
 func TestMeanRelativeError(t *testing.T) {
 	tests := []struct {
 		name   string
-		events []pipeline.Event
+		events []event.Event
 		want   float64
 		n      int64
 	}{
 		{
 			name: "throttle: admitted before the request",
 			// Exact 0 (skipped), 1, 2, 3; estimates 0, 1.5, 2, 2.25: errors 0.5, 0, 0.25.
-			events: []pipeline.Event{ev(0, 1, A, estimate(0)), ev(10, 1, A, estimate(1.5)),
+			events: []event.Event{ev(0, 1, A, estimate(0)), ev(10, 1, A, estimate(1.5)),
 				ev(20, 1, A, estimate(2)), ev(30, 1, A, estimate(2.25))},
 			want: 0.25, n: 3,
 		},
 		{
 			name: "throttle: refused requests are not admitted",
 			// Exact admitted before each: 0, 1, 1 (the refusal added none).
-			events: []pipeline.Event{ev(0, 1, A, estimate(0), limit(1)), ev(10, 1, L, estimate(1), limit(1)),
+			events: []event.Event{ev(0, 1, A, estimate(0), limit(1)), ev(10, 1, L, estimate(1), limit(1)),
 				ev(20, 1, L, estimate(2), limit(1))},
 			want: 0.5, n: 2,
 		},
 		{
 			name: "block: every attempt, block cache skipped",
 			// Attempts before: 0, 1, 2 (cache, skipped), 3; estimates -, 1, -, 1.5.
-			events: []pipeline.Event{ev(0, 1, A, blockRule, limit(1)), ev(10, 1, L, blockRule, limit(1), estimate(1)),
+			events: []event.Event{ev(0, 1, A, blockRule, limit(1)), ev(10, 1, L, blockRule, limit(1), estimate(1)),
 				ev(20, 1, L, blockRule, limit(1), fromCache), ev(30, 1, A, blockRule, limit(1), estimate(1.5))},
 			want: 0.25, n: 2,
 		},
 		{
 			name:   "fallbacks skipped",
-			events: []pipeline.Event{ev(0, 1, A), ev(10, 1, A, fallback, estimate(100))},
+			events: []event.Event{ev(0, 1, A), ev(10, 1, A, fallback, estimate(100))},
 			want:   0, n: 0,
 		},
 	}
@@ -295,7 +295,7 @@ func TestBreakdowns(t *testing.T) {
 func TestRuleCopied(t *testing.T) {
 	j := newJudge(t, nil)
 	buf := []byte("api")
-	j.Add(0, pipeline.Event{Time: t0, KeyHash: 1, Rule: buf, Cost: 1, Limit: 1, WindowMillis: 1000})
+	j.Add(0, event.Event{Time: t0, KeyHash: 1, Rule: buf, Cost: 1, Limit: 1, WindowMillis: 1000})
 	copy(buf, "xyz") // the consumer reuses its buffer
 	j.Flush()
 	r := j.Report()
@@ -312,8 +312,8 @@ func TestHold(t *testing.T) {
 	ahead := ev(60_000, 99, A) // the partition furthest ahead
 	// Limit 3: edge 1 decides at 100 (A), 300 (A), 500 (L); edge 2 at 200
 	// (A), 400 (L). Edge 2's events arrive 10 ms after edge 1's.
-	edge1 := []pipeline.Event{ev(100, 1, A, limit(3)), ev(300, 1, A, limit(3)), ev(500, 1, L, limit(3))}
-	edge2 := []pipeline.Event{ev(200, 1, A, limit(3), onEdge(2)), ev(400, 1, L, limit(3), onEdge(2))}
+	edge1 := []event.Event{ev(100, 1, A, limit(3)), ev(300, 1, A, limit(3)), ev(500, 1, L, limit(3))}
+	edge2 := []event.Event{ev(200, 1, A, limit(3), onEdge(2)), ev(400, 1, L, limit(3), onEdge(2))}
 	const arrival = int64(1_000_000_000_000)
 	tests := []struct {
 		name    string

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 )
 
 // heapInUse returns the heap in use after two collections: the live heap.
@@ -27,14 +27,14 @@ func TestMemoryBound(t *testing.T) {
 	const scale = 64
 	for _, tc := range []struct {
 		name string
-		alg  pipeline.Algorithm
+		alg  event.Algorithm
 		// the logs bind before the key table: each key logs more units
 		perKey int
 	}{
-		{"sliding_window keys", pipeline.AlgorithmSlidingWindow, 1},
-		{"sliding_log keys with many units", pipeline.AlgorithmSlidingLog, 12},
-		{"token_bucket keys", pipeline.AlgorithmTokenBucket, 1},
-		{"fixed_window keys", pipeline.AlgorithmFixedWindow, 1},
+		{"sliding_window keys", event.AlgorithmSlidingWindow, 1},
+		{"sliding_log keys with many units", event.AlgorithmSlidingLog, 12},
+		{"token_bucket keys", event.AlgorithmTokenBucket, 1},
+		{"fixed_window keys", event.AlgorithmFixedWindow, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
@@ -51,17 +51,17 @@ func TestMemoryBound(t *testing.T) {
 			}
 			keys := cfg.MaxKeys * 12 / 10
 			now := time.Now().UnixNano()
-			batch := make([]pipeline.Event, 0, 256)
+			batch := make([]event.Event, 0, 256)
 			var n int64
 			for pass := range 2 {
 				for k := range keys {
 					for u := range tc.perKey {
 						n++
-						e := pipeline.Event{Time: now + n*int64(time.Microsecond), KeyHash: uint64(k)*0x9E3779B97F4A7C15 + 1,
+						e := event.Event{Time: now + n*int64(time.Microsecond), KeyHash: uint64(k)*0x9E3779B97F4A7C15 + 1,
 							Rule: []byte("api"), Cost: 1, Limit: 10, WindowMillis: 60_000, Algorithm: tc.alg,
-							Edge: 1, Decision: pipeline.Allowed}
+							Edge: 1, Decision: event.Allowed}
 						if u+pass%2 == 0 {
-							e.Decision = pipeline.Limited // some wrongly limited
+							e.Decision = event.Limited // some wrongly limited
 						}
 						batch = append(batch, e)
 						if len(batch) == cap(batch) {

@@ -3,8 +3,8 @@ package judge
 import (
 	"testing"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -15,10 +15,10 @@ import (
 // succeeds, lints clean, exports each label set once and adds the cells
 // up.
 func TestMetricsOneSeriesPerLabelSet(t *testing.T) {
-	alg := func(a pipeline.Algorithm) opt { return func(e *pipeline.Event) { e.Algorithm = a } }
+	alg := func(a event.Algorithm) opt { return func(e *event.Event) { e.Algorithm = a } }
 	tests := []struct {
 		name   string
-		events []pipeline.Event
+		events []event.Event
 		rule   string // the rule label value whose series are checked
 		series int    // decisions_total series of rule: one per verdict
 	}{
@@ -26,8 +26,8 @@ func TestMetricsOneSeriesPerLabelSet(t *testing.T) {
 			name: "a reload changes the rule's algorithm",
 			events: concat(
 				burst(0, 12, 100, 1, A), // sliding_window: the 11th and 12th wrongly allowed
-				burst(2000, 12, 100, 1, A, alg(pipeline.AlgorithmTokenBucket)), // the reloaded rule, same key
-				burst(0, 3, 100, 2, A, alg(pipeline.AlgorithmFixedWindow)),
+				burst(2000, 12, 100, 1, A, alg(event.AlgorithmTokenBucket)), // the reloaded rule, same key
+				burst(0, 3, 100, 2, A, alg(event.AlgorithmFixedWindow)),
 			),
 			rule: "api", series: 3,
 		},
@@ -110,8 +110,8 @@ func countSeries(t *testing.T, g prometheus.Gatherer, name, label, value string)
 	return n
 }
 
-func concat(parts ...[]pipeline.Event) []pipeline.Event {
-	var all []pipeline.Event
+func concat(parts ...[]event.Event) []event.Event {
+	var all []event.Event
 	for _, p := range parts {
 		all = append(all, p...)
 	}

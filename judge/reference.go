@@ -5,7 +5,7 @@ import (
 	"math/bits"
 	"time"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -17,12 +17,12 @@ const (
 )
 
 // refOf returns the reference kind that judges algorithm a. Unknown values
-// (DecodeEvent refuses them) are judged as a sliding window.
+// (event.Decode refuses them) are judged as a sliding window.
 func refOf(a uint8) uint8 {
-	switch pipeline.Algorithm(a) {
-	case pipeline.AlgorithmTokenBucket, pipeline.AlgorithmLeakyBucket:
+	switch event.Algorithm(a) {
+	case event.AlgorithmTokenBucket, event.AlgorithmLeakyBucket:
 		return refBucket
-	case pipeline.AlgorithmFixedWindow:
+	case event.AlgorithmFixedWindow:
 		return refFixed
 	}
 	return refLog

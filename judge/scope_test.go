@@ -3,19 +3,19 @@ package judge
 import (
 	"testing"
 
-	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/event"
 )
 
-func inPop(name string) opt { return func(e *pipeline.Event) { e.Pop = []byte(name) } }
+func inPop(name string) opt { return func(e *event.Event) { e.Pop = []byte(name) } }
 
-var global opt = func(e *pipeline.Event) { e.Global = true }
+var global opt = func(e *event.Event) { e.Global = true }
 
 // A key's limit of scope pop holds in each PoP apart: 8 admissions in each
 // of two PoPs under a limit of 10 are all correct. Of scope global it holds
 // across them: the same 16 admissions are 6 too many. The report and the
 // metrics break both down by scope and by PoP.
 func TestScopes(t *testing.T) {
-	twoPops := func(opts ...opt) []pipeline.Event {
+	twoPops := func(opts ...opt) []event.Event {
 		return cat(burst(0, 8, 100, 1, A, append(opts, inPop("fra1"))...),
 			burst(50, 8, 100, 1, A, append(opts, inPop("ams2"))...))
 	}

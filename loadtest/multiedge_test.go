@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/loadtest"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // nearLimit is a small near-limit workload: 40 clients of 20 per second,
@@ -27,7 +27,7 @@ func runPoP(t *testing.T, cfg loadtest.OfflineConfig, tr loadtest.Trace) (*loadt
 	}
 	perEdge := map[int]int64{}
 	cfg.Rules = parseRules(t, "rules: [{name: r, limit: 20, window: 1s}]")
-	cfg.OnEvent = func(e *pipeline.Event) { j.Add(e.Time, *e) }
+	cfg.OnEvent = func(e *event.Event) { j.Add(e.Time, *e) }
 	cfg.OnDecision = func(d loadtest.OfflineDecision) { perEdge[d.Edge]++ }
 	rep, err := loadtest.Offline(context.Background(), cfg, tr)
 	if err != nil {

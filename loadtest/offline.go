@@ -20,9 +20,9 @@ import (
 
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/edge"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/metricsum"
-	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/rules"
 )
 
@@ -82,7 +82,7 @@ type OfflineConfig struct {
 	// Offline's goroutine; the event is valid during the call. Fed to the
 	// aggregator's judge, it measures the algorithm's own accuracy with no
 	// distribution at all.
-	OnEvent func(*pipeline.Event)
+	OnEvent func(*event.Event)
 }
 
 // OfflineDecision is what the edge would have answered one request.
@@ -464,7 +464,7 @@ func (o *offline) finishUntil(at time.Duration) {
 
 // Emit takes the core's decision events: the caller's OnEvent sees each,
 // exactly as an edge emits it (Edge 0).
-func (o *offline) Emit(e *pipeline.Event) bool {
+func (o *offline) Emit(e *event.Event) bool {
 	if o.cfg.OnEvent != nil {
 		o.cfg.OnEvent(e)
 	}
@@ -472,10 +472,10 @@ func (o *offline) Emit(e *pipeline.Event) bool {
 }
 
 // observe counts one rule decision in the rule's report.
-func (o *offline) observe(r *rules.Rule, key []byte, e *pipeline.Event) {
+func (o *offline) observe(r *rules.Rule, key []byte, e *event.Event) {
 	st := &o.rules[r.Index]
 	st.matched++
-	if e.Decision == pipeline.Allowed {
+	if e.Decision == event.Allowed {
 		st.allowed++
 		return
 	}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // These tests run a real Kafka-protocol broker, franz-go's kfake, on
@@ -61,7 +61,7 @@ func TestCloseDeadline(t *testing.T) {
 			cfg.DialTimeout = 5 * time.Second // the hung handshake outlasts Close's deadline
 			cfg.WriteTimeout = 5 * time.Second
 			p, reg := newProducer(t, cfg)
-			e := pipeline.Event{Rule: []byte("api")}
+			e := event.Event{Rule: []byte("api")}
 			for i := range 5000 {
 				e.KeyHash = uint64(i)
 				p.Emit(&e)
@@ -105,7 +105,7 @@ func TestEmitDuringClose(t *testing.T) {
 	start := make(chan struct{})
 	for g := range 4 {
 		wg.Go(func() {
-			e := pipeline.Event{Edge: uint16(g), Rule: []byte("api")}
+			e := event.Event{Edge: uint16(g), Rule: []byte("api")}
 			<-start
 			for i := range 20_000 {
 				e.KeyHash = uint64(i)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/pipeline"
 )
 
@@ -51,7 +52,7 @@ func TestProducerConfigValidate(t *testing.T) {
 		{"small batch bytes", func(c *pipeline.ProducerConfig) { c.BatchBytes = 100 }, []string{"BatchBytes = 100"}},
 		{"backoff max below min", func(c *pipeline.ProducerConfig) { c.WriteBackoffMax = 1 }, []string{"WriteBackoffMax = 1ns"}},
 		{"one event per frame", func(c *pipeline.ProducerConfig) {
-			c.FrameEvents, c.FrameBytes = 1, pipeline.FrameHeaderLen+2+pipeline.MaxEventLen
+			c.FrameEvents, c.FrameBytes = 1, pipeline.FrameHeaderLen+2+event.MaxLen
 		}, nil},
 		{"frame events over 65535", func(c *pipeline.ProducerConfig) { c.FrameEvents = 1 << 16 }, []string{"FrameEvents = 65536"}},
 		{"frame bytes below one event", func(c *pipeline.ProducerConfig) { c.FrameBytes = 321 }, []string{"FrameBytes = 321"}},

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 )
@@ -110,7 +111,7 @@ func NewConsumer(cfg ConsumerConfig, reg prometheus.Registerer) (*Consumer, erro
 // Run may be called once: the reader has fetched past offsets it never
 // committed, so only a new Consumer resumes correctly after Run returned with
 // an error. Later calls return ErrClosed.
-func (c *Consumer) Run(ctx context.Context, apply func(batch []Event) error) error {
+func (c *Consumer) Run(ctx context.Context, apply func(batch []event.Event) error) error {
 	c.mu.Lock()
 	if c.closed || c.started {
 		c.mu.Unlock()
@@ -127,7 +128,7 @@ func (c *Consumer) Run(ctx context.Context, apply func(batch []Event) error) err
 
 	var (
 		msgs = make([]kafka.Message, 0, c.cfg.MaxBatch)
-		evs  = make([]Event, 0, c.cfg.MaxBatch)
+		evs  = make([]event.Event, 0, c.cfg.MaxBatch)
 		lag  = map[int]prometheus.Gauge{}
 		b    = batch{seen: newFrameSet(c.cfg.DedupFrames)}
 	)
@@ -183,7 +184,7 @@ type batch struct {
 // decode appends the events of m to evs: a frame's, unless it was read
 // before, or a single event. What does not decode, or, with a key, is not
 // signed with it, is counted and skipped.
-func (c *Consumer) decode(b *batch, evs []Event, m *kafka.Message) []Event {
+func (c *Consumer) decode(b *batch, evs []event.Event, m *kafka.Message) []event.Event {
 	if c.key != nil {
 		switch {
 		case len(m.Value) == 0 || m.Value[0] != signedFrameByte:
@@ -195,8 +196,8 @@ func (c *Consumer) decode(b *batch, evs []Event, m *kafka.Message) []Event {
 		}
 	}
 	if !IsFrame(m.Value) {
-		var e Event
-		if err := DecodeEvent(m.Value, &e); err != nil {
+		var e event.Event
+		if err := event.Decode(m.Value, &e); err != nil {
 			c.m.decodeErrors.Inc()
 			return evs
 		}
@@ -228,7 +229,7 @@ func (c *Consumer) decode(b *batch, evs []Event, m *kafka.Message) []Event {
 
 // fill adds to msgs, and their events to evs, what arrives within
 // MaxBatchWait, until evs or msgs holds MaxBatch.
-func (c *Consumer) fill(ctx context.Context, b *batch, msgs []kafka.Message, evs []Event) ([]kafka.Message, []Event) {
+func (c *Consumer) fill(ctx context.Context, b *batch, msgs []kafka.Message, evs []event.Event) ([]kafka.Message, []event.Event) {
 	if len(evs) >= c.cfg.MaxBatch || len(msgs) >= c.cfg.MaxBatch {
 		return msgs, evs
 	}

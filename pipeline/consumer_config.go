@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/segmentio/kafka-go"
@@ -171,8 +172,8 @@ func (c *ConsumerConfig) Validate() error {
 	if c.MinBytes < 1 {
 		bad("MinBytes", c.MinBytes, "must be at least 1")
 	}
-	if c.MaxBytes < MaxEventLen+1024 || c.MaxBytes < c.MinBytes {
-		bad("MaxBytes", c.MaxBytes, "must be at least MinBytes and hold an event ("+strconv.Itoa(MaxEventLen+1024)+")")
+	if c.MaxBytes < event.MaxLen+1024 || c.MaxBytes < c.MinBytes {
+		bad("MaxBytes", c.MaxBytes, "must be at least MinBytes and hold an event ("+strconv.Itoa(event.MaxLen+1024)+")")
 	}
 	positive("MaxWait", c.MaxWait)
 	positive("HeartbeatInterval", c.HeartbeatInterval)

@@ -20,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -198,15 +199,15 @@ func benchmarkProducerCPU(b *testing.B, cfg pipeline.ProducerConfig, rate int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p.Emit(&pipeline.Event{Rule: []byte("warm-up")})
+	p.Emit(&event.Event{Rule: []byte("warm-up")})
 	testenv.WaitFor(b, 20*time.Second, "the producer to reach the broker", func() bool {
 		return producerOutcomes(b, reg).delivered == 1
 	})
 	// Decisions as an edge emits them: one rule, 100,000 clients, time
 	// advancing.
 	rule := []byte("api-per-key")
-	e := pipeline.Event{Rule: rule, Cost: 1, Limit: 100, Burst: 100, WindowMillis: 60_000, Edge: 1,
-		Algorithm: pipeline.AlgorithmSlidingWindow}
+	e := event.Event{Rule: rule, Cost: 1, Limit: 100, Burst: 100, WindowMillis: 60_000, Edge: 1,
+		Algorithm: event.AlgorithmSlidingWindow}
 	t0 := time.Now().UnixNano()
 	runtime.GC()
 	waits := 0
@@ -223,7 +224,7 @@ func benchmarkProducerCPU(b *testing.B, cfg pipeline.ProducerConfig, rate int) {
 		e.KeyHash = uint64(i%100_000)*0x9e3779b97f4a7c15 + 1
 		e.Time = t0 + int64(i)*1000
 		e.Estimate = float32(i % 101)
-		e.Decision = pipeline.Decision(i % 7 / 6)
+		e.Decision = event.Decision(i % 7 / 6)
 		for !p.Emit(&e) { // measure the cost of delivering every event, not of dropping
 			waits++
 			time.Sleep(20 * time.Microsecond)

@@ -1,22 +1,17 @@
 // Package pipeline carries rate-limit decisions from the edges to the
-// aggregator through Kafka: a compact binary Event per decision, many
+// aggregator through Kafka: a compact binary event.Event per decision, many
 // events to a Kafka message (a frame), a Producer that never blocks a
 // request, and a Consumer that commits only what it has applied and drops
 // frames it has already read. It is transport only: it knows nothing of
 // rules, windows, stores or verdicts, and imports none of the packages
 // that do.
 //
-// An Event carries what the judge needs to rule on the decision alone:
-// the time (Unix ns), the edge, the 64-bit key hash (client keys never
-// leave the edge), the rule's name, algorithm, limit, window and burst,
-// the action, the cost, the estimate the edge decided on, the decision and
-// mode, and whether the block cache, a shadow rule, the failure policy or
-// a leaky-bucket queue (with its delay) decided it. AppendEvent,
-// DecodeEvent, DecodeFrame and the Producer's frames are canonical
-// (decoding and re-encoding reproduces the input); AppendEvent and the
-// decoders refuse what they do not understand with an error, never a
-// panic, and bound an event at MaxEventLen bytes.
-// FORMAT.md, beside this file, gives the byte layouts, the partitioning
+// The Event, its enumerations and its encoding live in package event, which
+// imports no transport; this package frames events for Kafka.
+// DecodeFrame and the Producer's frames are canonical (decoding and
+// re-encoding reproduces the input) and refuse what they do not understand
+// with one of package event's errors, never a panic.
+// FORMAT.md, beside this file, gives the frame layout, the partitioning
 // (all events of a key in one partition, in the order one edge emitted
 // them), the frame numbering, and the MAC of signed frames.
 //

@@ -14,38 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/pipeline"
 )
-
-func ExampleAppendEvent() {
-	e := pipeline.Event{
-		Time: 1_700_000_000_000_000_000, Edge: 2, Rule: []byte("login"), KeyHash: 0xfeedface,
-		Cost: 1, Limit: 5, Burst: 5, WindowMillis: 60_000, Estimate: 5.6,
-		Decision: pipeline.Limited, Mode: pipeline.ModeSync, Algorithm: pipeline.AlgorithmSlidingWindow,
-	}
-	buf := make([]byte, 0, pipeline.MaxEventLen) // reuse it: AppendEvent then allocates nothing
-	buf, err := pipeline.AppendEvent(buf[:0], &e)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Printf("%d bytes, version %d\n", len(buf), buf[0])
-	// Output: 37 bytes, version 3
-}
-
-func ExampleDecodeEvent() {
-	b, _ := pipeline.AppendEvent(nil, &pipeline.Event{Rule: []byte("api"), Limit: 100, Estimate: 101, Decision: pipeline.Limited})
-	var e pipeline.Event
-	if err := pipeline.DecodeEvent(b, &e); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Printf("%s: %s at %.0f of %d\n", e.Rule, e.Decision, e.Estimate, e.Limit)
-
-	err := pipeline.DecodeEvent(b[:len(b)-1], &e)
-	fmt.Println(errors.Is(err, pipeline.ErrTruncated), err)
-	// Output:
-	// api: limited at 101 of 100
-	// true pipeline: truncated event
-}
 
 // A frame carries many events of one edge, numbered in its (edge,
 // partition) stream; a consumer reads its header and its events at once.
@@ -53,17 +24,17 @@ func ExampleDecodeEvent() {
 // (format byte, edge, number, event count), then each event after its
 // length.
 func ExampleDecodeFrame() {
-	evs := []pipeline.Event{
-		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: pipeline.Allowed},
-		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: pipeline.Limited},
-		{Edge: 4, Rule: []byte("upload"), KeyHash: 2, Limit: 5, Burst: 20, Algorithm: pipeline.AlgorithmLeakyBucket,
+	evs := []event.Event{
+		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: event.Allowed},
+		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: event.Limited},
+		{Edge: 4, Rule: []byte("upload"), KeyHash: 2, Limit: 5, Burst: 20, Algorithm: event.AlgorithmLeakyBucket,
 			Delayed: true, DelayMicros: 1500},
 	}
 	b := []byte{0x80 | pipeline.FrameVersion, 0, 4, 0, 0, 0, 0, 0, 0, 0, 41, 0, byte(len(evs))}
 	for i := range evs {
-		b = binary.AppendUvarint(b, uint64(pipeline.EncodedLen(&evs[i])))
+		b = binary.AppendUvarint(b, uint64(event.EncodedLen(&evs[i])))
 		var err error
-		if b, err = pipeline.AppendEvent(b, &evs[i]); err != nil {
+		if b, err = event.Append(b, &evs[i]); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -121,7 +92,7 @@ func ExampleNewProducer() {
 	rule := []byte("api") // from configuration: never modified, so Emit need not copy it
 
 	// On the request path, after each decision:
-	p.Emit(&pipeline.Event{
+	p.Emit(&event.Event{
 		Time: time.Now().UnixNano(), Edge: 1, Rule: rule, KeyHash: 0x1234,
 		Cost: 1, Limit: 100, WindowMillis: 60_000, Estimate: 42,
 	})
@@ -148,7 +119,7 @@ func ExampleNewConsumer() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	err = c.Run(ctx, func(batch []pipeline.Event) error {
+	err = c.Run(ctx, func(batch []event.Event) error {
 		for _, e := range batch {
 			_ = e // judge the decision; copy e.Rule if it is kept
 		}
@@ -175,8 +146,8 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for i, d := range []pipeline.Decision{pipeline.Allowed, pipeline.Allowed, pipeline.Limited} {
-		p.Emit(&pipeline.Event{Time: int64(i), Rule: []byte("api"), KeyHash: 7, Limit: 2, Estimate: float32(i + 1), Decision: d})
+	for i, d := range []event.Decision{event.Allowed, event.Allowed, event.Limited} {
+		p.Emit(&event.Event{Time: int64(i), Rule: []byte("api"), KeyHash: 7, Limit: 2, Estimate: float32(i + 1), Decision: d})
 	}
 	if err := p.Close(context.Background()); err != nil {
 		log.Fatal(err)
@@ -194,7 +165,7 @@ func Example() {
 	defer cancel()
 	var mu sync.Mutex
 	seen := 0
-	err = c.Run(ctx, func(batch []pipeline.Event) error {
+	err = c.Run(ctx, func(batch []event.Event) error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, e := range batch {

@@ -7,18 +7,20 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/event/eventtest"
 	"github.com/poplimit/poplimit/pipeline"
 )
 
 // frameEvents returns the sample events, sorted by name, as events of edge.
-func frameEvents(edge uint16) []pipeline.Event {
-	m := sampleEvents()
+func frameEvents(edge uint16) []event.Event {
+	m := eventtest.Samples()
 	var names []string
 	for name := range m {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	evs := make([]pipeline.Event, 0, len(names))
+	evs := make([]event.Event, 0, len(names))
 	for _, name := range names {
 		e := m[name]
 		e.Edge = edge
@@ -29,7 +31,7 @@ func frameEvents(edge uint16) []pipeline.Event {
 
 // mustFrame returns the frame the producer seals of evs, events of edge,
 // numbered seq.
-func mustFrame(t testing.TB, edge uint16, seq uint64, evs []pipeline.Event) []byte {
+func mustFrame(t testing.TB, edge uint16, seq uint64, evs []event.Event) []byte {
 	t.Helper()
 	for i := range evs {
 		if evs[i].Edge != edge {
@@ -44,9 +46,9 @@ func TestFrameRoundTrip(t *testing.T) {
 		name string
 		edge uint16
 		seq  uint64
-		evs  []pipeline.Event
+		evs  []event.Event
 	}{
-		{"one zero event", 0, 0, []pipeline.Event{{}}},
+		{"one zero event", 0, 0, []event.Event{{}}},
 		{"every sample", 7, 0xfedcba9876543210, frameEvents(7)},
 		{"max edge and seq", 65535, 1<<64 - 1, frameEvents(65535)[:3]},
 		{"many", 3, 42, slices.Repeat(frameEvents(3)[:1], 1000)},
@@ -58,7 +60,7 @@ func TestFrameRoundTrip(t *testing.T) {
 				t.Errorf("IsFrame: got false, want true")
 			}
 			var h pipeline.FrameHeader
-			got, err := pipeline.DecodeFrame(b, &h, []pipeline.Event{{Edge: 9}})
+			got, err := pipeline.DecodeFrame(b, &h, []event.Event{{Edge: 9}})
 			if err != nil {
 				t.Fatalf("DecodeFrame: got %v, want nil", err)
 			}
@@ -69,7 +71,7 @@ func TestFrameRoundTrip(t *testing.T) {
 				t.Fatalf("DecodeFrame: got %d events, want the 1 already in dst then %d", len(got), len(tt.evs))
 			}
 			for i := range tt.evs {
-				if !equalEvents(&got[1+i], &tt.evs[i]) {
+				if !eventtest.Equal(&got[1+i], &tt.evs[i]) {
 					t.Errorf("event %d: got %+v, want %+v", i, got[1+i], tt.evs[i])
 				}
 			}
@@ -82,9 +84,9 @@ func TestFrameRoundTrip(t *testing.T) {
 
 // TestFrameLayout pins the documented frame layout with a golden encoding.
 func TestFrameLayout(t *testing.T) {
-	e := pipeline.Event{Time: 1, Edge: 2, Rule: []byte("a"), KeyHash: 3, Limit: 4, Burst: 4}
-	ev := mustEncode(t, e)
-	b := mustFrame(t, 2, 0x0102030405060708, []pipeline.Event{e, e})
+	e := event.Event{Time: 1, Edge: 2, Rule: []byte("a"), KeyHash: 3, Limit: 4, Burst: 4}
+	ev := eventtest.Encode(t, e)
+	b := mustFrame(t, 2, 0x0102030405060708, []event.Event{e, e})
 	want := "81" + "0002" + "0102030405060708" + "0002" +
 		hex.EncodeToString(append([]byte{byte(len(ev))}, ev...)) + hex.EncodeToString(append([]byte{byte(len(ev))}, ev...))
 	if got := hex.EncodeToString(b); got != want {
@@ -98,47 +100,47 @@ func TestFrameLayout(t *testing.T) {
 func TestDecodeFrameErrors(t *testing.T) {
 	evs := frameEvents(5)[:3]
 	valid := mustFrame(t, 5, 9, evs)
-	first := mustEncode(t, evs[0])
+	first := eventtest.Encode(t, evs[0])
 	head := valid[:pipeline.FrameHeaderLen]
 	// frameOf builds a frame of count events from raw event bytes.
 	frameOf := func(count byte, body ...byte) []byte {
 		return append(append(bytes.Clone(head[:pipeline.FrameHeaderLen-1]), count), body...)
 	}
 	framed := func(ev []byte) []byte { return append([]byte{byte(len(ev))}, ev...) }
-	v1 := appendV1(nil, &evs[0])
+	v1 := eventtest.AppendV1(nil, &evs[0])
 	otherEdge := evs[0]
 	otherEdge.Edge = 6
-	long := append(bytes.Clone(first), bytes.Repeat([]byte{0}, pipeline.MaxEventLen)...)
+	long := append(bytes.Clone(first), bytes.Repeat([]byte{0}, event.MaxLen)...)
 	tests := []struct {
 		name string
 		in   []byte
 		want error
 	}{
-		{"empty", nil, pipeline.ErrTruncated},
-		{"an event", first, pipeline.ErrVersion},
-		{"frame version 3", append([]byte{0x83}, valid[1:]...), pipeline.ErrVersion},
-		{"signed frame shorter than its MAC", append([]byte{0x82}, valid[1:pipeline.FrameHeaderLen+pipeline.FrameMACLen-1]...), pipeline.ErrTruncated},
-		{"format byte only", valid[:1], pipeline.ErrTruncated},
-		{"cut in header", valid[:pipeline.FrameHeaderLen-1], pipeline.ErrTruncated},
-		{"header only", head, pipeline.ErrTruncated},
-		{"count 0", frameOf(0), pipeline.ErrMalformed},
-		{"count above the events", frameOf(2, framed(first)...), pipeline.ErrTruncated},
-		{"count below the events", frameOf(1, append(framed(first), framed(first)...)...), pipeline.ErrTrailing},
-		{"cut in an event", valid[:len(valid)-1], pipeline.ErrTruncated},
-		{"trailing byte", append(bytes.Clone(valid), 0), pipeline.ErrTrailing},
-		{"length 0", frameOf(1, 0), pipeline.ErrMalformed},
-		{"length not minimal", frameOf(1, append([]byte{0x80 | byte(len(first)), 0}, first...)...), pipeline.ErrMalformed},
-		{"length over MaxEventLen", frameOf(1, append(binaryUvarint(len(long)), long...)...), pipeline.ErrMalformed},
-		{"length past the end", frameOf(1, 100, 2), pipeline.ErrTruncated},
-		{"a version 1 event", frameOf(1, framed(v1)...), pipeline.ErrMalformed},
-		{"an event of another edge", frameOf(1, framed(mustEncode(t, otherEdge))...), pipeline.ErrMalformed},
-		{"an event with trailing bytes", frameOf(1, framed(append(bytes.Clone(first), 0))...), pipeline.ErrTrailing},
-		{"a malformed event", frameOf(1, framed(append([]byte{2, 0x80}, first[2:]...))...), pipeline.ErrMalformed},
+		{"empty", nil, event.ErrTruncated},
+		{"an event", first, event.ErrVersion},
+		{"frame version 3", append([]byte{0x83}, valid[1:]...), event.ErrVersion},
+		{"signed frame shorter than its MAC", append([]byte{0x82}, valid[1:pipeline.FrameHeaderLen+pipeline.FrameMACLen-1]...), event.ErrTruncated},
+		{"format byte only", valid[:1], event.ErrTruncated},
+		{"cut in header", valid[:pipeline.FrameHeaderLen-1], event.ErrTruncated},
+		{"header only", head, event.ErrTruncated},
+		{"count 0", frameOf(0), event.ErrMalformed},
+		{"count above the events", frameOf(2, framed(first)...), event.ErrTruncated},
+		{"count below the events", frameOf(1, append(framed(first), framed(first)...)...), event.ErrTrailing},
+		{"cut in an event", valid[:len(valid)-1], event.ErrTruncated},
+		{"trailing byte", append(bytes.Clone(valid), 0), event.ErrTrailing},
+		{"length 0", frameOf(1, 0), event.ErrMalformed},
+		{"length not minimal", frameOf(1, append([]byte{0x80 | byte(len(first)), 0}, first...)...), event.ErrMalformed},
+		{"length over event.MaxLen", frameOf(1, append(binaryUvarint(len(long)), long...)...), event.ErrMalformed},
+		{"length past the end", frameOf(1, 100, 2), event.ErrTruncated},
+		{"a version 1 event", frameOf(1, framed(v1)...), event.ErrMalformed},
+		{"an event of another edge", frameOf(1, framed(eventtest.Encode(t, otherEdge))...), event.ErrMalformed},
+		{"an event with trailing bytes", frameOf(1, framed(append(bytes.Clone(first), 0))...), event.ErrTrailing},
+		{"a malformed event", frameOf(1, framed(append([]byte{2, 0x80}, first[2:]...))...), event.ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := pipeline.FrameHeader{Edge: 7}
-			dst := []pipeline.Event{{Edge: 8}}
+			dst := []event.Event{{Edge: 8}}
 			got, err := pipeline.DecodeFrame(tt.in, &h, dst)
 			if !errors.Is(err, tt.want) {
 				t.Errorf("DecodeFrame(%x): got %v, want %v", tt.in, err, tt.want)
@@ -185,7 +187,7 @@ func TestFrameAllocs(t *testing.T) {
 	evs := frameEvents(1)
 	buf := mustFrame(t, 1, 2, evs)
 	var h pipeline.FrameHeader
-	dst := make([]pipeline.Event, 0, len(evs))
+	dst := make([]event.Event, 0, len(evs))
 	if got := testing.AllocsPerRun(100, func() {
 		var err error
 		if dst, err = pipeline.DecodeFrame(buf, &h, dst[:0]); err != nil {
@@ -223,11 +225,11 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(pipeline.SealSignedFrame(f, bytes.Repeat([]byte{7}, pipeline.MinKeyLen), 3, evs[:3]))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var h pipeline.FrameHeader
-		dst := []pipeline.Event{{Edge: 1}}
+		dst := []event.Event{{Edge: 1}}
 		got, err := pipeline.DecodeFrame(b, &h, dst)
 		if err != nil {
 			known := false
-			for _, s := range []error{pipeline.ErrVersion, pipeline.ErrTruncated, pipeline.ErrTrailing, pipeline.ErrMalformed} {
+			for _, s := range []error{event.ErrVersion, event.ErrTruncated, event.ErrTrailing, event.ErrMalformed} {
 				known = known || errors.Is(err, s)
 			}
 			if !known {
@@ -252,13 +254,13 @@ func FuzzDecodeFrame(f *testing.F) {
 }
 
 func BenchmarkDecodeFrame(b *testing.B) {
-	e := sampleEvents()["typical"]
-	evs := slices.Repeat([]pipeline.Event{e}, 256)
+	e := eventtest.Samples()["typical"]
+	evs := slices.Repeat([]event.Event{e}, 256)
 	for i := range evs {
 		evs[i].KeyHash = uint64(i)
 	}
 	buf := mustFrame(b, e.Edge, 1, evs)
-	dst := make([]pipeline.Event, 0, len(evs))
+	dst := make([]event.Event, 0, len(evs))
 	var h pipeline.FrameHeader
 	b.ReportAllocs()
 	b.SetBytes(int64(len(buf)))

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"github.com/poplimit/poplimit/event"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -122,7 +123,7 @@ func (f *framer) setPartitions(n int) {
 // add appends e, valid and n bytes long, to the open frame of its partition
 // and edge, sealing that frame first if e does not fit, and after if it is
 // full.
-func (f *framer) add(e *Event, n int) {
+func (f *framer) add(e *event.Event, n int) {
 	p := partitionOf(e.KeyHash, f.parts)
 	o := f.frameOf(p, e.Edge)
 	if o.n > 0 && len(o.buf)+uvarintLen(uint64(n))+n > f.room {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -66,7 +67,7 @@ func keyOn(p, parts, n int) uint64 {
 	}
 }
 
-func decodeFrameT(t *testing.T, f frame) (FrameHeader, []Event) {
+func decodeFrameT(t *testing.T, f frame) (FrameHeader, []event.Event) {
 	t.Helper()
 	var h FrameHeader
 	evs, err := DecodeFrame(f.value, &h, nil)
@@ -83,12 +84,12 @@ func TestFramerSealsByCountAndNumbers(t *testing.T) {
 	var base uint64 = 1<<64 - 2 // the sequence wraps around, as uint64s do
 	f := testFramer(t, 3, 16<<10, 2, base)
 	for i := range 7 { // 7 events of partition 0, 2 of partition 1
-		e := Event{KeyHash: keyOn(0, 2, i+1), Time: int64(i + 1), Rule: []byte("r")}
-		f.add(&e, EncodedLen(&e))
+		e := event.Event{KeyHash: keyOn(0, 2, i+1), Time: int64(i + 1), Rule: []byte("r")}
+		f.add(&e, event.EncodedLen(&e))
 	}
 	for i := range 2 {
-		e := Event{KeyHash: keyOn(1, 2, i+1), Time: int64(100 + i), Rule: []byte("r")}
-		f.add(&e, EncodedLen(&e))
+		e := event.Event{KeyHash: keyOn(1, 2, i+1), Time: int64(100 + i), Rule: []byte("r")}
+		f.add(&e, event.EncodedLen(&e))
 	}
 	if got, want := len(f.sealed), 2; got != want {
 		t.Fatalf("sealed frames: got %d, want %d (partition 0's two full ones)", got, want)
@@ -126,8 +127,8 @@ func TestFramerSealsByCountAndNumbers(t *testing.T) {
 }
 
 func TestFramerSealsByBytes(t *testing.T) {
-	e := Event{KeyHash: 1, Rule: make([]byte, 100)}
-	n := EncodedLen(&e)
+	e := event.Event{KeyHash: 1, Rule: make([]byte, 100)}
+	n := event.EncodedLen(&e)
 	maxBytes := FrameHeaderLen + 3*(uvarintLen(uint64(n))+n) // room for exactly 3
 	f := testFramer(t, 1000, maxBytes, 1, 0)
 	for range 7 {
@@ -164,8 +165,8 @@ func TestFramerSealsByBytes(t *testing.T) {
 func TestFramerInterleavedEdges(t *testing.T) {
 	f := testFramer(t, 10, 16<<10, 1, 100)
 	for i := range 400 {
-		e := Event{KeyHash: 1, Edge: uint16(i % 4), Time: int64(i)}
-		f.add(&e, EncodedLen(&e))
+		e := event.Event{KeyHash: 1, Edge: uint16(i % 4), Time: int64(i)}
+		f.add(&e, event.EncodedLen(&e))
 	}
 	if got := len(f.sealed); got != 40 {
 		t.Fatalf("sealed frames of 4 interleaved edges: got %d, want 40 full ones", got)
@@ -185,8 +186,8 @@ func TestFramerInterleavedEdges(t *testing.T) {
 	}
 	f.sealed = f.sealed[:0]
 	for edge := range uint16(maxOpenPerPartition + 1) {
-		e := Event{KeyHash: 1, Edge: 100 + edge}
-		f.add(&e, EncodedLen(&e))
+		e := event.Event{KeyHash: 1, Edge: 100 + edge}
+		f.add(&e, event.EncodedLen(&e))
 	}
 	if got := len(f.open[0]); got != maxOpenPerPartition {
 		t.Errorf("open frames of partition 0: got %d, want at most %d", got, maxOpenPerPartition)
@@ -200,8 +201,8 @@ func TestFramerInterleavedEdges(t *testing.T) {
 func TestFramerShrinkingPartitions(t *testing.T) {
 	f := testFramer(t, 100, 16<<10, 4, 0)
 	for p := range 4 {
-		e := Event{KeyHash: keyOn(p, 4, 1)}
-		f.add(&e, EncodedLen(&e))
+		e := event.Event{KeyHash: keyOn(p, 4, 1)}
+		f.add(&e, event.EncodedLen(&e))
 	}
 	f.setPartitions(2) // partitions 2 and 3 are gone: their frames are sealed
 	if got := len(f.sealed); got != 2 || f.openEvents != 2 {
@@ -226,8 +227,8 @@ func TestFramerAllocs(t *testing.T) {
 }
 
 func testFramerAllocs(t *testing.T, f *framer) {
-	e := Event{KeyHash: 42, Rule: []byte("api"), Limit: 100, Burst: 100, WindowMillis: 60_000, Cost: 1}
-	n := EncodedLen(&e)
+	e := event.Event{KeyHash: 42, Rule: []byte("api"), Limit: 100, Burst: 100, WindowMillis: 60_000, Cost: 1}
+	n := event.EncodedLen(&e)
 	if got := testing.AllocsPerRun(1000, func() { f.add(&e, n) }); got != 0 {
 		t.Errorf("framer.add allocs: got %v, want 0", got)
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/event/eventtest"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -77,7 +79,7 @@ func TestFramesOnTheWire(t *testing.T) {
 	cfg.WriteTimeout, cfg.MaxAttempts = 10*time.Second, 5
 	first := testEvents(1, 40, 50, 0)
 	second := later(testEvents(1, 40, 5, 100_000), 1) // the same edge, restarted
-	for _, evs := range [][]pipeline.Event{first, second} {
+	for _, evs := range [][]event.Event{first, second} {
 		p, reg := newProducer(t, cfg)
 		for i := range evs {
 			if !p.Emit(&evs[i]) {
@@ -90,7 +92,7 @@ func TestFramesOnTheWire(t *testing.T) {
 		}
 	}
 
-	var got []pipeline.Event
+	var got []event.Event
 	type run struct{ lo, hi uint64 } // the sequence numbers one producer used on one partition
 	runs := map[bool][]run{}         // by producer: restarted or not
 	for part := range partitions {
@@ -148,7 +150,7 @@ func TestFramesOnTheWire(t *testing.T) {
 
 // later moves evs s seconds later, after the events of testEvents with
 // the same keys.
-func later(evs []pipeline.Event, s int64) []pipeline.Event {
+func later(evs []event.Event, s int64) []event.Event {
 	for i := range evs {
 		evs[i].Time += s * int64(time.Second)
 	}
@@ -201,10 +203,10 @@ func TestConsumerDropsDuplicateFrames(t *testing.T) {
 				g[i].KeyHash = ^g[i].KeyHash
 			}
 			fa, fb, fc, fg := mustFrame(t, 1, 10, a), mustFrame(t, 1, 11, b), mustFrame(t, 2, 10, c), mustFrame(t, 1, 10, g)
-			v1 := appendV1(nil, &single[1])
-			writeRaw(t, addr, 0, fa, fb, fa, fc, mustEncode(t, single[0]), v1, fb)
+			v1 := eventtest.AppendV1(nil, &single[1])
+			writeRaw(t, addr, 0, fa, fb, fa, fc, eventtest.Encode(t, single[0]), v1, fb)
 			writeRaw(t, addr, 1, fg)
-			want := append(append(append(append(append([]pipeline.Event(nil), a...), b...), c...), g...), asV1(single[1]), single[0])
+			want := append(append(append(append(append([]event.Event(nil), a...), b...), c...), g...), eventtest.AsV1(single[1]), single[0])
 			if !dedup {
 				want = append(want, a...)
 				want = append(want, b...)
@@ -218,7 +220,7 @@ func TestConsumerDropsDuplicateFrames(t *testing.T) {
 			var col collector
 			var mu sync.Mutex
 			largest := 0
-			cs := startConsumer(t, cfg, func(batch []pipeline.Event) error {
+			cs := startConsumer(t, cfg, func(batch []event.Event) error {
 				mu.Lock()
 				largest = max(largest, len(batch))
 				mu.Unlock()

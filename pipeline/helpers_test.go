@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/event/eventtest"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -103,11 +105,11 @@ func (o outcomes) balanced() bool {
 // collector is an apply function that keeps copies of what it is given.
 type collector struct {
 	mu     sync.Mutex
-	events []pipeline.Event
+	events []event.Event
 	onAdd  func(total int) error // optional: called after each batch, under mu
 }
 
-func (c *collector) apply(batch []pipeline.Event) error {
+func (c *collector) apply(batch []event.Event) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range batch {
@@ -126,10 +128,10 @@ func (c *collector) len() int {
 	return len(c.events)
 }
 
-func (c *collector) snapshot() []pipeline.Event {
+func (c *collector) snapshot() []event.Event {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]pipeline.Event(nil), c.events...)
+	return append([]event.Event(nil), c.events...)
 }
 
 // consumer runs a Consumer in the background; stop closes it and returns
@@ -141,7 +143,7 @@ type consumer struct {
 	stop func() error
 }
 
-func startConsumer(t testing.TB, cfg pipeline.ConsumerConfig, apply func([]pipeline.Event) error) *consumer {
+func startConsumer(t testing.TB, cfg pipeline.ConsumerConfig, apply func([]event.Event) error) *consumer {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	c, err := pipeline.NewConsumer(cfg, reg)
@@ -167,13 +169,13 @@ func startConsumer(t testing.TB, cfg pipeline.ConsumerConfig, apply func([]pipel
 
 // testEvents returns perKey events for each of keys keys, in emission order.
 // Cost holds a unique id; Time increases per key.
-func testEvents(edge uint16, keys, perKey int, firstID uint32) []pipeline.Event {
+func testEvents(edge uint16, keys, perKey int, firstID uint32) []event.Event {
 	rules := [][]byte{[]byte("api"), []byte("login"), []byte("search-" + strings.Repeat("x", 40))}
-	evs := make([]pipeline.Event, 0, keys*perKey)
+	evs := make([]event.Event, 0, keys*perKey)
 	id := firstID
 	for s := range perKey {
 		for k := range keys {
-			evs = append(evs, pipeline.Event{
+			evs = append(evs, event.Event{
 				Time:           1_700_000_000_000_000_000 + int64(s)*1_000_000 + int64(k),
 				Edge:           edge,
 				Rule:           rules[k%len(rules)],
@@ -182,9 +184,9 @@ func testEvents(edge uint16, keys, perKey int, firstID uint32) []pipeline.Event 
 				Limit:          uint32(100 + k),
 				WindowMillis:   60_000,
 				Estimate:       float32(s) + 0.5,
-				Decision:       pipeline.Decision(s % 2),
-				Mode:           pipeline.Mode(k % 2),
-				Action:         pipeline.Action((s + k) % 2),
+				Decision:       event.Decision(s % 2),
+				Mode:           event.Mode(k % 2),
+				Action:         event.Action((s + k) % 2),
 				FromBlockCache: s%3 == 0,
 				Shadow:         k%5 == 0,
 				Fallback:       s%7 == 0,
@@ -198,9 +200,9 @@ func testEvents(edge uint16, keys, perKey int, firstID uint32) []pipeline.Event 
 // checkExactlyOnce checks that got holds every event of want exactly once,
 // with every field intact, and that each (edge, key)'s events are in the
 // order they were emitted.
-func checkExactlyOnce(t *testing.T, got, want []pipeline.Event) {
+func checkExactlyOnce(t *testing.T, got, want []event.Event) {
 	t.Helper()
-	byID := make(map[uint32]*pipeline.Event, len(want))
+	byID := make(map[uint32]*event.Event, len(want))
 	for i := range want {
 		byID[want[i].Cost] = &want[i]
 	}
@@ -219,7 +221,7 @@ func checkExactlyOnce(t *testing.T, got, want []pipeline.Event) {
 			t.Errorf("unexpected event %+v", *e)
 			continue
 		}
-		if !equalEvents(e, w) && bad < 5 {
+		if !eventtest.Equal(e, w) && bad < 5 {
 			bad++
 			t.Errorf("event %d: got %+v, want %+v", e.Cost, *e, *w)
 		}
@@ -247,7 +249,7 @@ func checkExactlyOnce(t *testing.T, got, want []pipeline.Event) {
 // roundTrip sends evs through a producer to the broker at addr, topic
 // "events", closes it, then runs a consumer until it has applied them all
 // and closes it; both register their metrics with reg (nil: none).
-func roundTrip(t *testing.T, addr string, reg prometheus.Registerer, evs []pipeline.Event) {
+func roundTrip(t *testing.T, addr string, reg prometheus.Registerer, evs []event.Event) {
 	t.Helper()
 	p, err := pipeline.NewProducer(fastProducerConfig(addr, "events"), reg)
 	if err != nil {

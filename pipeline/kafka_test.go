@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/event/eventtest"
 	"github.com/poplimit/poplimit/internal/testenv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,7 +28,7 @@ func TestProduceConsume(t *testing.T) {
 			t.Parallel()
 			_, addr := startBroker(t, 0, "events")
 			const edges, keys, perKey = 3, 40, 50
-			var want []pipeline.Event
+			var want []event.Event
 			var wg sync.WaitGroup
 			regs := make([]*prometheus.Registry, edges)
 			for edge := range edges {
@@ -156,7 +158,7 @@ func TestApplyErrorReplays(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = c1.Run(ctx, func(batch []pipeline.Event) error {
+	err = c1.Run(ctx, func(batch []event.Event) error {
 		refused = len(batch)
 		return errFull
 	})
@@ -194,10 +196,10 @@ func TestDecodeErrorsSkipped(t *testing.T) {
 		BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireOne,
 	}
 	var msgs []kafka.Message
-	garbage := [][]byte{nil, {2, 0, 0}, []byte("not an event"), append(mustEncode(t, want[0]), 0)}
+	garbage := [][]byte{nil, {2, 0, 0}, []byte("not an event"), append(eventtest.Encode(t, want[0]), 0)}
 	for i := range want {
 		msgs = append(msgs,
-			kafka.Message{Key: []byte("k"), Value: mustEncode(t, want[i])},
+			kafka.Message{Key: []byte("k"), Value: eventtest.Encode(t, want[i])},
 			kafka.Message{Key: []byte("k"), Value: garbage[i%len(garbage)]})
 	}
 	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
@@ -235,7 +237,7 @@ func TestSamplingEndToEnd(t *testing.T) {
 			globalKept++
 		}
 	}
-	var want []pipeline.Event
+	var want []event.Event
 	for i := range all {
 		if all[i].Global || pipeline.SampleKey(all[i].KeyHash, cfg.SampleRate) {
 			want = append(want, all[i])
@@ -297,7 +299,7 @@ func benchmarkEndToEnd(b *testing.B, async bool) {
 	p, reg := newProducer(b, cfg)
 	var mu sync.Mutex
 	n := 0
-	apply := func(batch []pipeline.Event) error {
+	apply := func(batch []event.Event) error {
 		mu.Lock()
 		n += len(batch)
 		mu.Unlock()
@@ -309,11 +311,11 @@ func benchmarkEndToEnd(b *testing.B, async bool) {
 		return n
 	}
 	startConsumer(b, fastConsumerConfig(addr, "events", "bench"), apply)
-	warm := pipeline.Event{Rule: []byte("warm-up")}
+	warm := event.Event{Rule: []byte("warm-up")}
 	p.Emit(&warm)
 	testenv.WaitFor(b, 20*time.Second, "the consumer to join", func() bool { return count() >= 1 })
 
-	e := pipeline.Event{Time: 1, Rule: []byte("api"), Limit: 100, WindowMillis: 60_000, Cost: 1}
+	e := event.Event{Time: 1, Rule: []byte("api"), Limit: 100, WindowMillis: 60_000, Cost: 1}
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()

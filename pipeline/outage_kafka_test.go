@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // These tests run a real Kafka-protocol broker, franz-go's kfake, on
@@ -27,7 +27,7 @@ func TestBrokerOutage(t *testing.T) {
 	cfg.WriteTimeout = 3 * time.Second // so that a network wait would show
 	p, reg := newProducer(t, cfg)
 
-	e := pipeline.Event{Time: time.Now().UnixNano(), Rule: []byte("api"), Limit: 10, WindowMillis: 1000}
+	e := event.Event{Time: time.Now().UnixNano(), Rule: []byte("api"), Limit: 10, WindowMillis: 1000}
 	for i := range 100 {
 		e.KeyHash = uint64(i)
 		p.Emit(&e)
@@ -117,7 +117,7 @@ func TestBrokerOutage(t *testing.T) {
 	})
 	time.Sleep(200 * time.Millisecond)
 	_ = cs.stop()
-	var got []pipeline.Event
+	var got []event.Event
 	for _, e := range col.snapshot() {
 		if e.Edge == 2 {
 			got = append(got, e)
@@ -171,7 +171,7 @@ func TestBrokerUnreachable(t *testing.T) {
 	t.Parallel()
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)) // nothing listens
 	p, reg := newProducer(t, fastProducerConfig(addr, "events"))
-	e := pipeline.Event{Rule: []byte("api")}
+	e := event.Event{Rule: []byte("api")}
 	for i := range 5000 {
 		e.KeyHash = uint64(i)
 		p.Emit(&e)
@@ -203,12 +203,12 @@ func TestRetryOnlyRecentEvents(t *testing.T) {
 			cfg.RetryFor = time.Minute
 			p, reg := newProducer(t, cfg)
 			// One event delivered: the producer knows the topic's partitions.
-			p.Emit(&pipeline.Event{Rule: []byte("warm-up")})
+			p.Emit(&event.Event{Rule: []byte("warm-up")})
 			testenv.WaitFor(t, 10*time.Second, "the first event delivered", func() bool {
 				return producerOutcomes(t, reg).delivered == 1
 			})
 			broker.Close()
-			e := pipeline.Event{Rule: []byte("api")}
+			e := event.Event{Rule: []byte("api")}
 			for i := range 200 {
 				e.KeyHash = uint64(i)
 				e.Time = time.Now().Add(-tt.age).UnixNano()

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 )
@@ -183,15 +184,15 @@ func writerBatchSize(cfg ProducerConfig) int {
 // Emit queues a copy of e for sending and reports whether it did. It never
 // blocks and never allocates: it touches only the queue, never the network.
 // It returns false, and counts why, when e is sampled out, invalid (see
-// AppendEvent), the queue is full, or the producer is closed. An event of
+// event.Append), the queue is full, or the producer is closed. An event of
 // a global rule is never sampled out: the other PoPs' limits count on it.
 //
 // The copy shares e.Rule's and e.Pop's bytes until the event is encoded:
 // they must be immutable (names from configuration), which spares Emit a
 // copy.
-func (p *Producer) Emit(e *Event) bool {
+func (p *Producer) Emit(e *event.Event) bool {
 	p.m.emitted.Inc()
-	if e.check() != nil {
+	if e.Check() != nil {
 		p.m.droppedInvalid.Inc()
 		return false
 	}

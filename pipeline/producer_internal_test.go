@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -29,19 +30,19 @@ func idleProducer(t testing.TB, mod func(*ProducerConfig)) *Producer {
 
 func TestEmitAllocs(t *testing.T) {
 	p := idleProducer(t, func(c *ProducerConfig) { c.QueueSize = 4096; c.SampleRate = 0.5 })
-	kept, dropped := Event{Rule: []byte("r")}, Event{Rule: []byte("r")}
+	kept, dropped := event.Event{Rule: []byte("r")}, event.Event{Rule: []byte("r")}
 	for kept.KeyHash = 1; !SampleKey(kept.KeyHash, 0.5); kept.KeyHash++ {
 	}
 	for dropped.KeyHash = 1; SampleKey(dropped.KeyHash, 0.5); dropped.KeyHash++ {
 	}
 	tests := []struct {
 		name string
-		e    *Event
+		e    *event.Event
 		want bool
 	}{
 		{"queued", &kept, true},
 		{"sampled out", &dropped, false},
-		{"invalid", &Event{Decision: 7}, false},
+		{"invalid", &event.Event{Decision: 7}, false},
 	}
 	for _, tt := range tests {
 		var ok bool
@@ -67,12 +68,12 @@ func TestEmitAllocs(t *testing.T) {
 
 func TestEmitCopiesEvent(t *testing.T) {
 	p := idleProducer(t, nil)
-	e := Event{KeyHash: 1, Limit: 10, Rule: []byte("r")}
+	e := event.Event{KeyHash: 1, Limit: 10, Rule: []byte("r")}
 	if !p.Emit(&e) {
 		t.Fatal("Emit: got false, want true")
 	}
 	e.Limit = 99
-	var got Event
+	var got event.Event
 	if !p.queue.pop(&got) {
 		t.Fatal("queue: got nothing, want the event")
 	}
@@ -86,7 +87,7 @@ func TestEmitAfterClose(t *testing.T) {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
-	if p.Emit(&Event{}) {
+	if p.Emit(&event.Event{}) {
 		t.Error("Emit after Close: got true, want false")
 	}
 	if got := testutil.ToFloat64(p.m.droppedClosed); got != 1 {
@@ -117,14 +118,14 @@ func TestSampleKey(t *testing.T) {
 	// The producer decides exactly as SampleKey does.
 	p := idleProducer(t, func(c *ProducerConfig) { c.SampleRate = 0.3; c.QueueSize = 10_000 })
 	for k := uint64(0); k < 10_000; k++ {
-		if got, want := p.Emit(&Event{KeyHash: k}), SampleKey(k, 0.3); got != want {
+		if got, want := p.Emit(&event.Event{KeyHash: k}), SampleKey(k, 0.3); got != want {
 			t.Fatalf("Emit of key %d at rate 0.3: got %v, want SampleKey's %v", k, got, want)
 		}
 	}
 }
 
 func BenchmarkEmit(b *testing.B) {
-	e := Event{Time: 1, KeyHash: 42, Rule: []byte("api"), Cost: 1, Limit: 100, WindowMillis: 60_000}
+	e := event.Event{Time: 1, KeyHash: 42, Rule: []byte("api"), Cost: 1, Limit: 100, WindowMillis: 60_000}
 	b.Run("queued", func(b *testing.B) {
 		p := idleProducer(b, nil)
 		stop := make(chan struct{})
@@ -171,7 +172,7 @@ func BenchmarkEmit(b *testing.B) {
 
 // drainQueue takes p's queue, without allocating, until stop is closed.
 func drainQueue(p *Producer, stop chan struct{}) {
-	var e Event
+	var e event.Event
 	for {
 		select {
 		case <-stop:

@@ -1,6 +1,10 @@
 package pipeline
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/poplimit/poplimit/event"
+)
 
 // eventRing is the queue between Emit and the writer goroutine: a bounded
 // multi-producer, single-consumer ring of events after Dmitry Vyukov's
@@ -25,7 +29,7 @@ type ringCell struct {
 	// seq is pos when the cell at pos is free to fill, pos+1 once filled,
 	// and pos+capacity once taken (free for the next lap).
 	seq atomic.Uint64
-	e   Event
+	e   event.Event
 }
 
 // newEventRing returns a ring of at least n cells, rounded up to a power of
@@ -45,7 +49,7 @@ func newEventRing(n int) *eventRing {
 
 // push copies e into the ring and returns its position, or reports false
 // if the ring is full.
-func (r *eventRing) push(e *Event) (uint64, bool) {
+func (r *eventRing) push(e *event.Event) (uint64, bool) {
 	pos := r.tail.Load()
 	for {
 		c := &r.cells[pos&r.mask]
@@ -65,7 +69,7 @@ func (r *eventRing) push(e *Event) (uint64, bool) {
 
 // pop moves the oldest event into e, or reports false if there is none
 // published yet.
-func (r *eventRing) pop(e *Event) bool {
+func (r *eventRing) pop(e *event.Event) bool {
 	pos := r.head.Load()
 	c := &r.cells[pos&r.mask]
 	if c.seq.Load() != pos+1 {

@@ -4,6 +4,8 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/poplimit/poplimit/event"
 )
 
 func TestEventRingSequential(t *testing.T) {
@@ -18,17 +20,17 @@ func TestEventRingSequential(t *testing.T) {
 		}
 		for lap := range 3 { // the positions wrap around the cells
 			for i := range size {
-				if _, ok := r.push(&Event{Cost: uint32(lap*size + i)}); !ok {
+				if _, ok := r.push(&event.Event{Cost: uint32(lap*size + i)}); !ok {
 					t.Fatalf("ring of %d, lap %d: push %d: got full, want room", n, lap, i)
 				}
 			}
-			if _, ok := r.push(&Event{}); ok {
+			if _, ok := r.push(&event.Event{}); ok {
 				t.Fatalf("ring of %d, lap %d: push into a full ring: got ok, want full", n, lap)
 			}
 			if got := r.len(); got != size {
 				t.Errorf("len of a full ring: got %d, want %d", got, size)
 			}
-			var e Event
+			var e event.Event
 			for i := range size {
 				if !r.pop(&e) || e.Cost != uint32(lap*size+i) {
 					t.Fatalf("ring of %d, lap %d: pop %d: got %d, want %d in order", n, lap, i, e.Cost, lap*size+i)
@@ -49,7 +51,7 @@ func TestEventRingConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for g := range pushers {
 		wg.Go(func() {
-			e := Event{Edge: uint16(g)}
+			e := event.Event{Edge: uint16(g)}
 			for i := range each {
 				e.Cost = uint32(i)
 				for {
@@ -62,7 +64,7 @@ func TestEventRingConcurrent(t *testing.T) {
 		})
 	}
 	next := make([]uint32, pushers)
-	var e Event
+	var e event.Event
 	for got := 0; got < pushers*each; {
 		if !r.pop(&e) {
 			runtime.Gosched()
@@ -82,8 +84,8 @@ func TestEventRingConcurrent(t *testing.T) {
 
 func TestEventRingAllocs(t *testing.T) {
 	r := newEventRing(1024)
-	e := Event{Rule: []byte("r")}
-	var out Event
+	e := event.Event{Rule: []byte("r")}
+	var out event.Event
 	if got := testing.AllocsPerRun(1000, func() {
 		r.push(&e)
 		r.pop(&out)
@@ -94,12 +96,12 @@ func TestEventRingAllocs(t *testing.T) {
 
 func BenchmarkEventRing(b *testing.B) {
 	r := newEventRing(1 << 16)
-	e := Event{Rule: []byte("api")}
+	e := event.Event{Rule: []byte("api")}
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() { // one consumer, as the writer goroutine
 		defer close(done)
-		var out Event
+		var out event.Event
 		for {
 			select {
 			case <-stop:

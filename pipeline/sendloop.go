@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/segmentio/kafka-go"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 )
@@ -100,8 +101,8 @@ func (p *Producer) full() bool {
 }
 
 // add frames e.
-func (p *Producer) add(e *Event) {
-	n := EncodedLen(e)
+func (p *Producer) add(e *event.Event) {
+	n := event.EncodedLen(e)
 	if n == 0 { // unreachable: Emit checked
 		p.m.droppedInvalid.Inc()
 		return
@@ -112,7 +113,7 @@ func (p *Producer) add(e *Event) {
 // drain frames up to max more events, as many as are queued, and returns
 // how many it framed.
 func (p *Producer) drain(max int) int {
-	var e Event
+	var e event.Event
 	for i := range max {
 		if !p.queue.pop(&e) {
 			return i
@@ -228,7 +229,7 @@ func (p *Producer) flush() {
 		p.sendSealed()
 	}
 	n := fr.discard()
-	for e := (Event{}); p.queue.pop(&e); {
+	for e := (event.Event{}); p.queue.pop(&e); {
 		n++
 	}
 	n += p.retry.drain(&p.m)

@@ -3,6 +3,8 @@ package pipeline
 import (
 	"bytes"
 	"testing"
+
+	"github.com/poplimit/poplimit/event"
 )
 
 // TestFramerSignsWithinFrameBytes: with a key, every sealed frame is
@@ -22,8 +24,8 @@ func TestFramerSignsWithinFrameBytes(t *testing.T) {
 		f := newFramer(cfg, 1, key, &m)
 		f.setPartitions(2)
 		for i := range 200 {
-			e := Event{KeyHash: keyOn(i%2, 2, i/2+1), Time: int64(i + 1), Rule: []byte("rule")}
-			f.add(&e, EncodedLen(&e))
+			e := event.Event{KeyHash: keyOn(i%2, 2, i/2+1), Time: int64(i + 1), Rule: []byte("rule")}
+			f.add(&e, event.EncodedLen(&e))
 		}
 		f.sealAll()
 		fullest := 0

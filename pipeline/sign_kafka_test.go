@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event/eventtest"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -34,7 +35,7 @@ func TestSignedEndToEnd(t *testing.T) {
 
 	forged := testEvents(2, 3, 1, 1000)
 	signedP0 := pipeline.SealSignedFrame(t, key, 1, forged) // signed for partition 0, written to 1
-	writeRaw(t, addr, 1, mustEncode(t, forged[0]), mustFrame(t, 2, 2, forged),
+	writeRaw(t, addr, 1, eventtest.Encode(t, forged[0]), mustFrame(t, 2, 2, forged),
 		pipeline.SealSignedFrame(t, testKey(6), 3, forged), signedP0)
 
 	cc := fastConsumerConfig(addr, "events", "judge")

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/event/eventtest"
 	"github.com/poplimit/poplimit/pipeline"
 )
 
@@ -118,8 +120,8 @@ func TestKeyConfig(t *testing.T) {
 //
 //	go test -run '^$' -bench FrameKey ./pipeline/
 func BenchmarkFrameKey(b *testing.B) {
-	e := sampleEvents()["typical"]
-	evs := make([]pipeline.Event, 1024)
+	e := eventtest.Samples()["typical"]
+	evs := make([]event.Event, 1024)
 	for i := range evs {
 		evs[i] = e
 		evs[i].KeyHash = uint64(i)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/segmentio/kafka-go/sasl/plain"
@@ -55,7 +56,7 @@ func TestTLSAndSASL(t *testing.T) {
 	pc.TLS, pc.SASL = cli, plain.Mechanism{Username: "edge", Password: "s3cret"}
 	p, reg := newProducer(t, pc)
 	for i := 0; i < 50; i++ {
-		e := pipeline.Event{Time: time.Now().UnixNano(), KeyHash: uint64(i), Rule: []byte("r"), Cost: 1, Limit: 10, WindowMillis: 1000}
+		e := event.Event{Time: time.Now().UnixNano(), KeyHash: uint64(i), Rule: []byte("r"), Cost: 1, Limit: 10, WindowMillis: 1000}
 		p.Emit(&e)
 	}
 	closeProducer(t, p)
@@ -73,7 +74,7 @@ func TestTLSAndSASL(t *testing.T) {
 	defer cancel()
 	var mu sync.Mutex
 	got := 0
-	go c.Run(ctx, func(b []pipeline.Event) error {
+	go c.Run(ctx, func(b []event.Event) error {
 		mu.Lock()
 		got += len(b)
 		if got >= 50 {
@@ -93,7 +94,7 @@ func TestTLSAndSASL(t *testing.T) {
 	bad := fastProducerConfig(addr, "secure")
 	bad.TLS, bad.SASL = cli, plain.Mechanism{Username: "edge", Password: "wrong"}
 	bp, breg := newProducer(t, bad)
-	e := pipeline.Event{Time: time.Now().UnixNano(), Rule: []byte("r"), Cost: 1, Limit: 10, WindowMillis: 1000}
+	e := event.Event{Time: time.Now().UnixNano(), Rule: []byte("r"), Cost: 1, Limit: 10, WindowMillis: 1000}
 	bp.Emit(&e)
 	cctx, ccancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer ccancel()

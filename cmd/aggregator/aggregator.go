@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/internal/aggstate"
 	"github.com/poplimit/poplimit/judge"
@@ -94,7 +95,7 @@ type config struct {
 	GlobalPublisher string
 
 	// onApply, when set (tests), sees every batch after the judge took it.
-	onApply func([]pipeline.Event)
+	onApply func([]event.Event)
 }
 
 // validate reports every problem with c that start would otherwise find
@@ -311,7 +312,7 @@ func (a *aggregator) consume() {
 // their times by (MaxClockSkew, MaxEventAge). It never fails: the judge
 // copies what it keeps, so the batch may be committed as soon as this
 // returns.
-func (a *aggregator) apply(batch []pipeline.Event) error {
+func (a *aggregator) apply(batch []event.Event) error {
 	now := time.Now().UnixNano()
 	a.judge.Add(now, batch...)
 	if a.tally != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
@@ -145,7 +146,7 @@ func getReport(t testing.TB, a *aggregator, flush bool) judge.Report {
 // every key's events come from both.
 type trace struct {
 	base   int64 // Unix ns, a multiple of 10 s
-	events []pipeline.Event
+	events []event.Event
 }
 
 func newTrace() *trace {
@@ -156,9 +157,9 @@ func newTrace() *trace {
 
 // add appends n decisions of key from fromMs, stepMs apart, alternating
 // between edges 1 and 2.
-func (tr *trace) add(fromMs int64, n int, stepMs int64, key uint64, d pipeline.Decision, mod func(*pipeline.Event)) {
+func (tr *trace) add(fromMs int64, n int, stepMs int64, key uint64, d event.Decision, mod func(*event.Event)) {
 	for i := range n {
-		e := pipeline.Event{
+		e := event.Event{
 			Time: tr.base + (fromMs+int64(i)*stepMs)*int64(time.Millisecond), KeyHash: key,
 			Rule: []byte("api"), Cost: 1, Limit: 10, WindowMillis: 10_000,
 			Edge: uint16(1 + i%2), Decision: d, Estimate: 1,
@@ -175,7 +176,7 @@ func (tr *trace) add(fromMs int64, n int, stepMs int64, key uint64, d pipeline.D
 func (tr *trace) emit(t testing.TB, producers map[uint16]*pipeline.Producer) {
 	t.Helper()
 	evs := slices.Clone(tr.events)
-	slices.SortStableFunc(evs, func(a, b pipeline.Event) int { return int(a.Time - b.Time) })
+	slices.SortStableFunc(evs, func(a, b event.Event) int { return int(a.Time - b.Time) })
 	for i := range evs {
 		if !producers[evs[i].Edge].Emit(&evs[i]) {
 			t.Fatalf("Emit %d: got false, want true", i)
@@ -183,15 +184,15 @@ func (tr *trace) emit(t testing.TB, producers map[uint16]*pipeline.Producer) {
 	}
 }
 
-func loginBlock(e *pipeline.Event) {
-	e.Rule, e.Action, e.Limit = []byte("login"), pipeline.ActionBlock, 5
+func loginBlock(e *event.Event) {
+	e.Rule, e.Action, e.Limit = []byte("login"), event.ActionBlock, 5
 }
-func loginCache(e *pipeline.Event) { loginBlock(e); e.FromBlockCache = true }
+func loginCache(e *event.Event) { loginBlock(e); e.FromBlockCache = true }
 
 // knownTrace is a trace with a known exact answer.
 func knownTrace() (*trace, judge.Tally) {
 	tr := newTrace()
-	A, L := pipeline.Allowed, pipeline.Limited
+	A, L := event.Allowed, event.Limited
 	// api: throttle, 10 per 10 s.
 	tr.add(0, 10, 100, 1, A, nil)      // key 1 just under: 10 admitted...
 	tr.add(1000, 1, 0, 1, L, nil)      // ...and the 11th refused: right
@@ -204,16 +205,16 @@ func knownTrace() (*trace, judge.Tally) {
 	tr.add(0, 4, 100, 5, A, nil)       // key 5: refused at its 5th attempt,
 	tr.add(400, 1, 0, 5, L, nil)       // wrongly limited
 	// login: block, 5 per 10 s.
-	tr.add(0, 5, 100, 6, A, loginBlock)                                    // key 6: 5 admitted,
-	tr.add(500, 1, 0, 6, L, loginBlock)                                    // a block starts (right),
-	tr.add(600, 4, 100, 6, L, loginCache)                                  // the block cache answers (right by definition),
-	tr.add(5000, 1, 0, 6, L, loginCache)                                   // and again,
-	tr.add(5500, 1, 0, 6, A, loginBlock)                                   // the block ends too early: 12 attempts, wrongly allowed
-	tr.add(0, 3, 100, 7, A, loginBlock)                                    // key 7: a block starts on the 4th attempt,
-	tr.add(300, 1, 0, 7, L, loginBlock)                                    // wrongly limited,
-	tr.add(400, 2, 100, 7, L, loginCache)                                  // and its block-cache answers are right
-	tr.add(0, 11, 10, 8, A, func(e *pipeline.Event) { e.Shadow = true })   // shadow: apart
-	tr.add(0, 11, 10, 9, A, func(e *pipeline.Event) { e.Fallback = true }) // fallback: apart
+	tr.add(0, 5, 100, 6, A, loginBlock)                                 // key 6: 5 admitted,
+	tr.add(500, 1, 0, 6, L, loginBlock)                                 // a block starts (right),
+	tr.add(600, 4, 100, 6, L, loginCache)                               // the block cache answers (right by definition),
+	tr.add(5000, 1, 0, 6, L, loginCache)                                // and again,
+	tr.add(5500, 1, 0, 6, A, loginBlock)                                // the block ends too early: 12 attempts, wrongly allowed
+	tr.add(0, 3, 100, 7, A, loginBlock)                                 // key 7: a block starts on the 4th attempt,
+	tr.add(300, 1, 0, 7, L, loginBlock)                                 // wrongly limited,
+	tr.add(400, 2, 100, 7, L, loginCache)                               // and its block-cache answers are right
+	tr.add(0, 11, 10, 8, A, func(e *event.Event) { e.Shadow = true })   // shadow: apart
+	tr.add(0, 11, 10, 9, A, func(e *event.Event) { e.Fallback = true }) // fallback: apart
 	want := judge.Tally{Decisions: 11 + 11 + 20 + 20 + 5 + 12 + 6, WronglyAllowed: 1 + 10 + 1 + 1, WronglyLimited: 2}
 	return tr, want
 }
@@ -298,13 +299,13 @@ func TestKnownAnswer(t *testing.T) {
 // frameOf returns a frame of the one event e, numbered seq, laid out as
 // pipeline/FORMAT.md says (what a Producer writes), so that a test can send
 // one frame twice as a retried write does.
-func frameOf(e *pipeline.Event, seq uint64) ([]byte, error) {
+func frameOf(e *event.Event, seq uint64) ([]byte, error) {
 	b := []byte{0x80 | pipeline.FrameVersion}
 	b = binary.BigEndian.AppendUint16(b, e.Edge)
 	b = binary.BigEndian.AppendUint64(b, seq)
 	b = binary.BigEndian.AppendUint16(b, 1)
-	b = binary.AppendUvarint(b, uint64(pipeline.EncodedLen(e)))
-	return pipeline.AppendEvent(b, e)
+	b = binary.AppendUvarint(b, uint64(event.EncodedLen(e)))
+	return event.Append(b, e)
 }
 
 // TestCopiesJudgedOnce writes every event of the known trace twice, as
@@ -321,7 +322,7 @@ func TestCopiesJudgedOnce(t *testing.T) {
 	a := startAggregator(t, cfg)
 	tr, want := knownTrace()
 	evs := slices.Clone(tr.events)
-	slices.SortStableFunc(evs, func(a, b pipeline.Event) int { return int(a.Time - b.Time) })
+	slices.SortStableFunc(evs, func(a, b event.Event) int { return int(a.Time - b.Time) })
 	w := &kafka.Writer{Addr: kafka.TCP(a.Brokers()...), Topic: topic, Balancer: &kafka.Hash{},
 		BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireOne}
 	defer w.Close()
@@ -333,7 +334,7 @@ func TestCopiesJudgedOnce(t *testing.T) {
 		var v []byte
 		var err error
 		if i%2 == 0 {
-			v, err = pipeline.AppendEvent(nil, e)
+			v, err = event.Append(nil, e)
 			singles++
 		} else {
 			seq[e.Edge]++
@@ -391,16 +392,16 @@ func TestRestartExactlyOnce(t *testing.T) {
 	// 200 keys × 30 decisions from two edges over 30 s of event time.
 	tr := newTrace()
 	for k := range uint64(200) {
-		tr.add(int64(k), 30, 1000, k+1, pipeline.Decision(k%3/2), nil)
+		tr.add(int64(k), 30, 1000, k+1, event.Decision(k%3/2), nil)
 	}
-	slices.SortStableFunc(tr.events, func(a, b pipeline.Event) int { return int(a.Time - b.Time) })
+	slices.SortStableFunc(tr.events, func(a, b event.Event) int { return int(a.Time - b.Time) })
 	n := len(tr.events)
 
 	var mu sync.Mutex
 	seen := map[idOf]int{}
 	var applied [2]int
-	observe := func(i int) func([]pipeline.Event) {
-		return func(batch []pipeline.Event) {
+	observe := func(i int) func([]event.Event) {
+		return func(batch []event.Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, e := range batch {
@@ -415,7 +416,7 @@ func TestRestartExactlyOnce(t *testing.T) {
 	// The stream: both edges emit in time order, 100 events every 40 ms,
 	// once the first aggregator has joined its group and judged the first.
 	producers := map[uint16]*pipeline.Producer{1: newProducer(t, cfg.Brokers), 2: newProducer(t, cfg.Brokers)}
-	emit := func(chunk []pipeline.Event) {
+	emit := func(chunk []event.Event) {
 		for j := range chunk {
 			if !producers[chunk[j].Edge].Emit(&chunk[j]) {
 				t.Errorf("Emit: got false, want true")
@@ -506,7 +507,7 @@ func TestEmbeddedDataDir(t *testing.T) {
 
 	tr := newTrace()
 	for k := range uint64(20) {
-		tr.add(0, 25, 100, k+1, pipeline.Allowed, nil)
+		tr.add(0, 25, 100, k+1, event.Allowed, nil)
 	}
 	half := len(tr.events) / 2
 

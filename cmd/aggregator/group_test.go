@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
@@ -35,15 +36,15 @@ func groupTrace(keys int) (phases [2]*trace, want judge.Tally) {
 			from := int64(ph*30_000 + k) // ms
 			key := uint64(k) * 0x9E3779B97F4A7C15
 			if k%4 == 0 {
-				tr.add(from, 4, 50, key, pipeline.Allowed, nil)
-				tr.add(from+200, 1, 0, key, pipeline.Limited, nil)
-				tr.add(from+250, 6, 50, key, pipeline.Allowed, nil)
+				tr.add(from, 4, 50, key, event.Allowed, nil)
+				tr.add(from+200, 1, 0, key, event.Limited, nil)
+				tr.add(from+250, 6, 50, key, event.Allowed, nil)
 				want.WronglyLimited++
 			} else {
-				tr.add(from, 10, 50, key, pipeline.Allowed, nil)
+				tr.add(from, 10, 50, key, event.Allowed, nil)
 			}
-			tr.add(from+600, 1, 0, key, pipeline.Allowed, nil)
-			tr.add(from+650, 1, 0, key, pipeline.Limited, nil)
+			tr.add(from+600, 1, 0, key, event.Allowed, nil)
+			tr.add(from+650, 1, 0, key, event.Limited, nil)
 			want.WronglyAllowed++
 		}
 		phases[ph] = tr
@@ -157,7 +158,7 @@ func TestRebalanceMidStream(t *testing.T) {
 	cfgOf := func(i int) config {
 		cfg := groupConfig(t, addr, "pair")
 		cfg.Consumer.MaxBatch = 16
-		cfg.onApply = func(b []pipeline.Event) {
+		cfg.onApply = func(b []event.Event) {
 			mu.Lock()
 			for _, e := range b {
 				applied[i][e.KeyHash]++

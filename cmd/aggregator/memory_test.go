@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // heapInUse returns the heap in use after two collections: the live heap,
@@ -52,9 +52,9 @@ func TestMemoryBoundUnderFlood(t *testing.T) {
 	now := time.Now().UnixNano()
 	for pass := range 2 {
 		for k := range keys {
-			e := pipeline.Event{Time: now + int64(pass*keys+k)*int64(time.Microsecond), KeyHash: uint64(k)*0x9E3779B97F4A7C15 + 1,
+			e := event.Event{Time: now + int64(pass*keys+k)*int64(time.Microsecond), KeyHash: uint64(k)*0x9E3779B97F4A7C15 + 1,
 				Rule: []byte("api"), Pop: []byte("pop-a"), Global: true, Cost: 1, Limit: 100, WindowMillis: 60_000,
-				Edge: 1, Decision: pipeline.Allowed, Estimate: 1}
+				Edge: 1, Decision: event.Allowed, Estimate: 1}
 			for !p.Emit(&e) {
 				time.Sleep(time.Millisecond) // the queue is full: the producer is writing
 			}

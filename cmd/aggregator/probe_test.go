@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
@@ -62,11 +63,11 @@ func TestScrapeAfterAlgorithmReload(t *testing.T) {
 	cfg.Judge.AllowedLateness = time.Minute // the trace is emitted at once
 	a := startAggregator(t, cfg)
 	tr := newTrace()
-	tr.add(0, 12, 100, 1, pipeline.Allowed, nil) // sliding_window
-	tr.add(0, 5, 100, 2, pipeline.Allowed, nil)
-	bucket := func(e *pipeline.Event) { e.Algorithm = pipeline.AlgorithmTokenBucket }
-	tr.add(2000, 12, 100, 1, pipeline.Allowed, bucket) // the reloaded rule
-	tr.add(2000, 5, 100, 2, pipeline.Allowed, bucket)
+	tr.add(0, 12, 100, 1, event.Allowed, nil) // sliding_window
+	tr.add(0, 5, 100, 2, event.Allowed, nil)
+	bucket := func(e *event.Event) { e.Algorithm = event.AlgorithmTokenBucket }
+	tr.add(2000, 12, 100, 1, event.Allowed, bucket) // the reloaded rule
+	tr.add(2000, 5, 100, 2, event.Allowed, bucket)
 	p := newProducer(t, a.Brokers())
 	tr.emit(t, map[uint16]*pipeline.Producer{1: p, 2: p})
 	closeProducer(t, p)
@@ -134,20 +135,20 @@ func TestClockBoundsThroughPipeline(t *testing.T) {
 	}
 
 	tr := newTrace()
-	tr.add(0, 9, 100, 1, pipeline.Allowed, nil)
-	tr.add(0, 10, 100, 2, pipeline.Allowed, nil)
-	tr.add(0, 9, 100, 3, pipeline.Allowed, nil)
+	tr.add(0, 9, 100, 1, event.Allowed, nil)
+	tr.add(0, 10, 100, 2, event.Allowed, nil)
+	tr.add(0, 9, 100, 3, event.Allowed, nil)
 	phase("phase 1", tr)
 
 	bad := &trace{base: tr.base}
-	bad.add(3000, 1, 0, 1, pipeline.Allowed, func(e *pipeline.Event) { e.Time += int64(100 * 365 * 24 * time.Hour) })
-	bad.add(3000, 1, 0, 3, pipeline.Allowed, func(e *pipeline.Event) { e.Time -= int64(100 * 365 * 24 * time.Hour) })
+	bad.add(3000, 1, 0, 1, event.Allowed, func(e *event.Event) { e.Time += int64(100 * 365 * 24 * time.Hour) })
+	bad.add(3000, 1, 0, 3, event.Allowed, func(e *event.Event) { e.Time -= int64(100 * 365 * 24 * time.Hour) })
 	phase("the injected events", bad)
 
 	tr2 := &trace{base: tr.base}
-	tr2.add(5000, 2, 100, 1, pipeline.Allowed, nil)
-	tr2.add(5000, 1, 0, 2, pipeline.Limited, nil)
-	tr2.add(5000, 1, 0, 3, pipeline.Allowed, nil)
+	tr2.add(5000, 2, 100, 1, event.Allowed, nil)
+	tr2.add(5000, 1, 0, 2, event.Limited, nil)
+	tr2.add(5000, 1, 0, 3, event.Allowed, nil)
 	phase("phase 2", tr2)
 	closeProducer(t, p)
 

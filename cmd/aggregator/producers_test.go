@@ -11,6 +11,7 @@ import (
 
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -25,8 +26,8 @@ func emitRounds(t *testing.T, edge uint16, rounds int, ps ...*pipeline.Producer)
 	for r := range rounds {
 		for i, p := range ps {
 			for k := range 16 {
-				e := pipeline.Event{Time: now + int64(r*100+i*10+k)*int64(time.Millisecond), KeyHash: uint64(k + 1),
-					Rule: []byte("api"), Cost: 1, Limit: 1000, WindowMillis: 60_000, Edge: edge, Decision: pipeline.Allowed, Estimate: 1}
+				e := event.Event{Time: now + int64(r*100+i*10+k)*int64(time.Millisecond), KeyHash: uint64(k + 1),
+					Rule: []byte("api"), Cost: 1, Limit: 1000, WindowMillis: 60_000, Edge: edge, Decision: event.Allowed, Estimate: 1}
 				if !p.Emit(&e) {
 					t.Fatal("Emit: got false, want true")
 				}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/segmentio/kafka-go"
@@ -21,10 +22,10 @@ import (
 // forgedEvent is a decision of a global rule's key, allowed, as an edge of
 // another PoP would report it: what a writer of the topic forges to make a
 // key look spent everywhere, and its admissions wrongly allowed.
-func forgedEvent(key uint64, i int) pipeline.Event {
-	return pipeline.Event{Time: time.Now().UnixNano() + int64(i), KeyHash: key, Rule: []byte("g"),
+func forgedEvent(key uint64, i int) event.Event {
+	return event.Event{Time: time.Now().UnixNano() + int64(i), KeyHash: key, Rule: []byte("g"),
 		Pop: []byte("pop-b"), Global: true, Cost: 1, Limit: 2, WindowMillis: 60_000, Edge: 9,
-		Decision: pipeline.Allowed, Estimate: 1}
+		Decision: event.Allowed, Estimate: 1}
 }
 
 // TestForgedEventsRefused writes forged decision events straight to the
@@ -70,7 +71,7 @@ func TestForgedEventsRefused(t *testing.T) {
 	var msgs []kafka.Message
 	for i := range 6 {
 		e := forgedEvent(forgedKey, i)
-		b, err := pipeline.AppendEvent(nil, &e)
+		b, err := event.Append(nil, &e)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +119,7 @@ func TestForgedEventsRefused(t *testing.T) {
 
 // signedFrame returns a frame of the one event e, numbered seq, signed with
 // key for partition as pipeline/FORMAT.md lays out a frame of version 2.
-func signedFrame(t testing.TB, key []byte, e *pipeline.Event, seq uint64, partition int) []byte {
+func signedFrame(t testing.TB, key []byte, e *event.Event, seq uint64, partition int) []byte {
 	t.Helper()
 	b, err := frameOf(e, seq)
 	if err != nil {

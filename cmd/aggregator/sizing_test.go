@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/pipeline"
 )
 
 // TestSizingFlood measures BENCHMARKS.md's aggregator figures: the
@@ -44,9 +44,9 @@ func TestSizingFlood(t *testing.T) {
 	began := time.Now()
 	for i := range total {
 		k := i % keys
-		e := pipeline.Event{Time: time.Now().UnixNano(), KeyHash: uint64(k)*0x9E3779B97F4A7C15 + 1,
+		e := event.Event{Time: time.Now().UnixNano(), KeyHash: uint64(k)*0x9E3779B97F4A7C15 + 1,
 			Rule: []byte("api"), Pop: []byte("pop-a"), Global: isGlobal, Cost: 1, Limit: 100, WindowMillis: 60_000,
-			Edge: uint16(1 + k%4), Decision: pipeline.Allowed, Estimate: 1}
+			Edge: uint16(1 + k%4), Decision: event.Allowed, Estimate: 1}
 		for !p.Emit(&e) {
 			time.Sleep(time.Millisecond)
 		}

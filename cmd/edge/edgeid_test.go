@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
 )
@@ -116,7 +117,7 @@ func TestEdgesWithoutIDAreDistinct(t *testing.T) {
 	defer cancel()
 	var mu sync.Mutex
 	edges := map[uint16]int{}
-	go cons.Run(ctx, func(batch []pipeline.Event) error {
+	go cons.Run(ctx, func(batch []event.Event) error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, ev := range batch {

@@ -37,8 +37,8 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/judge"
-	"github.com/poplimit/poplimit/pipeline"
 
 	"github.com/poplimit/poplimit/loadtest"
 )
@@ -422,7 +422,7 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		if j, err = judge.New(jc, nil); err != nil {
 			return err
 		}
-		cfg.OnEvent = func(e *pipeline.Event) { j.Add(e.Time, *e) }
+		cfg.OnEvent = func(e *event.Event) { j.Add(e.Time, *e) }
 	}
 	rep, err := loadtest.Offline(ctx, cfg, tr)
 	if rep == nil {
@@ -476,7 +476,7 @@ func offlinePhases(ctx context.Context, cfg loadtest.OfflineConfig, n int, open 
 		c := cfg
 		phase := longest * time.Duration(k) / time.Duration(n)
 		c.Origin = time.Unix(0, 0).Add(phase)
-		c.OnEvent = func(e *pipeline.Event) { j.Add(e.Time, *e) }
+		c.OnEvent = func(e *event.Event) { j.Add(e.Time, *e) }
 		rep, err := loadtest.Offline(ctx, c, tr)
 		if err != nil {
 			return err

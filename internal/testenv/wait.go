@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/metricsum"
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,7 +44,7 @@ func TopicEvents(t testing.TB, addr, topic string, partitions int) int64 {
 	defer cancel()
 	seen := map[[3]uint64]bool{}
 	var n int64
-	var evs []pipeline.Event
+	var evs []event.Event
 	for p := range partitions {
 		conn, err := kafka.DialLeader(ctx, "tcp", addr, topic, p)
 		if err != nil {

@@ -1,4 +1,4 @@
-package pipeline
+package event
 
 import (
 	"encoding/binary"
@@ -6,8 +6,8 @@ import (
 	"math"
 )
 
-// Version is the event encoding version that AppendEvent writes: the first
-// byte of every event it encodes. DecodeEvent accepts it, VersionV2 and
+// Version is the event encoding version that Append writes: the first
+// byte of every event it encodes. Decode accepts it, VersionV2 and
 // VersionV1.
 const Version = 3
 
@@ -16,7 +16,7 @@ const Version = 3
 const VersionV2 = 2
 
 // VersionV1 is the first event encoding, without the algorithm, burst and
-// delay. DecodeEvent still reads it (as a sliding-window event whose Burst
+// delay. Decode still reads it (as a sliding-window event whose Burst
 // is its Limit); nothing writes it any more.
 const VersionV1 = 1
 
@@ -26,17 +26,17 @@ const MaxRuleLen = 255
 // MaxPopLen is the longest PoP name, in bytes, that an event can carry.
 const MaxPopLen = 32
 
-// MaxEventLen is the longest encoding of one event of any version, in
+// MaxLen is the longest encoding of one event of any version, in
 // bytes: the version 3 head, the longest varints (a delay included), a
 // rule name of MaxRuleLen bytes and a PoP name of MaxPopLen. Version 2
 // events are at most 307 bytes, version 1 events 296.
-const MaxEventLen = 340
+const MaxLen = 340
 
-// The build fails unless MaxEventLen matches the layouts.
+// The build fails unless MaxLen matches the layouts.
 var (
-	_ [0]struct{} = [MaxEventLen - (headLen + 3 + 5*5 + 1 + MaxRuleLen + 1 + MaxPopLen)]struct{}{}
+	_ [0]struct{} = [MaxLen - (headLen + 3 + 5*5 + 1 + MaxRuleLen + 1 + MaxPopLen)]struct{}{}
 	_ [0]struct{} = [maxEventLenV1 - (headLenV1 + 3 + 3*5 + 1 + MaxRuleLen)]struct{}{}
-	_ [MaxEventLen - maxEventLenV1]struct{}
+	_ [MaxLen - maxEventLenV1]struct{}
 )
 
 const (
@@ -72,27 +72,28 @@ const (
 	flagsReservedV1    = 0xff &^ (1<<6 - 1)
 )
 
-// Errors that DecodeEvent, AppendEvent and the frame functions return. They
-// are returned bare (not wrapped) so that decoding allocates nothing even
-// when it fails; check them with errors.Is, since callers may wrap them.
+// Errors that Decode, Append and the frame functions of package pipeline
+// return. They are returned bare (not wrapped) so that decoding allocates
+// nothing even when it fails; check them with errors.Is, since callers may
+// wrap them.
 var (
 	// ErrVersion reports an event or frame whose first byte is not a
 	// version this package reads.
-	ErrVersion = errors.New("pipeline: unknown event version")
+	ErrVersion = errors.New("event: unknown event version")
 	// ErrTruncated reports an input that ends inside an event or frame.
-	ErrTruncated = errors.New("pipeline: truncated event")
+	ErrTruncated = errors.New("event: truncated event")
 	// ErrTrailing reports bytes after a complete event or frame.
-	ErrTrailing = errors.New("pipeline: trailing bytes after event")
+	ErrTrailing = errors.New("event: trailing bytes after event")
 	// ErrRuleTooLong reports a rule name longer than MaxRuleLen bytes, or
 	// a PoP name longer than MaxPopLen.
-	ErrRuleTooLong = errors.New("pipeline: rule name longer than 255 bytes or PoP name longer than 32")
+	ErrRuleTooLong = errors.New("event: rule name longer than 255 bytes or PoP name longer than 32")
 	// ErrMalformed reports a field outside its domain: a reserved flag bit
 	// set, a varint that is not minimally encoded or overflows its field,
 	// an enumeration value (Decision, Mode, Action, Algorithm) that does
 	// not exist, a delay on an event that was not delayed, or, in a frame,
 	// an event count or length out of range or an event of another edge or
 	// version.
-	ErrMalformed = errors.New("pipeline: malformed event")
+	ErrMalformed = errors.New("event: malformed event")
 )
 
 // Event is one rate-limit decision, as an edge emits it and the aggregator
@@ -107,12 +108,12 @@ var (
 type Event struct {
 	Time    int64  // when the edge decided, Unix nanoseconds
 	KeyHash uint64 // 64-bit hash of the rule and the client key, never the key itself
-	// Rule is the rule's name, at most MaxRuleLen bytes. DecodeEvent sets it
+	// Rule is the rule's name, at most MaxRuleLen bytes. Decode sets it
 	// to a sub-slice of its input (no copy): it is valid as long as that
 	// input is and must be copied to be kept longer.
 	Rule []byte
 	// Pop is the name of the PoP whose edge decided, at most MaxPopLen
-	// bytes, empty when the edge has none; it aliases DecodeEvent's input
+	// bytes, empty when the edge has none; it aliases Decode's input
 	// as Rule does. A PoP-scope rule is judged per PoP, a global one across
 	// every PoP.
 	Pop          []byte
@@ -141,15 +142,16 @@ type Event struct {
 	Delayed bool
 	// Global reports a rule of scope global: its limit holds across PoPs.
 	Global bool
-	// Framed is set by Consumer on an event that came in a frame its
-	// frame dedup (DedupFrames) checked: a copy of it can only be a copy
+	// Framed is set by pipeline's Consumer on an event that came in a
+	// frame its frame dedup (DedupFrames) checked: a copy of it can only be a copy
 	// of its frame, which that dedup drops, so a judge need not
-	// fingerprint it. It is not encoded; AppendEvent ignores it.
+	// fingerprint it. It is not encoded; Append ignores it.
 	Framed bool
 }
 
-// check reports why AppendEvent would reject e, or nil.
-func (e *Event) check() error {
+// Check reports why Append would reject e, or nil: ErrRuleTooLong or
+// ErrMalformed.
+func (e *Event) Check() error {
 	if len(e.Rule) > MaxRuleLen || len(e.Pop) > MaxPopLen {
 		return ErrRuleTooLong
 	}
@@ -170,10 +172,10 @@ func uvarintLen(v uint64) int {
 	return n
 }
 
-// EncodedLen is the number of bytes AppendEvent writes for e, or 0 if
-// AppendEvent would reject e.
+// EncodedLen is the number of bytes Append writes for e, or 0 if
+// Append would reject e.
 func EncodedLen(e *Event) int {
-	if e.check() != nil {
+	if e.Check() != nil {
 		return 0
 	}
 	n := headLen + uvarintLen(uint64(e.Edge)) + uvarintLen(uint64(e.Cost)) + uvarintLen(uint64(e.Limit)) +
@@ -184,25 +186,25 @@ func EncodedLen(e *Event) int {
 	return n
 }
 
-// AppendEvent appends the version 3 encoding of e to dst and returns the
+// Append appends the version 3 encoding of e to dst and returns the
 // extended buffer. It allocates only if dst lacks the capacity
-// (EncodedLen(e) or MaxEventLen bytes are always enough). It returns dst
+// (EncodedLen(e) or MaxLen bytes are always enough). It returns dst
 // unchanged with ErrRuleTooLong if e.Rule is longer than MaxRuleLen bytes
 // or e.Pop longer than MaxPopLen,
 // or with ErrMalformed if e.Decision, e.Mode, e.Action or e.Algorithm is not
 // a defined value or e.DelayMicros is set on an event that is not Delayed.
 //
 // The encoding is canonical: one event has exactly one encoding, so
-// AppendEvent(nil, decoded) reproduces the version 3 bytes DecodeEvent
+// Append(nil, decoded) reproduces the version 3 bytes Decode
 // accepted.
-func AppendEvent(dst []byte, e *Event) ([]byte, error) {
-	if err := e.check(); err != nil {
+func Append(dst []byte, e *Event) ([]byte, error) {
+	if err := e.Check(); err != nil {
 		return dst, err
 	}
 	return appendEvent(dst, e), nil
 }
 
-// appendEvent is AppendEvent for an event that check accepted.
+// appendEvent is Append for an event that check accepted.
 func appendEvent(dst []byte, e *Event) []byte {
 	var flags byte
 	if e.Decision == Limited {
@@ -247,7 +249,7 @@ func appendEvent(dst []byte, e *Event) []byte {
 	return append(dst, e.Pop...)
 }
 
-// DecodeEvent decodes exactly one event of version 3, 2 or 1 from b into e.
+// Decode decodes exactly one event of version 3, 2 or 1 from b into e.
 // It allocates nothing; e.Rule and e.Pop alias b (capacity-limited, so
 // appending to them cannot overwrite b). A version 2 event decodes with an
 // empty Pop and Global false, a version 1 event also with Algorithm
@@ -258,8 +260,8 @@ func appendEvent(dst []byte, e *Event) []byte {
 // and ErrMalformed if a field is outside its domain (see ErrMalformed). The
 // version is checked before the length, so a future version is reported as
 // such even when it is shorter than this one. On error e is left unchanged.
-// DecodeEvent never panics, whatever b holds.
-func DecodeEvent(b []byte, e *Event) error {
+// Decode never panics, whatever b holds.
+func Decode(b []byte, e *Event) error {
 	if len(b) == 0 {
 		return ErrTruncated
 	}

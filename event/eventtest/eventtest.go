@@ -1,0 +1,123 @@
+// Package eventtest holds what the tests of events and of their transport
+// share: sample events of every field's extremes, a field-by-field
+// comparison, and the older encodings (versions 1 and 2) that readers still
+// accept but nothing writes any more.
+package eventtest
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"testing"
+
+	"github.com/poplimit/poplimit/event"
+)
+
+// Samples returns events worth round-tripping: zero, extremes of every
+// field, every flag and algorithm alone.
+func Samples() map[string]event.Event {
+	long := bytes.Repeat([]byte("r"), event.MaxRuleLen)
+	longPop := bytes.Repeat([]byte("p"), event.MaxPopLen)
+	return map[string]event.Event{
+		"zero": {},
+		"typical": {
+			Time: 1_700_000_000_123_456_789, Edge: 3, Rule: []byte("api-login"), KeyHash: 0x9e3779b97f4a7c15,
+			Cost: 1, Limit: 100, Burst: 100, WindowMillis: 60_000, Estimate: 79.5,
+			Decision: event.Limited, Mode: event.ModeSync, Action: event.ActionThrottle,
+		},
+		"max": {
+			Time: math.MaxInt64, Edge: math.MaxUint16, Rule: long, Pop: longPop, Global: true, KeyHash: math.MaxUint64,
+			Cost: math.MaxUint32, Limit: math.MaxUint32, WindowMillis: math.MaxUint32, Estimate: math.MaxFloat32,
+			Burst: math.MaxUint32, DelayMicros: math.MaxUint32, Algorithm: event.AlgorithmSlidingLog,
+			Decision: event.Limited, Mode: event.ModeSync, Action: event.ActionBlock,
+			FromBlockCache: true, Shadow: true, Fallback: true, Delayed: true,
+		},
+		"negative time":     {Time: math.MinInt64, Estimate: -1},
+		"limited":           {Decision: event.Limited},
+		"sync":              {Mode: event.ModeSync},
+		"block":             {Action: event.ActionBlock},
+		"from block cache":  {FromBlockCache: true},
+		"shadow":            {Shadow: true},
+		"fallback":          {Fallback: true},
+		"varint edges":      {Edge: 127, Cost: 128, Limit: 16383, WindowMillis: 16384, Burst: 2_097_152},
+		"infinite estimate": {Estimate: float32(math.Inf(1))},
+		"fixed window":      {Algorithm: event.AlgorithmFixedWindow, Limit: 10, Burst: 10},
+		"token bucket":      {Algorithm: event.AlgorithmTokenBucket, Limit: 10, Burst: 50, WindowMillis: 1000},
+		"leaky bucket":      {Algorithm: event.AlgorithmLeakyBucket, Limit: 10, Burst: 5, WindowMillis: 1000},
+		"delayed":           {Algorithm: event.AlgorithmLeakyBucket, Limit: 10, Burst: 5, Delayed: true, DelayMicros: 250_000},
+		"delayed by 0":      {Algorithm: event.AlgorithmLeakyBucket, Delayed: true},
+		"sliding log":       {Algorithm: event.AlgorithmSlidingLog, Limit: 3, Burst: 3},
+		"pop":               {Pop: []byte("fra1"), Rule: []byte("api")},
+		"global":            {Global: true, Pop: []byte("ams2"), Limit: 100, Burst: 100},
+	}
+}
+
+// Equal reports whether a and b are the same event, compared field by
+// field, the estimate by its bits.
+func Equal(a, b *event.Event) bool {
+	return a.Time == b.Time && a.Edge == b.Edge && bytes.Equal(a.Rule, b.Rule) && a.KeyHash == b.KeyHash &&
+		a.Cost == b.Cost && a.Limit == b.Limit && a.WindowMillis == b.WindowMillis &&
+		math.Float32bits(a.Estimate) == math.Float32bits(b.Estimate) &&
+		a.Decision == b.Decision && a.Mode == b.Mode && a.Action == b.Action &&
+		a.FromBlockCache == b.FromBlockCache && a.Shadow == b.Shadow && a.Fallback == b.Fallback &&
+		a.Algorithm == b.Algorithm && a.Burst == b.Burst && a.Delayed == b.Delayed && a.DelayMicros == b.DelayMicros &&
+		bytes.Equal(a.Pop, b.Pop) && a.Global == b.Global
+}
+
+// AppendV1 appends the version 1 encoding of e (the layout before
+// algorithms), as producers before version 2 wrote it; e must be valid
+// for it (no algorithm but sliding_window, no delay, Burst ignored).
+func AppendV1(dst []byte, e *event.Event) []byte {
+	var flags byte
+	for i, set := range []bool{e.Decision == event.Limited, e.Mode == event.ModeSync,
+		e.Action == event.ActionBlock, e.FromBlockCache, e.Shadow, e.Fallback} {
+		if set {
+			flags |= 1 << i
+		}
+	}
+	dst = append(dst, event.VersionV1, flags)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Time))
+	dst = binary.BigEndian.AppendUint64(dst, e.KeyHash)
+	dst = binary.BigEndian.AppendUint32(dst, math.Float32bits(e.Estimate))
+	for _, v := range []uint64{uint64(e.Edge), uint64(e.Cost), uint64(e.Limit), uint64(e.WindowMillis)} {
+		dst = binary.AppendUvarint(dst, v)
+	}
+	dst = append(dst, byte(len(e.Rule)))
+	return append(dst, e.Rule...)
+}
+
+// AsV1 returns e as a version 1 event decodes: sliding window, Burst =
+// Limit, no delay.
+func AsV1(e event.Event) event.Event {
+	e = AsV2(e)
+	e.Algorithm, e.Burst, e.Delayed, e.DelayMicros = event.AlgorithmSlidingWindow, e.Limit, false, 0
+	return e
+}
+
+// AsV2 is e without what version 2 cannot carry: its PoP and scope.
+func AsV2(e event.Event) event.Event {
+	e.Pop, e.Global = nil, false
+	return e
+}
+
+// AppendV2 appends the version 2 encoding of e (the layout before PoPs),
+// as producers before version 3 wrote it: version 3's without the PoP
+// name's length, under version byte 2. e must carry no PoP nor Global.
+func AppendV2(dst []byte, e *event.Event) []byte {
+	b, err := event.Append(nil, e)
+	if err != nil || len(e.Pop) > 0 || e.Global {
+		panic("AppendV2: not a version 2 event")
+	}
+	b[0] = event.VersionV2
+	return append(dst, b[:len(b)-1]...)
+}
+
+// Encode returns the encoding of e, failing t if Append refuses it.
+func Encode(t testing.TB, e event.Event) []byte {
+	t.Helper()
+	b, err := event.Append(nil, &e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
