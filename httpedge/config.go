@@ -125,10 +125,6 @@ type Config struct {
 	// -1 turns it off.
 	MaxConns int // default: edge.Build derives it from the open-file limit (edge.Options.ConnsFor); a Server built otherwise: Concurrency
 
-	// RetryJitter is the most random seconds added to Retry-After, so that
-	// refused clients do not all come back at once.
-	RetryJitter time.Duration // default 2s
-
 	// TLSCert and TLSKey, both set, serve the traffic listener over TLS
 	// (1.2 and 1.3 only, AEAD suites); the pair is reloaded when either
 	// file changes (polled every edge.Options.ReloadPoll, and on SIGHUP) without
@@ -216,9 +212,6 @@ func (c *Config) setDefaults() {
 	if c.MaxConnsPerClient == 0 {
 		c.MaxConnsPerClient = 1024
 	}
-	if c.RetryJitter == 0 {
-		c.RetryJitter = 2 * time.Second
-	}
 }
 
 // Validate reports every invalid field with its name and value.
@@ -252,7 +245,7 @@ func (c Config) Validate() error {
 		bad("CheckPrefix", fmt.Sprintf("%q", c.CheckPrefix), `must start with "/"`)
 	}
 	for name, d := range map[string]time.Duration{"UpstreamTimeout": c.UpstreamTimeout, "ReadTimeout": c.ReadTimeout,
-		"WriteTimeout": c.WriteTimeout, "IdleTimeout": c.IdleTimeout, "RetryJitter": c.RetryJitter} {
+		"WriteTimeout": c.WriteTimeout, "IdleTimeout": c.IdleTimeout} {
 		if d < 0 || d > time.Hour {
 			bad(name, d, "must be between 0 (default) and 1h")
 		}
