@@ -92,7 +92,7 @@ type Options struct {
 	// Brokers receive decision events on Topic (none: no events), the
 	// events of a Sample share of keys.
 	Brokers []string
-	Topic   string  // default "poplimit.decisions"
+	Topic   string  // default pipeline.DefaultTopic ("poplimit.decisions")
 	Sample  float64 // default 1
 	// KafkaTLS and KafkaSASL, when set, secure the connections to Brokers.
 	KafkaTLS  *tls.Config
@@ -208,17 +208,10 @@ func (o Options) withDefaults() Options {
 	if o.Redis.Timeout == 0 {
 		o.Redis.Timeout = o.Limiter.StoreTimeout
 	}
-	if o.Memcache.Hash == "" {
-		o.Memcache.Hash = shardproxy.DefaultHash
-	}
-	if o.Memcache.Protocol == "" {
-		o.Memcache.Protocol = shardproxy.DefaultProtocol
-	}
-	if o.BlockCache.MaxEntries == 0 {
-		o.BlockCache.MaxEntries = blockcache.DefaultMaxEntries
-	}
+	o.Memcache = o.Memcache.WithDefaults() // hash, protocol, pool: shardproxy's
+	o.BlockCache = o.BlockCache.WithDefaults()
 	if o.Topic == "" {
-		o.Topic = "poplimit.decisions"
+		o.Topic = pipeline.DefaultTopic
 	}
 	if o.GlobalTopic == "" {
 		o.GlobalTopic = global.DefaultTopic
