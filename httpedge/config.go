@@ -25,6 +25,11 @@ const (
 	Proxy Mode = "proxy"
 )
 
+// DefaultCheckPrefix is Config.CheckPrefix's default, and the offline
+// simulator's (loadtest.OfflineConfig), which simulates a decision-mode
+// edge.
+const DefaultCheckPrefix = "/check"
+
 // Config configures an edge server. The zero value of each field means the
 // default written beside it; Validate reports what is wrong.
 type Config struct {
@@ -68,7 +73,7 @@ type Config struct {
 
 	// CheckPrefix is stripped from the path of a check in Decision mode,
 	// matching the path_prefix of Envoy's ext_authz http_service.
-	CheckPrefix string // default "/check"
+	CheckPrefix string // default DefaultCheckPrefix
 
 	// TrustedProxies are the networks whose X-Forwarded-For (and
 	// ClientIPHeader) are believed. A request from anywhere else is keyed by
@@ -189,7 +194,7 @@ func (c *Config) setDefaults() {
 		c.UpstreamIdempotencyHeader = "Idempotency-Key"
 	}
 	if c.CheckPrefix == "" {
-		c.CheckPrefix = "/check"
+		c.CheckPrefix = DefaultCheckPrefix
 	}
 	if c.ReadTimeout == 0 {
 		c.ReadTimeout = 10 * time.Second
