@@ -134,12 +134,7 @@ func AppendPolicy(dst []byte, q *Quota) []byte {
 // sf-string (rule names need no escaping) with q (quota) and w (window,
 // whole seconds rounded up).
 func AppendPolicyItem(dst, name []byte, quota uint64, window time.Duration) []byte {
-	dst = append(dst, '"')
-	dst = append(dst, name...)
-	dst = append(dst, `";q=`...)
-	dst = strconv.AppendUint(dst, quota, 10)
-	dst = append(dst, ";w="...)
-	return strconv.AppendInt(dst, Seconds(window), 10)
+	return appendItem(dst, name, ";q=", quota, ";w=", Seconds(window))
 }
 
 // AppendRateLimit appends q's RateLimit field value at now (Unix ns), see
@@ -151,12 +146,20 @@ func AppendRateLimit(dst []byte, q *Quota, now int64) []byte {
 // AppendRateLimitItem appends a RateLimit item: the policy name with r
 // (remaining) and t (whole seconds until the quota resets, rounded up).
 func AppendRateLimitItem(dst, name []byte, remaining uint64, untilReset time.Duration) []byte {
+	return appendItem(dst, name, ";r=", remaining, ";t=", Seconds(untilReset))
+}
+
+// appendItem appends a structured-field list item of the ratelimit
+// headers: the policy name as an sf-string (rule names need no escaping)
+// and two integer parameters, a and b, each with its ";key=".
+func appendItem(dst, name []byte, ka string, a uint64, kb string, b int64) []byte {
 	dst = append(dst, '"')
 	dst = append(dst, name...)
-	dst = append(dst, `";r=`...)
-	dst = strconv.AppendUint(dst, remaining, 10)
-	dst = append(dst, ";t="...)
-	return strconv.AppendInt(dst, Seconds(untilReset), 10)
+	dst = append(dst, '"')
+	dst = append(dst, ka...)
+	dst = strconv.AppendUint(dst, a, 10)
+	dst = append(dst, kb...)
+	return strconv.AppendInt(dst, b, 10)
 }
 
 // RetryAfter returns the Retry-After seconds for a refusal released at
