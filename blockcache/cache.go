@@ -51,6 +51,15 @@ type Config struct {
 	MaxEntries int64
 }
 
+// WithDefaults returns c with every zero field set to its default: the one
+// place they are applied (edge.Options shows them through it).
+func (c Config) WithDefaults() Config {
+	if c.MaxEntries == 0 {
+		c.MaxEntries = DefaultMaxEntries
+	}
+	return c
+}
+
 // Validate reports every problem with c, each naming the field and its bad
 // value, or nil when there is none.
 func (c Config) Validate() error {
@@ -114,10 +123,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Cache, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	maxEntries := cfg.MaxEntries
-	if maxEntries == 0 {
-		maxEntries = DefaultMaxEntries
-	}
+	maxEntries := cfg.WithDefaults().MaxEntries
 	c := &Cache{maxEntries: maxEntries, reg: reg}
 	rc, err := ristretto.NewCache(&ristretto.Config[uint64, int64]{
 		NumCounters:        10 * maxEntries,

@@ -60,6 +60,13 @@ type CoreConfig struct {
 	// while it is cut off from the other PoPs' counts (CoreDeps.Global not
 	// fresh). Default DefaultGlobalShare.
 	GlobalShare float64
+	// Clock is the time every front end over this core reads (Now) for
+	// the requests it asks about, so that one clock reaches them all.
+	Clock window.Clock // default window.SystemClock
+	// RetryJitter is the most random time added to a refusal's
+	// Retry-After (Verdict.Refuse), by every front end alike; negative:
+	// none.
+	RetryJitter time.Duration // default DefaultRetryJitter (2s)
 }
 
 // DefaultGlobalShare is CoreConfig.GlobalShare's default: two PoPs sharing
@@ -144,6 +151,18 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 	if cfg.GlobalShare == 0 {
 		cfg.GlobalShare = DefaultGlobalShare
 	}
+	if cfg.RetryJitter > MaxRetryJitter {
+		return nil, fmt.Errorf("edge: RetryJitter %v: at most %v (negative: none)", cfg.RetryJitter, MaxRetryJitter)
+	}
+	switch {
+	case cfg.RetryJitter == 0:
+		cfg.RetryJitter = DefaultRetryJitter
+	case cfg.RetryJitter < 0:
+		cfg.RetryJitter = 0
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = window.SystemClock
+	}
 	c := &Core{cfg: cfg, deps: deps, lim: deps.Limiter, blocks: deps.Blocks, pop: []byte(cfg.Pop)}
 	c.pool.New = func() any { return &Verdict{key: make([]byte, 0, 256)} }
 	var err error
@@ -199,6 +218,16 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 	}
 	return nil
 }
+
+// Now is the time by the core's clock (CoreConfig.Clock): every front end
+// stamps its requests with it.
+func (c *Core) Now() time.Time { return c.cfg.Clock.Now() }
+
+// RetryJitter is the most random time the core adds to a refusal's
+// Retry-After (CoreConfig.RetryJitter; 0: none), for front ends that
+// render Retry-After from a release time of their own (the rate limit
+// service).
+func (c *Core) RetryJitter() time.Duration { return c.cfg.RetryJitter }
 
 // FailsClosed reports whether some rule in force fails closed.
 func (c *Core) FailsClosed() bool { return c.rules.Load().failHard }
@@ -331,7 +360,7 @@ func (c *Core) reset(d *Verdict, now time.Time) {
 		d.key = make([]byte, 0, 256)
 	}
 	d.Outcome, d.Quota, d.Reason, d.FromBlockCache, d.Fallback, d.nh, d.now = Allowed, Quota{}, "", false, false, 0, now
-	d.Delay = 0
+	d.Delay, d.jitter = 0, c.cfg.RetryJitter
 }
 
 // Finish gives back the concurrency slots d holds and returns d to the

@@ -20,11 +20,14 @@
 // release time.
 //
 // A Verdict carries an Outcome, the Quota of the rule that answers, and
-// renders itself for any transport: Status is its HTTP status, and
-// SetFields, SetRefusal and SetRetryAfter write the RateLimit-Policy,
-// RateLimit, X-RateLimit-* and Retry-After fields
-// (draft-ietf-httpapi-ratelimit-headers) and the RFC 9457 problem body of a
-// refusal onto any FieldSetter. The front end hands the Verdict back with
+// renders itself, once for every front end: Status is its HTTP status,
+// SetFields writes an admitted request's RateLimit-Policy, RateLimit and
+// X-RateLimit-* fields (draft-ietf-httpapi-ratelimit-headers) onto any
+// FieldSetter, and Refuse a refusal's fields (Retry-After too, with the
+// core's RetryJitter) and its status and RFC 9457 problem body.
+// AppendProblem renders the problem body of a request refused before any
+// decision; AppendPolicyItem and AppendRateLimitItem the quota fields of a
+// front end that counts by its own units (the rate limit service). The front end hands the Verdict back with
 // Finish (Done for one it owns) once the request is over: that gives back
 // the concurrency slots it holds.
 //

@@ -42,21 +42,20 @@ func (v *Verdict) SetFields(h FieldSetter) {
 	}
 }
 
-// SetRefusal sets the fields of a refusal on h (the quota fields and
-// Retry-After: the release, plus up to jitter, see RetryAfter) and returns
-// its RFC 9457 problem body, for the front end to send with
-// ContentTypeProblem; the body is the Verdict's and valid until Finish.
-func (v *Verdict) SetRefusal(h FieldSetter, jitter time.Duration) []byte {
+// setRefusal sets the fields of a refusal on h (the quota fields and
+// Retry-After: the release, plus up to the core's jitter, see RetryAfter)
+// and returns its RFC 9457 problem body in v's buffer.
+func (v *Verdict) setRefusal(h FieldSetter) []byte {
 	now := v.now.UnixNano()
-	v.buf = v.Quota.setRefusal(h, now, RetryAfter(v.Quota.ReleaseAt, now, jitter), v.buf)
+	v.buf = v.Quota.setRefusal(h, now, RetryAfter(v.Quota.ReleaseAt, now, v.jitter), v.buf)
 	return v.buf
 }
 
-// SetRetryAfter sets Retry-After on h alone, for a shed request: the
-// release, plus up to jitter.
-func (v *Verdict) SetRetryAfter(h FieldSetter, jitter time.Duration) {
+// setRetryAfter sets Retry-After on h alone, for a shed request: the
+// release, plus up to the core's jitter.
+func (v *Verdict) setRetryAfter(h FieldSetter) {
 	now := v.now.UnixNano()
-	v.buf = strconv.AppendInt(v.buf[:0], RetryAfter(v.Quota.ReleaseAt, now, jitter), 10)
+	v.buf = strconv.AppendInt(v.buf[:0], RetryAfter(v.Quota.ReleaseAt, now, v.jitter), 10)
 	h.SetCanonical(HeaderRetryAfter, v.buf)
 }
 
@@ -76,7 +75,7 @@ func (q *Quota) setFields(h FieldSetter, now int64, buf []byte) []byte {
 	h.SetCanonical(HeaderRateLimit, buf)
 	buf = strconv.AppendUint(buf[:0], q.Remaining, 10)
 	h.SetCanonical(HeaderXRemaining, buf)
-	buf = strconv.AppendInt(buf[:0], ceilSeconds(q.ResetAt), 10)
+	buf = strconv.AppendInt(buf[:0], Seconds(time.Duration(q.ResetAt)), 10)
 	h.SetCanonical(HeaderXReset, buf)
 	return buf
 }
@@ -92,12 +91,13 @@ func (q *Quota) setRefusal(h FieldSetter, now, ra int64, buf []byte) []byte {
 		buf = strconv.AppendInt(buf, ra, 10)
 		return append(buf, '}')
 	}
-	return AppendProblem(buf[:0], q, ra)
+	return AppendQuotaProblem(buf[:0], q, ra)
 }
 
-// Status is the HTTP status that answers v: 200 admitted, 429 limited,
-// 503 shed, 400 denied or undecidable (the request lacks what its rule
-// needs).
+// Status is the HTTP status that answers v, the same from every front
+// end: 200 admitted, 429 limited, 503 shed, 400 denied (the request lacks
+// what its rule needs); undecidable (DecideKey's) 404 when no rule has the
+// name asked for, 422 when the rule cannot be decided by key alone.
 func (v *Verdict) Status() int {
 	switch v.Outcome {
 	case Allowed:
@@ -106,54 +106,76 @@ func (v *Verdict) Status() int {
 		return 429
 	case Shed:
 		return 503
+	case Undecidable:
+		if v.Quota.Rule == nil {
+			return 404
+		}
+		return 422
 	}
 	return 400
 }
 
-// ceilSeconds returns d rounded up to whole seconds, at least 0.
-func ceilSeconds(d int64) int64 {
+// Seconds returns d rounded up to whole seconds, at least 0: the unit of
+// every quota field and of Retry-After.
+func Seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return (d + int64(time.Second) - 1) / int64(time.Second)
+	return int64((d + time.Second - 1) / time.Second)
 }
 
-// AppendPolicy appends q's RateLimit-Policy field value: the policy name
-// as an sf-string with q (quota) and w (window, seconds).
+// AppendPolicy appends q's RateLimit-Policy field value (see
+// AppendPolicyItem).
 func AppendPolicy(dst []byte, q *Quota) []byte {
-	dst = append(dst, '"')
-	dst = append(dst, q.Rule.NameBytes()...)
-	dst = append(dst, `";q=`...)
-	dst = strconv.AppendUint(dst, q.Limit, 10)
-	dst = append(dst, ";w="...)
-	return strconv.AppendInt(dst, ceilSeconds(int64(q.Rule.Window)), 10)
+	return AppendPolicyItem(dst, q.Rule.NameBytes(), q.Limit, q.Rule.Window)
 }
 
-// AppendRateLimit appends q's RateLimit field value at now (Unix ns): the
-// policy name with r (remaining) and t (seconds until the quota resets).
+// AppendPolicyItem appends a RateLimit-Policy item: the policy name as an
+// sf-string (rule names need no escaping) with q (quota) and w (window,
+// whole seconds rounded up).
+func AppendPolicyItem(dst, name []byte, quota uint64, window time.Duration) []byte {
+	return appendItem(dst, name, ";q=", quota, ";w=", Seconds(window))
+}
+
+// AppendRateLimit appends q's RateLimit field value at now (Unix ns), see
+// AppendRateLimitItem.
 func AppendRateLimit(dst []byte, q *Quota, now int64) []byte {
+	return AppendRateLimitItem(dst, q.Rule.NameBytes(), q.Remaining, time.Duration(q.ResetAt-now))
+}
+
+// AppendRateLimitItem appends a RateLimit item: the policy name with r
+// (remaining) and t (whole seconds until the quota resets, rounded up).
+func AppendRateLimitItem(dst, name []byte, remaining uint64, untilReset time.Duration) []byte {
+	return appendItem(dst, name, ";r=", remaining, ";t=", Seconds(untilReset))
+}
+
+// appendItem appends a structured-field list item of the ratelimit
+// headers: the policy name as an sf-string (rule names need no escaping)
+// and two integer parameters, a and b, each with its ";key=".
+func appendItem(dst, name []byte, ka string, a uint64, kb string, b int64) []byte {
 	dst = append(dst, '"')
-	dst = append(dst, q.Rule.NameBytes()...)
-	dst = append(dst, `";r=`...)
-	dst = strconv.AppendUint(dst, q.Remaining, 10)
-	dst = append(dst, ";t="...)
-	return strconv.AppendInt(dst, ceilSeconds(q.ResetAt-now), 10)
+	dst = append(dst, name...)
+	dst = append(dst, '"')
+	dst = append(dst, ka...)
+	dst = strconv.AppendUint(dst, a, 10)
+	dst = append(dst, kb...)
+	return strconv.AppendInt(dst, b, 10)
 }
 
 // RetryAfter returns the Retry-After seconds for a refusal released at
 // releaseAt (Unix ns): never before the release, plus up to jitter so
 // refused clients spread their retries.
 func RetryAfter(releaseAt, now int64, jitter time.Duration) int64 {
-	s := ceilSeconds(releaseAt - now)
+	s := Seconds(time.Duration(releaseAt - now))
 	if j := int64(jitter / time.Second); j > 0 {
 		s += rand.Int64N(j + 1)
 	}
 	return max(s, 1)
 }
 
-// AppendProblem appends the RFC 9457 problem body of a refusal by q's rule
-// whose Retry-After is ra seconds.
-func AppendProblem(dst []byte, q *Quota, ra int64) []byte {
+// AppendQuotaProblem appends the RFC 9457 problem body of a refusal by
+// q's rule whose Retry-After is ra seconds.
+func AppendQuotaProblem(dst []byte, q *Quota, ra int64) []byte {
 	dst = appendProblemHead(dst, q)
 	dst = strconv.AppendInt(dst, ra, 10)
 	return append(dst, '}')
@@ -167,7 +189,7 @@ func appendProblemHead(dst []byte, q *Quota) []byte {
 	dst = append(dst, ` exceeded: at most `...)
 	dst = strconv.AppendUint(dst, q.Limit, 10)
 	dst = append(dst, ` per `...)
-	dst = strconv.AppendInt(dst, ceilSeconds(int64(q.Rule.Window)), 10)
+	dst = strconv.AppendInt(dst, Seconds(q.Rule.Window), 10)
 	dst = append(dst, ` s","policy":"`...)
 	dst = append(dst, q.Rule.NameBytes()...) // rule names are [A-Za-z0-9-_.:/]: no escaping needed
 	dst = append(dst, `","limit":`...)

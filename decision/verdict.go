@@ -112,12 +112,13 @@ type Verdict struct {
 	// admitted request before the core answered.
 	Delay time.Duration
 
-	key  []byte
-	ev   event.Event
-	held [maxHeld]heldSlot
-	nh   int
-	now  time.Time
-	buf  []byte // rendering room, kept with the pooled Verdict
+	key    []byte
+	ev     event.Event
+	held   [maxHeld]heldSlot
+	nh     int
+	now    time.Time
+	jitter time.Duration // the core's RetryJitter; 0: none
+	buf    []byte        // rendering room, kept with the pooled Verdict
 }
 
 // Key returns the key material of the answering rule's key (valid until

@@ -92,7 +92,7 @@ type Options struct {
 	// Brokers receive decision events on Topic (none: no events), the
 	// events of a Sample share of keys.
 	Brokers []string
-	Topic   string  // default "poplimit.decisions"
+	Topic   string  // default pipeline.DefaultTopic ("poplimit.decisions")
 	Sample  float64 // default 1
 	// KafkaTLS and KafkaSASL, when set, secure the connections to Brokers.
 	KafkaTLS  *tls.Config
@@ -146,6 +146,15 @@ type Options struct {
 	// ClockSkew is added to the edge's clock: a test hook (the fault
 	// suite's skewed edges), refused beyond ±MaxClockSkew.
 	ClockSkew time.Duration
+	// Clock is the edge's time: the core, the limiter's flushes, the
+	// slots' renewals and every front end (the fasthttp server, the
+	// decision endpoint, the rate limit service, the middleware) read it,
+	// so a test can step time for all of them. ClockSkew is added to it.
+	Clock window.Clock // default window.SystemClock
+	// RetryJitter is the most random time added to every refusal's
+	// Retry-After, by every front end, so that refused clients do not all
+	// come back at once; negative: none.
+	RetryJitter time.Duration // default decision.DefaultRetryJitter (2s)
 	// KafkaDial, when set, opens the connections to Brokers, for the
 	// producer and the feed of the other PoPs' counts: a test hook (the
 	// fault suite cuts a PoP off from Kafka).
@@ -155,6 +164,27 @@ type Options struct {
 // MaxClockSkew bounds Options.ClockSkew: a test hook must not be able to
 // move an edge's windows far.
 const MaxClockSkew = time.Minute
+
+// clock is the edge's time, Clock plus ClockSkew: what its core, limiter,
+// slots and front ends read.
+func (o *Options) clock() window.Clock {
+	c := o.Clock
+	if c == nil {
+		c = window.SystemClock
+	}
+	if o.ClockSkew == 0 {
+		return c
+	}
+	return skewedClock{c, o.ClockSkew}
+}
+
+// skewedClock is a clock d ahead of another (behind, for d < 0).
+type skewedClock struct {
+	c window.Clock
+	d time.Duration
+}
+
+func (s skewedClock) Now() time.Time { return s.c.Now().Add(s.d) }
 
 // Registry is where an edge registers its metrics and whence /metrics
 // gathers them (a *prometheus.Registry).
@@ -189,17 +219,10 @@ func (o Options) withDefaults() Options {
 	if o.Redis.Timeout == 0 {
 		o.Redis.Timeout = o.Limiter.StoreTimeout
 	}
-	if o.Memcache.Hash == "" {
-		o.Memcache.Hash = shardproxy.DefaultHash
-	}
-	if o.Memcache.Protocol == "" {
-		o.Memcache.Protocol = shardproxy.DefaultProtocol
-	}
-	if o.BlockCache.MaxEntries == 0 {
-		o.BlockCache.MaxEntries = blockcache.DefaultMaxEntries
-	}
+	o.Memcache = o.Memcache.WithDefaults() // hash, protocol, pool: shardproxy's
+	o.BlockCache = o.BlockCache.WithDefaults()
 	if o.Topic == "" {
-		o.Topic = "poplimit.decisions"
+		o.Topic = pipeline.DefaultTopic
 	}
 	if o.GlobalTopic == "" {
 		o.GlobalTopic = global.DefaultTopic
@@ -221,6 +244,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Clock == nil {
+		o.Clock = window.SystemClock
+	}
+	if o.RetryJitter == 0 {
+		o.RetryJitter = decision.DefaultRetryJitter
 	}
 	if o.ReloadPoll == 0 {
 		o.ReloadPoll = 2 * time.Second
@@ -366,7 +395,7 @@ func Build(o Options) (e *Edge, err error) {
 	}
 	e.closers = append(e.closers, st.Close) // a last flush
 	e.Limiter, e.Slots, e.Core = st.Limiter, st.Slots, st.Core
-	if e.Server, err = httpedge.NewServer(o.Server, e.Core, httpedge.Deps{Logger: o.Logger, Registerer: reg, ClockSkew: o.ClockSkew}); err != nil {
+	if e.Server, err = httpedge.NewServer(o.Server, e.Core, httpedge.Deps{Logger: o.Logger, Registerer: reg}); err != nil {
 		return e, err
 	}
 	if e.adminRefused, err = newAdminMetrics(reg); err != nil {

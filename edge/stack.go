@@ -41,7 +41,8 @@ type StackDeps struct {
 	// Clock, when set, is a simulated clock: nothing runs by itself, and
 	// the caller calls Step (see Stack). The loops then tick at Phase past
 	// each multiple of their interval, so that the edges of a simulated
-	// PoP need not flush in step.
+	// PoP need not flush in step. Unset, the stack reads Options.Clock
+	// (plus ClockSkew) and its loops run by themselves.
 	Clock window.Clock
 	Phase time.Duration
 	// Observe and Wait are the core's hooks (decision.CoreConfig).
@@ -59,8 +60,12 @@ func NewStack(o Options, rs *rules.Rules, d StackDeps) (*Stack, error) {
 		return nil, errors.New("edge: NewStack: a Store and a BlockCache are required")
 	}
 	o = o.withDefaults()
+	clock := d.Clock
+	if clock == nil {
+		clock = o.clock()
+	}
 	lc := o.Limiter
-	lc.Registerer, lc.Clock = d.Registerer, d.Clock
+	lc.Registerer, lc.Clock = d.Registerer, clock
 	lim, err := window.New(lc, d.Store)
 	if err != nil {
 		return nil, err
@@ -68,7 +73,8 @@ func NewStack(o Options, rs *rules.Rules, d StackDeps) (*Stack, error) {
 	s := &Stack{Limiter: lim, Slots: window.NewSlots(o.Slots, d.Store), stepped: d.Clock != nil,
 		flushEvery: int64(lim.Config().FlushInterval), renewEvery: int64(o.Slots.RenewInterval), phase: int64(d.Phase)}
 	s.Core, err = decision.NewCore(decision.CoreConfig{EdgeID: o.EdgeID, Upstream: o.Server.Mode == httpedge.Proxy,
-		Observe: d.Observe, Wait: d.Wait, Pop: o.Pop, GlobalShare: o.GlobalShare}, rs,
+		Observe: d.Observe, Wait: d.Wait, Pop: o.Pop, GlobalShare: o.GlobalShare,
+		Clock: clock, RetryJitter: o.RetryJitter}, rs,
 		decision.CoreDeps{Limiter: lim, Blocks: d.Blocks, Slots: s.Slots, Events: d.Events, Registerer: d.Registerer, Global: d.Global})
 	if err != nil {
 		s.Close(context.Background())
@@ -76,7 +82,7 @@ func NewStack(o Options, rs *rules.Rules, d StackDeps) (*Stack, error) {
 	}
 	if !s.stepped {
 		lim.Start()
-		s.Slots.Start(0, nil)
+		s.Slots.Start(0, clock)
 	}
 	return s, nil
 }

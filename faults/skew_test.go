@@ -14,7 +14,7 @@ import (
 )
 
 // TestClockSkew measures how accuracy degrades when one of two edges has a
-// clock ahead of the other's (httpedge.Deps.ClockSkew, cmd/edge -clock-skew) by
+// clock ahead of the other's (edge.Options.ClockSkew, cmd/edge -clock-skew) by
 // 0 (the reference), 10, 100 and 1000 ms. Each skew gets its own pair of
 // edges over the same two memcached shards and its own copy of one trace
 // (Zipf clients, a steady abuser at twice the limit and one at 1.5 times

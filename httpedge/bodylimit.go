@@ -72,6 +72,5 @@ func (s *Server) readRefusal(ctx *fasthttp.RequestCtx, err error) {
 // MaxDecisionBody, and counts it.
 func (s *Server) bodyTooLarge(ctx *fasthttp.RequestCtx) {
 	s.rm.bodyTooLarge.Inc()
-	writeProblem(ctx, fasthttp.StatusRequestEntityTooLarge, "Content Too Large",
-		"the request body is larger than "+strconv.Itoa(s.cfg.MaxDecisionBody)+" bytes, the most a decision reads")
+	writeProblem(ctx, fasthttp.StatusRequestEntityTooLarge, "the request body is larger than "+strconv.Itoa(s.cfg.MaxDecisionBody)+" bytes, the most a decision reads")
 }

@@ -25,6 +25,11 @@ const (
 	Proxy Mode = "proxy"
 )
 
+// DefaultCheckPrefix is Config.CheckPrefix's default, and the offline
+// simulator's (loadtest.OfflineConfig), which simulates a decision-mode
+// edge.
+const DefaultCheckPrefix = "/check"
+
 // Config configures an edge server. The zero value of each field means the
 // default written beside it; Validate reports what is wrong.
 type Config struct {
@@ -68,7 +73,7 @@ type Config struct {
 
 	// CheckPrefix is stripped from the path of a check in Decision mode,
 	// matching the path_prefix of Envoy's ext_authz http_service.
-	CheckPrefix string // default "/check"
+	CheckPrefix string // default DefaultCheckPrefix
 
 	// TrustedProxies are the networks whose X-Forwarded-For (and
 	// ClientIPHeader) are believed. A request from anywhere else is keyed by
@@ -124,10 +129,6 @@ type Config struct {
 	// connection is answered 503 and closed. It is at most Concurrency;
 	// -1 turns it off.
 	MaxConns int // default: edge.Build derives it from the open-file limit (edge.Options.ConnsFor); a Server built otherwise: Concurrency
-
-	// RetryJitter is the most random seconds added to Retry-After, so that
-	// refused clients do not all come back at once.
-	RetryJitter time.Duration // default 2s
 
 	// TLSCert and TLSKey, both set, serve the traffic listener over TLS
 	// (1.2 and 1.3 only, AEAD suites); the pair is reloaded when either
@@ -193,7 +194,7 @@ func (c *Config) setDefaults() {
 		c.UpstreamIdempotencyHeader = "Idempotency-Key"
 	}
 	if c.CheckPrefix == "" {
-		c.CheckPrefix = "/check"
+		c.CheckPrefix = DefaultCheckPrefix
 	}
 	if c.ReadTimeout == 0 {
 		c.ReadTimeout = 10 * time.Second
@@ -215,9 +216,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxConnsPerClient == 0 {
 		c.MaxConnsPerClient = 1024
-	}
-	if c.RetryJitter == 0 {
-		c.RetryJitter = 2 * time.Second
 	}
 }
 
@@ -252,7 +250,7 @@ func (c Config) Validate() error {
 		bad("CheckPrefix", fmt.Sprintf("%q", c.CheckPrefix), `must start with "/"`)
 	}
 	for name, d := range map[string]time.Duration{"UpstreamTimeout": c.UpstreamTimeout, "ReadTimeout": c.ReadTimeout,
-		"WriteTimeout": c.WriteTimeout, "IdleTimeout": c.IdleTimeout, "RetryJitter": c.RetryJitter} {
+		"WriteTimeout": c.WriteTimeout, "IdleTimeout": c.IdleTimeout} {
 		if d < 0 || d > time.Hour {
 			bad(name, d, "must be between 0 (default) and 1h")
 		}

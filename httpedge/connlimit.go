@@ -205,18 +205,20 @@ func (l *connLimiter) release(key netip.Addr) {
 // was made.
 func (l *connLimiter) wrap(ln net.Listener, answer bool) net.Listener {
 	return &limitedListener{Listener: ln, l: l, answer: answer,
-		refusalClient: refusal(429, "Too Many Requests", "1", "this client holds "+strconv.Itoa(l.max)+
+		refusalClient: refusal(429, "1", "this client holds "+strconv.Itoa(l.max)+
 			" connections to the edge already, the most it may; reuse them"),
-		refusalPressure: refusal(429, "Too Many Requests", "1", "the edge is short of connections and this client "+
+		refusalPressure: refusal(429, "1", "the edge is short of connections and this client "+
 			"holds as many as it may now; reuse them"),
-		refusalTotal: refusal(503, "Service Unavailable", "1", "the edge holds as many connections as it can; retry later")}
+		refusalTotal: refusal(503, "1", "the edge holds as many connections as it can; retry later")}
 }
 
-// refusal is the plain-HTTP answer to a refused connection.
-func refusal(status int, title, retryAfter, detail string) []byte {
-	body := `{"type":"about:blank","title":"` + title + `","status":` + strconv.Itoa(status) + `,"detail":"` + detail + `"}`
-	return []byte("HTTP/1.1 " + strconv.Itoa(status) + " " + title + "\r\nContent-Type: " + decision.ContentTypeProblem +
-		"\r\nRetry-After: " + retryAfter + "\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+// refusal is the plain-HTTP answer to a refused connection, rendered once
+// per listener: the core's problem body (decision.AppendProblem) under a
+// status line of its own.
+func refusal(status int, retryAfter, detail string) []byte {
+	body := decision.AppendProblem(nil, status, detail)
+	return append([]byte("HTTP/1.1 "+strconv.Itoa(status)+" "+decision.StatusTitle(status)+"\r\nContent-Type: "+decision.ContentTypeProblem+
+		"\r\nRetry-After: "+retryAfter+"\r\nConnection: close\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"), body...)
 }
 
 type limitedListener struct {

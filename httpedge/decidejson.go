@@ -203,7 +203,7 @@ func hex4(b []byte) rune {
 func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsPost() {
 		ctx.Response.Header.Set(fasthttp.HeaderAllow, "POST")
-		writeProblem(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed", "use POST")
+		writeProblem(ctx, fasthttp.StatusMethodNotAllowed, "use POST")
 		return
 	}
 	in := ctx.PostBody()
@@ -213,11 +213,11 @@ func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 	}
 	var req DecideRequest
 	if detail := parseDecide(in, &req); detail != "" {
-		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", detail)
+		writeProblem(ctx, fasthttp.StatusBadRequest, detail)
 		return
 	}
 	if req.Key == "" || len(req.Key) > maxJSONKey {
-		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "key must be 1 to 4096 bytes")
+		writeProblem(ctx, fasthttp.StatusBadRequest, "key must be 1 to 4096 bytes")
 		return
 	}
 	now := s.now()
@@ -232,16 +232,8 @@ func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 	}
 	d := s.core.DecideKey(g, now, index, unsafeBytes(req.Key), cost, 0)
 	defer s.core.Finish(d)
-	switch d.Outcome {
-	case decision.Undecidable:
-		status, title := fasthttp.StatusUnprocessableEntity, "Unprocessable Entity"
-		if d.Quota.Rule == nil {
-			status, title = fasthttp.StatusNotFound, "Not Found"
-		}
-		writeProblem(ctx, status, title, d.Reason)
-		return
-	case decision.Denied:
-		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", d.Reason)
+	if d.Outcome == decision.Undecidable || d.Outcome == decision.Denied {
+		writeRefusal(ctx, d) // 404, 422 or 400 with the core's problem body
 		return
 	}
 	q := &d.Quota
@@ -250,8 +242,10 @@ func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 		FallbackUsed: d.Fallback}
 	if d.Outcome == decision.Limited {
 		resp.RetryMillis = max(0, (q.ReleaseAt-t+int64(time.Millisecond)-1)/int64(time.Millisecond))
-		d.SetFields(&ctx.Response.Header)
-		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+		// The fields and Retry-After of the proxy's refusal; the body is
+		// this endpoint's own.
+		status, _ := d.Refuse(&ctx.Response.Header)
+		ctx.SetStatusCode(status)
 	}
 	body, _ := json.Marshal(resp)
 	ctx.SetContentType("application/json")

@@ -77,7 +77,7 @@ func (s *Server) refusesPath(ctx *fasthttp.RequestCtx, checking bool) bool {
 		return false
 	}
 	s.core.RefusedPath()
-	writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", ambiguousPathDetail)
+	writeProblem(ctx, fasthttp.StatusBadRequest, ambiguousPathDetail)
 	return true
 }
 

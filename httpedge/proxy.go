@@ -179,7 +179,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx) {
 	defer proxyScratchPool.Put(ps)
 	req := &ctx.Request
 	if !s.rewriteRequest(ctx, ps) {
-		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "the request's Connection field names too many fields")
+		writeProblem(ctx, fasthttp.StatusBadRequest, "the request's Connection field names too many fields")
 		return
 	}
 	if ctx.IsTLS() {
@@ -192,7 +192,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx) {
 		if n := req.Header.ContentLength(); n >= 0 && n <= bufferedBody {
 			ps.body = slices.Grow(ps.body[:0], n)[:n]
 			if _, err := io.ReadFull(req.BodyStream(), ps.body); err != nil {
-				writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "the request body ended before its Content-Length")
+				writeProblem(ctx, fasthttp.StatusBadRequest, "the request body ended before its Content-Length")
 				return
 			}
 			req.SetBody(ps.body)
@@ -233,7 +233,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx) {
 		if !rewriteResponse(&ctx.Response, ps) {
 			ctx.Response.Reset()
 			s.m.upstreamError.Inc()
-			writeProblem(ctx, fasthttp.StatusBadGateway, "Bad Gateway", "the upstream's Connection field names too many fields")
+			writeProblem(ctx, fasthttp.StatusBadGateway, "the upstream's Connection field names too many fields")
 		}
 		return
 	}
@@ -241,13 +241,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx) {
 	switch {
 	case ps.stream.err != nil:
 		ctx.SetConnectionClose()
-		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "the request body is malformed or ended early")
+		writeProblem(ctx, fasthttp.StatusBadRequest, "the request body is malformed or ended early")
 	case isTimeout(err):
 		s.m.upstreamTimeout.Inc()
-		writeProblem(ctx, fasthttp.StatusGatewayTimeout, "Gateway Timeout", "the upstream did not answer in time")
+		writeProblem(ctx, fasthttp.StatusGatewayTimeout, "the upstream did not answer in time")
 	default:
 		s.m.upstreamError.Inc()
-		writeProblem(ctx, fasthttp.StatusBadGateway, "Bad Gateway", "the upstream could not be reached")
+		writeProblem(ctx, fasthttp.StatusBadGateway, "the upstream could not be reached")
 	}
 }
 

@@ -113,7 +113,7 @@ func (s *Server) checkFraming(ctx *fasthttp.RequestCtx) bool {
 	}
 	s.upstream.framing[r].Inc()
 	ctx.SetConnectionClose()
-	writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", framingDetails[r])
+	writeProblem(ctx, fasthttp.StatusBadRequest, framingDetails[r])
 	return false
 }
 

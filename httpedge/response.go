@@ -1,27 +1,28 @@
 package httpedge
 
 import (
-	"strconv"
-	"time"
-
 	"github.com/valyala/fasthttp"
 
 	"github.com/poplimit/poplimit/decision"
 )
 
-// writeRefusal writes v's refusal: 429 with Retry-After (up to jitter
-// late), the quota fields and an RFC 9457 problem body naming the policy.
-func writeRefusal(ctx *fasthttp.RequestCtx, v *decision.Verdict, jitter time.Duration) {
-	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
-	body := v.SetRefusal(&ctx.Response.Header, jitter)
+// writeRefusal answers a verdict that is not Allowed as the core renders
+// it for every front end (decision.Verdict.Refuse): its status, fields and
+// RFC 9457 problem body.
+func writeRefusal(ctx *fasthttp.RequestCtx, v *decision.Verdict) {
+	status, body := v.Refuse(&ctx.Response.Header)
+	ctx.SetStatusCode(status)
 	ctx.Response.Header.SetContentType(decision.ContentTypeProblem)
 	ctx.Response.SetBody(body)
 }
 
-// writeProblem writes a problem+json response for a request the edge will
-// not decide (no key, bad cost); detail must need no JSON escaping.
-func writeProblem(ctx *fasthttp.RequestCtx, status int, title, detail string) {
+// writeProblem answers a request the edge refuses before any decision (a
+// bad path, framing or method, no token) with the core's problem body
+// (decision.AppendProblem). It does not allocate for a detail of a few
+// hundred bytes.
+func writeProblem(ctx *fasthttp.RequestCtx, status int, detail string) {
+	var room [512]byte
 	ctx.SetStatusCode(status)
 	ctx.Response.Header.SetContentType(decision.ContentTypeProblem)
-	ctx.Response.SetBodyString(`{"type":"about:blank","title":"` + title + `","status":` + strconv.Itoa(status) + `,"detail":"` + detail + `"}`)
+	ctx.Response.SetBody(decision.AppendProblem(room[:0], status, detail))
 }

@@ -24,8 +24,6 @@ import (
 type Deps struct {
 	Logger     *slog.Logger          // default slog.Default()
 	Registerer prometheus.Registerer // nil: no metrics registered
-	// ClockSkew is added to the wall clock, to test what skewed edges do.
-	ClockSkew time.Duration
 }
 
 // Server is the fasthttp front end of an edge: it turns each request into
@@ -200,20 +198,15 @@ func (s *Server) recover(ctx *fasthttp.RequestCtx) {
 		s.m.panics.Inc()
 		s.log.Error("edge: handler panic", "panic", p)
 		ctx.Response.Reset()
-		writeProblem(ctx, fasthttp.StatusInternalServerError, "Internal Server Error", "the rate limiter failed on this request")
+		writeProblem(ctx, fasthttp.StatusInternalServerError, "the rate limiter failed on this request")
 	}
 }
 
 // decidePath is the JSON decision endpoint in decision mode.
 const decidePath = "/_poplimit/decide"
 
-func (s *Server) now() time.Time {
-	t := time.Now()
-	if s.deps.ClockSkew != 0 {
-		t = t.Add(s.deps.ClockSkew)
-	}
-	return t
-}
+// now is the time by the core's clock, the one every front end reads.
+func (s *Server) now() time.Time { return s.core.Now() }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) { s.serve(ctx, nil) }
 
@@ -244,7 +237,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 		if string(path) == decidePath && s.cfg.DecideToken != "" {
 			if !s.authorized(ctx) {
 				ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="poplimit decide"`)
-				writeProblem(ctx, fasthttp.StatusUnauthorized, "Unauthorized", "the decision endpoint needs its bearer token")
+				writeProblem(ctx, fasthttp.StatusUnauthorized, "the decision endpoint needs its bearer token")
 				return
 			}
 			s.handleDecideJSON(ctx)
@@ -265,7 +258,7 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 		// forward_auth) says the real method in a header.
 		if m := ctx.Request.Header.Peek(s.cfg.ForwardedMethodHeader); len(m) > 0 {
 			if !isMethod(m) {
-				writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", "the forwarded method is not an HTTP method")
+				writeProblem(ctx, fasthttp.StatusBadRequest, "the forwarded method is not an HTTP method")
 				return
 			}
 			req.Method = m
@@ -273,16 +266,8 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	}
 	d := s.core.Decide(&req)
 	defer s.core.Finish(d)
-	switch d.Outcome {
-	case decision.Limited:
-		writeRefusal(ctx, d, s.cfg.RetryJitter)
-		return
-	case decision.Shed:
-		d.SetRetryAfter(&ctx.Response.Header, s.cfg.RetryJitter)
-		writeProblem(ctx, fasthttp.StatusServiceUnavailable, "Service Unavailable", "the service is overloaded and sheds this class of request; retry later")
-		return
-	case decision.Denied, decision.Undecidable:
-		writeProblem(ctx, fasthttp.StatusBadRequest, "Bad Request", d.Reason)
+	if d.Outcome != decision.Allowed {
+		writeRefusal(ctx, d) // status, fields and body as the core renders them
 		return
 	}
 	switch {

@@ -24,7 +24,12 @@ import (
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/metricsum"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/window"
 )
+
+// DefaultTrackedKeys is OfflineConfig.MaxKeys's default: the limited keys
+// tracked per rule for the report.
+const DefaultTrackedKeys = 100_000
 
 // OfflineConfig configures Offline. The zero value of each field means the
 // default written beside it; Rules is required.
@@ -37,17 +42,20 @@ type OfflineConfig struct {
 	// ReplayConfig.Align.
 	Origin time.Time
 	// FlushInterval is the simulated limiter's flush interval, driven in
-	// trace time. Default 5ms, the edge's.
+	// trace time. Default the edge's (window.Config's, 5ms).
 	FlushInterval time.Duration
 	// TopKeys is how many of each rule's most limited keys are reported.
 	// Default 10.
 	TopKeys int
-	// MaxKeys bounds the limited keys tracked per rule. Past it, the less
-	// limited half is forgotten and the rule's report is marked
-	// Approximate. Default 100,000.
+	// MaxKeys bounds the limited keys tracked per rule for the report
+	// (cmd/loadtest's -tracked-keys; not the edges' -max-keys, the keys
+	// their limiters keep a view of). Past it, the less limited half is
+	// forgotten and the rule's report is marked Approximate. Default
+	// DefaultTrackedKeys.
 	MaxKeys int
 	// CheckPrefix is stripped from paths before matching, as an edge in
-	// decision mode does with its -check-prefix. Default none.
+	// decision mode does with its -check-prefix. Default the edge's,
+	// httpedge.DefaultCheckPrefix.
 	CheckPrefix string
 	// OnDecision, when not nil, is called with each request's decision, in
 	// trace order, on Offline's goroutine.
@@ -211,13 +219,16 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 		return nil, fmt.Errorf("loadtest: offline: FlushInterval %v, TopKeys %d, MaxKeys %d: none may be negative", cfg.FlushInterval, cfg.TopKeys, cfg.MaxKeys)
 	}
 	if cfg.FlushInterval == 0 {
-		cfg.FlushInterval = 5 * time.Millisecond
+		cfg.FlushInterval = window.Config{}.WithDefaults().FlushInterval // the edge's
+	}
+	if cfg.CheckPrefix == "" {
+		cfg.CheckPrefix = httpedge.DefaultCheckPrefix
 	}
 	if cfg.TopKeys == 0 {
 		cfg.TopKeys = 10
 	}
 	if cfg.MaxKeys == 0 {
-		cfg.MaxKeys = 100_000
+		cfg.MaxKeys = DefaultTrackedKeys
 	}
 	if cfg.Edges == 0 {
 		cfg.Edges = 1

@@ -27,10 +27,8 @@ import (
 	"net/netip"
 	"net/textproto"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
@@ -49,7 +47,7 @@ func FastHTTP(e *edge.Edge, next fasthttp.RequestHandler) fasthttp.RequestHandle
 // before the wrapped handler sees it.
 func NetHTTP(e *edge.Edge) func(http.Handler) http.Handler {
 	o := &e.Options.Server
-	m := &netHTTP{e: e, jitter: o.RetryJitter, addr: clientaddr.New(o.TrustedProxies, o.Forwarding, o.ClientIPHeader)}
+	m := &netHTTP{e: e, addr: clientaddr.New(o.TrustedProxies, o.Forwarding, o.ClientIPHeader)}
 	m.pool.New = func() any { return new(scratch) }
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
@@ -57,11 +55,10 @@ func NetHTTP(e *edge.Edge) func(http.Handler) http.Handler {
 }
 
 type netHTTP struct {
-	e      *edge.Edge
-	addr   *clientaddr.Resolver
-	jitter time.Duration
-	pool   sync.Pool // *scratch
-	canon  sync.Map  // header name → its canonical form
+	e     *edge.Edge
+	addr  *clientaddr.Resolver
+	pool  sync.Pool // *scratch
+	canon sync.Map  // header name → its canonical form
 }
 
 type scratch struct {
@@ -76,27 +73,19 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	sc.f = fields{m, r}
 	defer func() { sc.f = fields{} }()
 	req := decision.Request{Host: decision.HostOnly(bytesOf(r.Host)), Method: bytesOf(r.Method), Path: bytesOf(r.URL.Path),
-		Addr: m.addr.FromHeader(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: time.Now(), Tracked: true}
+		Addr: m.addr.FromHeader(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: m.e.Core.Now(), Tracked: true}
 	v := m.e.Core.Decide(&req)
 	defer m.e.Core.Finish(v)
 	h := netFields{h: w.Header()}
 	if v.Outcome == decision.Allowed {
 		v.SetFields(&h)
-	}
-	switch v.Outcome {
-	case decision.Allowed:
 		next.ServeHTTP(w, r)
-	case decision.Limited:
-		body := v.SetRefusal(&h, m.jitter)
-		h.h["Content-Type"] = []string{decision.ContentTypeProblem}
-		w.WriteHeader(v.Status())
-		w.Write(body)
-	case decision.Shed:
-		v.SetRetryAfter(&h, m.jitter)
-		problem(w, v.Status(), "the service is overloaded and sheds this class of request; retry later")
-	default:
-		problem(w, v.Status(), v.Reason)
+		return
 	}
+	status, body := v.Refuse(&h) // as every front end renders it
+	h.h["Content-Type"] = []string{decision.ContentTypeProblem}
+	w.WriteHeader(status)
+	w.Write(body)
 }
 
 // netFields sets a response's quota fields on a net/http Header, under
@@ -132,12 +121,6 @@ func netName(name []byte) string {
 		return "X-Ratelimit-Reset"
 	}
 	return http.CanonicalHeaderKey(string(name))
-}
-
-func problem(w http.ResponseWriter, status int, detail string) {
-	w.Header()["Content-Type"] = []string{decision.ContentTypeProblem}
-	w.WriteHeader(status)
-	w.Write([]byte(`{"type":"about:blank","title":"` + http.StatusText(status) + `","status":` + strconv.Itoa(status) + `,"detail":"` + detail + `"}`))
 }
 
 // fields reads a net/http request's header fields, query parameters and

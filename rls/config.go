@@ -36,9 +36,6 @@ type Config struct {
 	// QUOTA_MODE): the answer is OVER_LIMIT only when all of them are.
 	// Default false.
 	QuotaMode bool
-	// RetryJitter is the most random seconds added to Retry-After, so that
-	// refused clients do not all return at once. Default 0: none.
-	RetryJitter time.Duration
 	// MaxDescriptors bounds the descriptors of one request, and so the
 	// working memory pooled per request; a request with more is refused
 	// with an error (ratelimit has no bound). Default 256, at most 65536.
@@ -53,8 +50,8 @@ type Config struct {
 	Ready func() bool
 	// HealthInterval is how often Ready is asked. Default 1s, at most 1m.
 	HealthInterval time.Duration
-	// Now is the service's clock. Default time.Now.
-	Now func() time.Time
+	// The service reads the time and the Retry-After jitter from its core
+	// (decision.Core.Now, RetryJitter), as every front end does.
 }
 
 func (c *Config) setDefaults() {
@@ -70,9 +67,6 @@ func (c *Config) setDefaults() {
 	if c.HealthInterval == 0 {
 		c.HealthInterval = time.Second
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
 }
 
 func (c Config) validate() error {
@@ -81,9 +75,6 @@ func (c Config) validate() error {
 	case "", HeadersDraft, HeadersRatelimit, HeadersNone:
 	default:
 		errs = append(errs, fmt.Errorf("rls: Config.Headers %q: must be draft, ratelimit or none", c.Headers))
-	}
-	if c.RetryJitter < 0 || c.RetryJitter > time.Hour {
-		errs = append(errs, fmt.Errorf("rls: Config.RetryJitter %v: must be between 0 and 1h", c.RetryJitter))
 	}
 	if c.MaxDescriptors < 0 || c.MaxDescriptors > 1<<16 {
 		errs = append(errs, fmt.Errorf("rls: Config.MaxDescriptors %d: must be between 0 (default 256) and 65536", c.MaxDescriptors))

@@ -84,7 +84,7 @@ func (sc *rlsScratch) grow(n int) {
 // an empty domain, no descriptors, no envoyproxy/ratelimit rules in force,
 // or a descriptor's limit with an unknown unit are errors.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (resp *rlspb.RateLimitResponse, err error) {
-	now := s.cfg.Now()
+	now := s.core.Now()
 	defer func() {
 		if p := recover(); p != nil {
 			s.m.errPanic.Inc()

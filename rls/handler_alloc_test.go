@@ -5,7 +5,6 @@ import (
 	"math"
 	"strings"
 	"testing"
-	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -147,7 +146,7 @@ func BenchmarkRLSGRPC(b *testing.B) {
 	if err := e.Core.SetRules(envoyRules(b, roomyFiles)); err != nil {
 		b.Fatal(err)
 	}
-	h := serveRLS(b, e, rls.Config{Now: time.Now})
+	h := serveRLS(b, e, rls.Config{})
 	req := rlsBenchRequest()
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -27,7 +27,7 @@ func (s *Service) headers(sc *rlsScratch, ds *rlsDesc, over bool, retryAt int64,
 		sc.hoff[k] = [2]int{start, len(b)}
 		k++
 	}
-	t := ceilSeconds(int64(ds.reset))
+	t := decision.Seconds(ds.reset)
 	var keys [4]string
 	if s.cfg.Headers == HeadersRatelimit {
 		keys = [4]string{hdrRLLimit, hdrRLRemain, hdrRLReset}
@@ -43,14 +43,16 @@ func (s *Service) headers(sc *rlsScratch, ds *rlsDesc, over bool, retryAt int64,
 	} else {
 		keys = [4]string{hdrPolicy, hdrRateLimit, hdrRetryAfter}
 		st := len(b)
-		b = appendSFPolicy(b, ds.policy, uint64(ds.m.RequestsPerUnit), ceilSeconds(int64(ds.policyWindow)))
+		b = decision.AppendPolicyItem(b, ds.policy, uint64(ds.m.RequestsPerUnit), ds.policyWindow)
 		mark(st)
 		st = len(b)
-		b = appendSFLimit(b, ds.policy, uint64(ds.remaining), t)
+		b = decision.AppendRateLimitItem(b, ds.policy, uint64(ds.remaining), ds.reset)
 		mark(st)
 		if over {
+			// The core's Retry-After, jitter included, but never before
+			// the RateLimit t of the descriptor chosen.
 			tn := now.UnixNano()
-			ra := max(decision.RetryAfter(retryAt, tn, s.cfg.RetryJitter), t)
+			ra := max(decision.RetryAfter(retryAt, tn, s.core.RetryJitter()), t)
 			st = len(b)
 			b = strconv.AppendInt(b, ra, 10)
 			mark(st)
@@ -66,27 +68,6 @@ func (s *Service) headers(sc *rlsScratch, ds *rlsDesc, over bool, retryAt int64,
 	sc.resp.ResponseHeadersToAdd = sc.hdrPtrs[:k]
 }
 
-// appendSFPolicy appends a RateLimit-Policy item: the policy name as an
-// sf-string (rule names need no escaping) with q and w.
-func appendSFPolicy(dst, name []byte, q uint64, w int64) []byte {
-	dst = append(dst, '"')
-	dst = append(dst, name...)
-	dst = append(dst, `";q=`...)
-	dst = strconv.AppendUint(dst, q, 10)
-	dst = append(dst, ";w="...)
-	return strconv.AppendInt(dst, max(w, 1), 10)
-}
-
-// appendSFLimit appends a RateLimit item: the policy name with r and t.
-func appendSFLimit(dst, name []byte, r uint64, t int64) []byte {
-	dst = append(dst, '"')
-	dst = append(dst, name...)
-	dst = append(dst, `";r=`...)
-	dst = strconv.AppendUint(dst, r, 10)
-	dst = append(dst, ";t="...)
-	return strconv.AppendInt(dst, t, 10)
-}
-
 // bytesView returns b as a string without copying: b must not change while
 // the string is in use (here: until the response is marshaled).
 func bytesView(b []byte) string {
@@ -94,12 +75,4 @@ func bytesView(b []byte) string {
 		return ""
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
-}
-
-// ceilSeconds returns d nanoseconds rounded up to whole seconds, at least 0.
-func ceilSeconds(d int64) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return (d + int64(time.Second) - 1) / int64(time.Second)
 }

@@ -81,10 +81,13 @@ func envoyRules(t testing.TB, files map[string][]byte) *rules.Rules {
 }
 
 // startRLS starts an edge (options o), swaps in the envoyproxy/ratelimit
-// files, and serves an RLS with cfg over its core (clock: a fake one at
-// rlsBase unless cfg.Now is set).
+// files, and serves an RLS with cfg over its core (the edge's clock, and
+// so the service's: a fake one at rlsBase unless o.Clock is set).
 func startRLS(t testing.TB, files map[string][]byte, cfg rls.Config, o edge.Options) *rlsHarness {
 	t.Helper()
+	if o.Clock == nil {
+		o.Clock = newClock(rlsBase)
+	}
 	e := edgetest.Start(t, placeholderRules, o)
 	if err := e.Core.SetRules(envoyRules(t, files)); err != nil {
 		t.Fatalf("SetRules: %v", err)
@@ -95,10 +98,7 @@ func startRLS(t testing.TB, files map[string][]byte, cfg rls.Config, o edge.Opti
 func serveRLS(t testing.TB, e *edge.Edge, cfg rls.Config) *rlsHarness {
 	t.Helper()
 	h := &rlsHarness{e: e}
-	if cfg.Now == nil {
-		h.clock = newClock(rlsBase)
-		cfg.Now = h.clock.Now
-	}
+	h.clock, _ = e.Options.Clock.(*fakeClock) // nil: the system clock
 	var err error
 	if h.rls, err = rls.New(e.Core, cfg, edgetest.Discard, e.Registry); err != nil {
 		t.Fatalf("NewRLS: %v", err)

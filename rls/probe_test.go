@@ -149,9 +149,9 @@ func TestRLSOversizedHitsTwoEdges(t *testing.T) {
 	}
 	o.Limiter.StoreTimeout = time.Second
 	files := fixtures(t, "readme/ex2.yaml") // to_number: 100 a day
-	clock := newClock(rlsBase)
-	hostile := startRLS(t, files, rls.Config{Now: clock.Now}, o)
-	other := startRLS(t, files, rls.Config{Now: clock.Now}, o)
+	o.Clock = newClock(rlsBase)             // both edges on one clock
+	hostile := startRLS(t, files, rls.Config{}, o)
+	other := startRLS(t, files, rls.Config{}, o)
 	lim := func(code rlspb.RateLimitResponse_Code, rem uint32) st {
 		return st{code: code, rpu: 100, unit: day, remaining: rem, reset: 57590}
 	}

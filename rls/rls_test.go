@@ -167,6 +167,13 @@ func TestRLSCheckOnly(t *testing.T) {
 				return st{code: code, rpu: 3, unit: minute, remaining: rem, reset: 50}
 			}
 			checkResp(t, "a check of a fresh key", h.ask(t, "c", 0, check()), ok, lim(ok, 3))
+			// The limiter reads the edge's clock too: a bucket's edge learns
+			// it is alone on the key only as that clock moves on past the
+			// first read's reply (window's unsure time), never within one
+			// frozen instant. Once the reply has landed, step half a second
+			// (the resets stay whole seconds away).
+			waitStoreOps(t, h, 1)
+			h.clock.Add(500 * time.Millisecond)
 			checkResp(t, "3 hits", h.ask(t, "c", 3, desc("k", "a")), ok, lim(ok, 0))
 			for i := 0; i < 3; i++ {
 				checkResp(t, "a check at the limit", h.ask(t, "c", 0, check()), ok, lim(ok, 0))
@@ -292,4 +299,27 @@ descriptors:
 		checkResp(t, "all over", h.ask(t, "g", 0, desc("a", "x"), desc("a", "y")), over,
 			st{code: over, rpu: 1, unit: minute, reset: 50}, st{code: over, rpu: 1, unit: minute, reset: 50})
 	})
+}
+
+// waitStoreOps waits, 10 s at most, until h's limiter has sent n store
+// operations and folded their replies in
+// (poplimit_window_store_ops_total counts them after).
+func waitStoreOps(t *testing.T, h *rlsHarness, n float64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mfs, err := h.e.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "poplimit_window_store_ops_total" && mf.GetMetric()[0].GetCounter().GetValue() >= n {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the limiter sent fewer than %v store operations in 10 s", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -46,7 +46,7 @@ func TestRLSReload(t *testing.T) {
 		}
 		return rs
 	}
-	e := edgetest.Start(t, placeholderRules, edge.Options{})
+	e := edgetest.Start(t, placeholderRules, edge.Options{Clock: newClock(rlsBase)})
 	if err := e.Core.SetRules(load(5)); err != nil {
 		t.Fatal(err)
 	}
@@ -143,9 +143,9 @@ func TestRLSTwoEdgesShareMemcached(t *testing.T) {
 	}
 	o.Limiter.StoreTimeout = time.Second
 	files := fixtures(t, "readme/ex2.yaml")
-	clock := newClock(rlsBase)
-	a := startRLS(t, files, rls.Config{Now: clock.Now}, o)
-	b := startRLS(t, files, rls.Config{Now: clock.Now}, o)
+	o.Clock = newClock(rlsBase) // both edges on one clock
+	a := startRLS(t, files, rls.Config{}, o)
+	b := startRLS(t, files, rls.Config{}, o)
 	for i := 0; i < 30; i++ {
 		h := a
 		if i%2 == 1 {

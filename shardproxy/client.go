@@ -79,7 +79,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	cfg.Servers = append([]Server(nil), cfg.Servers...)
 	base, err := NewRing(cfg.Servers, cfg.Hash, "{}")
 	if err != nil {

@@ -113,8 +113,9 @@ type Config struct {
 	RetryTimeout time.Duration
 }
 
-// withDefaults returns c with every zero field set to its default.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field set to its default: the
+// one place they are applied (edge.Options shows them through it).
+func (c Config) WithDefaults() Config {
 	if c.Hash == "" {
 		c.Hash = DefaultHash
 	}
@@ -168,7 +169,7 @@ func (c Config) Validate() error {
 	num("MaxConnsPerShard", c.MaxConnsPerShard, maxConnsPerShard)
 	num("Parallelism", c.Parallelism, maxParallelism)
 	num("FailureLimit", c.FailureLimit, maxFailureLimit)
-	if d := c.withDefaults(); c.BatchTimeout > 0 && d.BatchTimeout < d.Timeout {
+	if d := c.WithDefaults(); c.BatchTimeout > 0 && d.BatchTimeout < d.Timeout {
 		errs = append(errs, fmt.Errorf("BatchTimeout: %v: less than Timeout (%v)", c.BatchTimeout, d.Timeout))
 	}
 	if len(errs) > 0 {

@@ -63,7 +63,7 @@ func TestConfigProtocol(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `Protocol: "binary"`) {
 		t.Errorf("Protocol binary: got %v, want an error naming the field and value", err)
 	}
-	if got := (Config{}).withDefaults().Protocol; got != ProtocolText {
+	if got := (Config{}).WithDefaults().Protocol; got != ProtocolText {
 		t.Errorf("default Protocol: got %q, want %q", got, ProtocolText)
 	}
 }

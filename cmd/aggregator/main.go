@@ -102,7 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.Int64Var(&cfg.EmbeddedRetentionBytes, "embedded-retention-bytes", cfg.EmbeddedRetentionBytes, "bytes of decision events the embedded broker keeps, all partitions together (it holds up to 9/8 of it): the oldest are dropped")
 	fs.Int64Var(&cfg.EmbeddedGlobalRetentionBytes, "embedded-global-retention-bytes", cfg.EmbeddedGlobalRetentionBytes, "bytes of the topic of the counts the embedded broker keeps (it holds up to 9/8 of it): the oldest are dropped")
 	edgeUsers := fs.String("embedded-edge-users", "", `file of the principals edges authenticate as to the embedded broker, one "user:password" a line; with -kafka-sasl, the embedded broker requires SASL and ACLs (deploy/KAFKA.md); default: no authentication`)
-	fs.StringVar(&cfg.Consumer.Topic, "topic", "poplimit.decisions", "Kafka topic of decision events")
+	fs.StringVar(&cfg.Consumer.Topic, "topic", pipeline.DefaultTopic, "Kafka topic of decision events")
 	fs.StringVar(&cfg.Consumer.GroupID, "group", "poplimit-aggregator", "Kafka consumer group")
 	fs.StringVar(&cfg.GlobalTopic, "global-topic", global.DefaultTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
 	fs.DurationVar(&cfg.GlobalInterval, "global-interval", global.DefaultInterval, "how often the counts of global rules' keys are published (0: never)")

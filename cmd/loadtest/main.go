@@ -38,7 +38,9 @@ import (
 
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/judge"
+	"github.com/poplimit/poplimit/window"
 
 	"github.com/poplimit/poplimit/loadtest"
 )
@@ -362,16 +364,18 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	asLog := fs.Bool("log", false, "the trace is an access log (Common/Combined Log Format)")
 	origin := fs.String("origin", "", "RFC 3339 time of the trace's offset 0 (default: the trace's own, else the Unix epoch)")
 	fs.IntVar(&cfg.TopKeys, "top", 10, "most limited keys shown per rule")
-	fs.IntVar(&cfg.MaxKeys, "max-keys", 100_000, "limited keys tracked per rule")
-	fs.DurationVar(&cfg.FlushInterval, "flush-interval", 5*time.Millisecond, "the simulated edge's flush interval")
-	fs.DurationVar(&cfg.FlushInterval, "flush", 5*time.Millisecond, "the same as -flush-interval")
+	fs.IntVar(&cfg.MaxKeys, "tracked-keys", loadtest.DefaultTrackedKeys, "limited keys tracked per rule for the report")
+	fs.IntVar(&cfg.MaxKeys, "max-keys", loadtest.DefaultTrackedKeys, "the same as -tracked-keys (the old spelling; not the edge's -max-keys)")
+	flush := window.Config{}.WithDefaults().FlushInterval // the edge's
+	fs.DurationVar(&cfg.FlushInterval, "flush-interval", flush, "the simulated edge's flush interval")
+	fs.DurationVar(&cfg.FlushInterval, "flush", flush, "the same as -flush-interval")
 	fs.IntVar(&cfg.Edges, "edges", 1, "edges of one simulated PoP, each with the edge's own core over one shared store in simulated time")
 	spread := fs.String("spread", "by-client", `with -edges: "by-client" (each client on one edge, by the replay's hash of its address) or "round-robin" (every client's requests dealt over all edges)`)
 	fs.BoolVar(&cfg.GuessPeers, "guess-peers", false, "the edges' -guess-peers (with -async-near-limit): count the units the others likely admitted since the last reply")
 	fs.BoolVar(&cfg.AsyncNearLimit, "async-near-limit", false, "the edges' -async-near-limit: keep every decision local, even near the limit")
 	fs.DurationVar(&cfg.MaxDefer, "max-defer", 0, "the edges' -max-defer: how long a key far from its limit may keep its units unsent (default the edge's; negative: every flush)")
 	fs.DurationVar(&cfg.RTT, "rtt", 0, "with -edges: the round trip to the shared store (an edge reads the others' units this late)")
-	fs.StringVar(&cfg.CheckPrefix, "check-prefix", "/check", "path prefix stripped before matching, as the edge's")
+	fs.StringVar(&cfg.CheckPrefix, "check-prefix", httpedge.DefaultCheckPrefix, "path prefix stripped before matching, as the edge's")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	judgeIt := fs.Bool("judge", false, "judge every decision with the aggregator's judge: the algorithm's own accuracy, undistributed")
 	phase := fs.Duration("phase", 0, "the trace's offset 0 this far past a window boundary: origin = the Unix epoch (a multiple of every window) + phase, as replay -align W -phase D runs it live")

@@ -195,12 +195,12 @@ func TestDescriptors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := edgetest.Start(t, "rules: [{name: placeholder, limit: 1, window: 1s}]", edge.Options{})
+	now := time.Unix(1_800_000_010, 0) // 10 s into a minute, on the hour
+	e := edgetest.Start(t, "rules: [{name: placeholder, limit: 1, window: 1s}]", edge.Options{Clock: fixedClock(now)})
 	if err := e.Core.SetRules(rs); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Unix(1_800_000_010, 0) // 10 s into a minute, on the hour
-	rls, err := rls.New(e.Core, rls.Config{Now: func() time.Time { return now }}, edgetest.Discard, nil)
+	rls, err := rls.New(e.Core, rls.Config{}, edgetest.Discard, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,3 +280,9 @@ func TestDescriptors(t *testing.T) {
 		t.Errorf("/: remaining %v, want [596]", got)
 	}
 }
+
+// fixedClock is a clock stopped at one instant: the edge's, and so its
+// rate limit service's.
+type fixedClock time.Time
+
+func (c fixedClock) Now() time.Time { return time.Time(c) }

@@ -30,8 +30,8 @@ func New(tb testing.TB, rulesYAML string, o edge.Options) *edge.Edge {
 		}
 		o.RulesFile = f
 	}
-	if o.Server.RetryJitter == 0 {
-		o.Server.RetryJitter = time.Nanosecond
+	if o.RetryJitter == 0 {
+		o.RetryJitter = -1 // none
 	}
 	if o.Logger == nil {
 		o.Logger = Discard
