@@ -188,8 +188,8 @@ func (c *Config) Validate() error {
 	if c.GlobalMinShare < 0 || c.GlobalMinShare > 1 {
 		bad("global-min-share", "GlobalMinShare", c.GlobalMinShare, "want a share between 0 and 1")
 	}
-	if c.GlobalMaxKeys < 1 {
-		bad("global-max-keys", "GlobalMaxKeys", c.GlobalMaxKeys, "must be at least 1")
+	if c.GlobalMaxKeys < 0 {
+		bad("global-max-keys", "GlobalMaxKeys", c.GlobalMaxKeys, "must not be negative (0: DefaultGlobalMaxKeys)")
 	}
 	if len(c.GlobalPublisher) > global.MaxPublisherLen {
 		bad("global-publisher", "GlobalPublisher", strconv.Quote(c.GlobalPublisher), fmt.Sprintf("at most %d bytes", global.MaxPublisherLen))
