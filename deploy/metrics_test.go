@@ -56,7 +56,7 @@ var (
 )
 
 // exportedMetrics builds the parts of an edge and of the aggregator as
-// cmd/edge and cmd/aggregator do, each registering its metrics with its
+// cmd/edge and package aggregator do, each registering its metrics with its
 // registry as there, and returns every metric name they describe. Nothing
 // is served and nothing connects anywhere but loopback port 1 (refused).
 func exportedMetrics(t *testing.T) metricSet {
@@ -92,7 +92,8 @@ func buildMetricSet() (metricSet, error) {
 	}
 	closers = append(closers, func() { e.Close(ctx) })
 
-	// The aggregator, as cmd/aggregator builds it, in a registry of its own.
+	// The aggregator, as package aggregator builds it (aggregator.Start), in a
+	// registry of its own.
 	areg := prometheus.NewRegistry()
 	arec := &recorder{Registry: areg}
 	if _, err := judge.New(judge.DefaultConfig(), arec); err != nil {

@@ -70,10 +70,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/poplimit/poplimit/global"
+	"github.com/poplimit/poplimit/aggregator"
 	"github.com/poplimit/poplimit/internal/kafkaauth"
-
-	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
 )
 
@@ -87,27 +85,27 @@ func main() {
 }
 
 // parseFlags parses args into the aggregator's config and the log level,
-// and returns the flags left at their defaults, for the log.
-func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, error) {
-	cfg := config{Consumer: pipeline.DefaultConsumerConfig(), Judge: judge.DefaultConfig()}
+// and returns the flags left at their defaults, for the log. Every flag's
+// default is the Config's (aggregator.Config.WithDefaults).
+func parseFlags(args []string, stderr io.Writer) (aggregator.Config, slog.Level, []any, error) {
+	cfg := aggregator.Config{}.WithDefaults()
 	fs := flag.NewFlagSet("aggregator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:7080", "address for /metrics, /report and /healthz")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address for /metrics, /report and /healthz")
 	brokers := fs.String("brokers", "", "Kafka brokers host:port,... (default: serve an embedded broker)")
-	fs.StringVar(&cfg.Embedded, "embedded-broker", "127.0.0.1:9392", "loopback address of the embedded broker, without -brokers (port 0: any)")
+	fs.StringVar(&cfg.Embedded, "embedded-broker", cfg.Embedded, "loopback address of the embedded broker, without -brokers (port 0: any)")
 	fs.StringVar(&cfg.EmbeddedDataDir, "embedded-data-dir", "", "directory where the embedded broker keeps its log and offsets (default: memory only)")
-	fs.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic the embedded broker creates")
-	cfg.EmbeddedRetention, cfg.EmbeddedRetentionBytes, cfg.EmbeddedGlobalRetentionBytes, cfg.EmbeddedRetentionCheck = cfg.embeddedBounds()
+	fs.IntVar(&cfg.Partitions, "partitions", cfg.Partitions, "partitions of the topic the embedded broker creates")
 	fs.DurationVar(&cfg.EmbeddedRetention, "embedded-retention", cfg.EmbeddedRetention, "the embedded broker drops messages of both topics older than this (retention.ms)")
 	fs.Int64Var(&cfg.EmbeddedRetentionBytes, "embedded-retention-bytes", cfg.EmbeddedRetentionBytes, "bytes of decision events the embedded broker keeps, all partitions together (it holds up to 9/8 of it): the oldest are dropped")
 	fs.Int64Var(&cfg.EmbeddedGlobalRetentionBytes, "embedded-global-retention-bytes", cfg.EmbeddedGlobalRetentionBytes, "bytes of the topic of the counts the embedded broker keeps (it holds up to 9/8 of it): the oldest are dropped")
 	edgeUsers := fs.String("embedded-edge-users", "", `file of the principals edges authenticate as to the embedded broker, one "user:password" a line; with -kafka-sasl, the embedded broker requires SASL and ACLs (deploy/KAFKA.md); default: no authentication`)
-	fs.StringVar(&cfg.Consumer.Topic, "topic", pipeline.DefaultTopic, "Kafka topic of decision events")
-	fs.StringVar(&cfg.Consumer.GroupID, "group", "poplimit-aggregator", "Kafka consumer group")
-	fs.StringVar(&cfg.GlobalTopic, "global-topic", global.DefaultTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
-	fs.DurationVar(&cfg.GlobalInterval, "global-interval", global.DefaultInterval, "how often the counts of global rules' keys are published (0: never)")
-	fs.Float64Var(&cfg.GlobalMinShare, "global-min-share", global.DefaultMinShare, "a global rule's key is published while its units across PoPs reach this part of its limit")
-	fs.IntVar(&cfg.GlobalMaxKeys, "global-max-keys", DefaultGlobalMaxKeys, "keys of global rules counted for the global topic at most (about 720 B each); past it new keys' events are not counted, and counted as dropped")
+	fs.StringVar(&cfg.Consumer.Topic, "topic", cfg.Consumer.Topic, "Kafka topic of decision events")
+	fs.StringVar(&cfg.Consumer.GroupID, "group", cfg.Consumer.GroupID, "Kafka consumer group")
+	fs.StringVar(&cfg.GlobalTopic, "global-topic", cfg.GlobalTopic, "Kafka topic where the counts of global rules' keys per PoP are published (one partition; the embedded broker creates it)")
+	fs.DurationVar(&cfg.GlobalInterval, "global-interval", cfg.GlobalInterval, "how often the counts of global rules' keys are published (0: never)")
+	fs.Float64Var(&cfg.GlobalMinShare, "global-min-share", cfg.GlobalMinShare, "a global rule's key is published while its units across PoPs reach this part of its limit")
+	fs.IntVar(&cfg.GlobalMaxKeys, "global-max-keys", cfg.GlobalMaxKeys, "keys of global rules counted for the global topic at most (about 720 B each); past it new keys' events are not counted, and counted as dropped")
 	fs.StringVar(&cfg.GlobalKeyFile, "global-key-file", "", "file of the secret (at least 32 bytes) the global topic's messages are signed with, shared with the edges (default: unsigned, with a warning; production needs it)")
 	fs.StringVar(&cfg.GlobalPublisher, "global-publisher", "", "this aggregator's name in the global topic, distinct per aggregator (default: host name/-listen)")
 	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")
@@ -118,9 +116,9 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	fs.IntVar(&cfg.Judge.MaxLogEntries, "max-log-entries", cfg.Judge.MaxLogEntries, "sliding-log entries at most, all keys (16 bytes each)")
 	fs.IntVar(&cfg.Judge.MaxBuffered, "max-buffered", cfg.Judge.MaxBuffered, "events waiting for the watermark at most")
 	fs.IntVar(&cfg.Judge.TopKeys, "top-keys", cfg.Judge.TopKeys, "keys listed per kind in /report")
-	fs.IntVar(&cfg.Judge.Dedup, "dedup", 1<<18, "latest single-event messages remembered to drop exact copies (a batch produced or consumed twice; framed events are deduplicated by their frames); 0: off")
-	fs.DurationVar(&cfg.IdleFlush, "idle-flush", time.Second, "judge everything buffered after this long without events (0: never)")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time to stop serving on SIGTERM")
+	fs.IntVar(&cfg.Judge.Dedup, "dedup", cfg.Judge.Dedup, "latest single-event messages remembered to drop exact copies (a batch produced or consumed twice; framed events are deduplicated by their frames); 0: off")
+	fs.DurationVar(&cfg.IdleFlush, "idle-flush", cfg.IdleFlush, "judge everything buffered after this long without events (0: never)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "time to stop serving on SIGTERM")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof/ on -listen (no authentication: keep -listen on loopback)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Func("events-key-file", "file holding the key decision events must be signed with (at least 32 bytes, the edges' -events-key-file); unsigned or badly signed messages are dropped and counted; default: none, nothing checked", func(f string) (err error) {
@@ -130,27 +128,41 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 	var ka kafkaauth.Flags
 	kafkaFlags(fs, &ka)
 	if err := fs.Parse(args); err != nil {
-		return config{}, 0, nil, err
+		return aggregator.Config{}, 0, nil, err
+	}
+	var errs []error
+	// The flags' 0 is never; the Config's zero is the default, its never
+	// aggregator.Never.
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+	}{{"idle-flush", &cfg.IdleFlush}, {"global-interval", &cfg.GlobalInterval}} {
+		switch {
+		case *d.v == 0:
+			*d.v = aggregator.Never
+		case *d.v < 0:
+			errs = append(errs, fmt.Errorf("aggregator: -%s %v: must not be negative (0: never)", d.name, *d.v))
+		}
 	}
 	var err error
 	if cfg.Consumer.TLS, cfg.Consumer.SASL, err = ka.Build(); err != nil {
-		return config{}, 0, nil, fmt.Errorf("aggregator: %w", err)
+		return aggregator.Config{}, 0, nil, fmt.Errorf("aggregator: %w", err)
 	}
 	switch {
 	case *edgeUsers != "" && *brokers != "":
-		return config{}, 0, nil, errors.New("aggregator: -embedded-edge-users with -brokers: the principals of a cluster are its own (deploy/KAFKA.md)")
+		return aggregator.Config{}, 0, nil, errors.New("aggregator: -embedded-edge-users with -brokers: the principals of a cluster are its own (deploy/KAFKA.md)")
 	case *edgeUsers != "" && ka.Mechanism == "":
-		return config{}, 0, nil, errors.New("aggregator: -embedded-edge-users needs -kafka-sasl (and the aggregator's own -kafka-user and -kafka-password-file)")
+		return aggregator.Config{}, 0, nil, errors.New("aggregator: -embedded-edge-users needs -kafka-sasl (and the aggregator's own -kafka-user and -kafka-password-file)")
 	}
-	if cfg.EmbeddedSASL, err = buildEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, *edgeUsers); err != nil {
-		return config{}, 0, nil, err
+	if cfg.EmbeddedSASL, err = aggregator.LoadEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, *edgeUsers); err != nil {
+		return aggregator.Config{}, 0, nil, err
 	}
 	if fs.NArg() > 0 {
-		return config{}, 0, nil, fmt.Errorf("aggregator: unexpected arguments %q", fs.Args())
+		return aggregator.Config{}, 0, nil, fmt.Errorf("aggregator: unexpected arguments %q", fs.Args())
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return config{}, 0, nil, fmt.Errorf("aggregator: -log-level %q: %w", *logLevel, err)
+		return aggregator.Config{}, 0, nil, fmt.Errorf("aggregator: -log-level %q: %w", *logLevel, err)
 	}
 	for _, b := range strings.Split(*brokers, ",") {
 		if b = strings.TrimSpace(b); b != "" {
@@ -165,7 +177,7 @@ func parseFlags(args []string, stderr io.Writer) (config, slog.Level, []any, err
 			defaults = append(defaults, slog.String(f.Name, f.Value.String()))
 		}
 	})
-	return cfg, level, defaults, cfg.validate()
+	return cfg, level, defaults, errors.Join(append(errs, cfg.Validate())...)
 }
 
 // kafkaFlags defines the flags of the brokers' security.
@@ -188,8 +200,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(defaults) > 0 {
 		log.Info("aggregator: flags at their defaults", defaults...)
 	}
-	setMemoryLimit(&cfg, log)
-	a, err := start(cfg, log)
+	aggregator.SetMemoryLimit(cfg, log)
+	a, err := aggregator.Start(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -203,7 +215,5 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	case failed = <-a.Failed():
 		log.Error("aggregator: consumer stopped", "err", failed)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	return errors.Join(failed, a.Stop(sctx))
+	return errors.Join(failed, a.Close())
 }

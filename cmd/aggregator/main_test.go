@@ -1,50 +1,40 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/aggregator"
+	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/judge"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// syncBuffer is an io.Writer safe for the logger and the test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// TestFlagDefaultsAreTheConfigs: the flags at their defaults are the
+// package's zero Config with its defaults applied, so that the program and
+// every Config built in code run the same aggregator.
+func TestFlagDefaultsAreTheConfigs(t *testing.T) {
+	cfg, _, _, err := parseFlags(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	if want := (aggregator.Config{}).WithDefaults(); !reflect.DeepEqual(cfg, want) {
+		t.Errorf("flags at their defaults:\n got %+v\nwant %+v", cfg, want)
+	}
+	// The flags' 0 is never, the Config's Never.
+	cfg, _, _, err = parseFlags([]string{"-idle-flush", "0", "-global-interval", "0"}, io.Discard)
+	if err != nil || cfg.IdleFlush != aggregator.Never || cfg.GlobalInterval != aggregator.Never {
+		t.Errorf("-idle-flush 0 -global-interval 0: got %v, %v, %v; want Never, Never", cfg.IdleFlush, cfg.GlobalInterval, err)
+	}
 }
 
 func TestParseFlags(t *testing.T) {
@@ -101,9 +91,9 @@ func TestParseFlags(t *testing.T) {
 // that it serves, and stops it by cancelling its context.
 func TestRun(t *testing.T) {
 	t.Parallel()
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	broker := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	var stderr syncBuffer
+	listen := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	broker := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	var stderr testenv.LockedBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -169,26 +159,68 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// TestPprofFlag: /debug/pprof/ is served with -pprof and not without.
-func TestPprofFlag(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		args := []string{}
-		if on {
-			args = append(args, "-pprof")
-		}
-		cfg, _, _, err := parseFlags(args, io.Discard)
-		if err != nil {
+// TestEmbeddedSASLFlags: -kafka-sasl with the embedded broker needs the
+// edges' principals, which belong to the embedded broker only; a bad line
+// of their file is named.
+func TestEmbeddedSASLFlags(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		a := &aggregator{cfg: cfg, reg: prometheus.NewRegistry()}
-		rec := httptest.NewRecorder()
-		a.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/pprof/", nil))
-		want := http.StatusNotFound
-		if on {
-			want = http.StatusOK
+		return f
+	}
+	pass := write("pass", "secret\n")
+	sasl := []string{"-kafka-sasl", "scram-sha-512", "-kafka-user", "agg", "-kafka-password-file", pass}
+	cfg, _, _, err := parseFlags(append(sasl, "-embedded-edge-users", write("ok", "e1:p1\ne2:p2\n")), io.Discard)
+	if err != nil || cfg.EmbeddedSASL == nil || len(cfg.EmbeddedSASL.EdgeUsers) != 2 || cfg.EmbeddedSASL.Method != "SCRAM-SHA-512" {
+		t.Errorf("SASL with two edge users: got %+v, %v", cfg.EmbeddedSASL, err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no edge users", sasl, "needs -embedded-edge-users"},
+		{"edge users without SASL", []string{"-embedded-edge-users", write("e", "e1:p1\n")}, "needs -kafka-sasl"},
+		{"edge users with brokers", append(sasl, "-brokers", "k:9092", "-embedded-edge-users", write("e2", "e1:p1\n")), "-embedded-edge-users with -brokers"},
+		{"no password", append(sasl, "-embedded-edge-users", write("bad", "e1:p1\ne2\n")), "line 2: want \"user:password\""},
+		{"the aggregator's user", append(sasl, "-embedded-edge-users", write("agg", "agg:x\n")), "the aggregator's own"},
+		{"twice", append(sasl, "-embedded-edge-users", write("twice", "e1:a\ne1:b\n")), `"e1" listed twice`},
+		{"empty", append(sasl, "-embedded-edge-users", write("empty", "# none\n")), "no user"},
+		{"TLS", []string{"-kafka-tls"}, "-kafka-tls with the embedded broker"},
+		{"negative retention", []string{"-embedded-retention-bytes", "-1"}, "must not be negative"},
+	} {
+		if _, _, _, err := parseFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error saying %q", tc.name, err, tc.want)
 		}
-		if rec.Code != want {
-			t.Errorf("-pprof %v: GET /debug/pprof/ answered %d, want %d", on, rec.Code, want)
+	}
+}
+
+// TestEventsKeyFlag: -events-key-file sets the consumer's key from the
+// file, and refuses, naming the flag and the reason, a key shorter than 32
+// bytes or a file it cannot read.
+func TestEventsKeyFlag(t *testing.T) {
+	dir := t.TempDir()
+	good, short := filepath.Join(dir, "good"), filepath.Join(dir, "short")
+	if err := os.WriteFile(good, []byte(strings.Repeat("k", 40)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(short, []byte("0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, _, err := parseFlags([]string{"-events-key-file", good}, io.Discard)
+	if err != nil || string(cfg.Consumer.Key) != strings.Repeat("k", 40) {
+		t.Errorf("a 40-byte key: got key %q, error %v; want the key", cfg.Consumer.Key, err)
+	}
+	for _, tc := range []struct{ file, want string }{
+		{short, "10 bytes: at least 32 required"},
+		{filepath.Join(dir, "missing"), "no such file"},
+	} {
+		_, _, _, err := parseFlags([]string{"-events-key-file", tc.file}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "-events-key-file") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("-events-key-file %s: got %v, want an error naming the flag and saying %q", tc.file, err, tc.want)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/global"
 	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/pipeline"
 )
 
 // TestSizingFlood measures BENCHMARKS.md's aggregator figures: the
@@ -37,9 +39,14 @@ func TestSizingFlood(t *testing.T) {
 		total, _ = strconv.Atoi(v)
 	}
 	isGlobal := os.Getenv("POPLIMIT_SIZING_GLOBAL") != ""
-	_, addr := testenv.Broker(t, 0, 8, topic, global.DefaultTopic)
+	_, addr := testenv.Broker(t, 0, 8, pipeline.DefaultTopic, global.DefaultTopic)
 
-	p := newProducer(t, []string{addr})
+	pc := pipeline.DefaultProducerConfig()
+	pc.Brokers, pc.Topic = []string{addr}, pipeline.DefaultTopic
+	p, err := pipeline.NewProducer(pc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	keys := total / 2
 	began := time.Now()
 	for i := range total {
@@ -51,12 +58,17 @@ func TestSizingFlood(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	closeProducer(t, p)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	err = p.Close(ctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("Producer.Close: %v (every event delivered)", err)
+	}
 	t.Logf("produced %d events in %v", total, time.Since(began).Round(time.Millisecond))
 
 	bin := testenv.Command(t, "aggregator")
 	listen := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	args := []string{"-brokers", addr, "-topic", topic, "-listen", listen, "-log-level", "warn"}
+	args := []string{"-brokers", addr, "-listen", listen, "-log-level", "warn"}
 	if !isGlobal {
 		args = append(args, "-global-interval", "0")
 	}

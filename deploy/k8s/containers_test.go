@@ -42,8 +42,11 @@ func binaries(t *testing.T) map[string]binary {
 		b.flags = fs
 		// The HTTP paths are string literals in the handlers' sources.
 		srcDirs := []string{dir}
-		if name == "poplimit-edge" {
+		switch name {
+		case "poplimit-edge":
 			srcDirs = append(srcDirs, filepath.Join("..", "..", "edge"))
+		case "poplimit-aggregator":
+			srcDirs = append(srcDirs, filepath.Join("..", "..", "aggregator"))
 		}
 		for _, d := range srcDirs {
 			files, _ := filepath.Glob(filepath.Join(d, "*.go"))

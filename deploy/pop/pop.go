@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poplimit/poplimit/aggregator"
 	"github.com/poplimit/poplimit/loadtest"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/valyala/fasthttp"
@@ -75,8 +76,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.shards, "memcache-ports", "11311,11312,11313", "loopback ports of the memcached shards")
 	fs.StringVar(&o.edges, "edge-ports", "7070,7072", "loopback ports of the edges (each admin listener on the next port)")
 	fs.StringVar(&o.origin, "origin", "127.0.0.1:7060", "address of the tiny origin behind the edges")
-	fs.StringVar(&o.aggregator, "aggregator", "127.0.0.1:7080", "address of the aggregator's /report and /metrics")
-	fs.StringVar(&o.broker, "broker", "127.0.0.1:9392", "address of the aggregator's embedded Kafka broker")
+	fs.StringVar(&o.aggregator, "aggregator", aggregator.DefaultListen, "address of the aggregator's /report and /metrics")
+	fs.StringVar(&o.broker, "broker", aggregator.DefaultEmbedded, "address of the aggregator's embedded Kafka broker")
 	fs.StringVar(&o.prometheus, "prometheus", "127.0.0.1:9390", "address of Prometheus, when installed")
 	fs.StringVar(&o.rules, "rules", "", "rules file for the edges (default: built-in demo rules)")
 	fs.Float64Var(&o.rate, "rate", 2000, "requests per second of the built-in replay")

@@ -1,4 +1,4 @@
-// Package aggstate holds what the aggregator (cmd/aggregator) keeps beside
+// Package aggstate holds what the aggregator (package aggregator) keeps beside
 // the judge and exports as metrics: the producer instances behind each edge
 // id, and the global tally's count of what it could not hold. It is a
 // package of its own so that deploy's tests build the same metrics.

@@ -1,13 +1,9 @@
-package main
+package aggregator
 
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"io"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -135,38 +131,11 @@ func signedFrame(t testing.TB, key []byte, e *event.Event, seq uint64, partition
 
 // partitionFor returns the partition of a's topic that kafka-go's Hash
 // balancer picks for keyHash's 8 bytes, as the producer places events.
-func partitionFor(t testing.TB, a *aggregator, keyHash uint64) int {
+func partitionFor(t testing.TB, a *Aggregator, keyHash uint64) int {
 	t.Helper()
 	parts := make([]int, a.cfg.Partitions)
 	for i := range parts {
 		parts[i] = i
 	}
 	return (&kafka.Hash{}).Balance(kafka.Message{Key: binary.BigEndian.AppendUint64(nil, keyHash)}, parts...)
-}
-
-// TestEventsKeyFlag: -events-key-file sets the consumer's key from the
-// file, and refuses, naming the flag and the reason, a key shorter than 32
-// bytes or a file it cannot read.
-func TestEventsKeyFlag(t *testing.T) {
-	dir := t.TempDir()
-	good, short := filepath.Join(dir, "good"), filepath.Join(dir, "short")
-	if err := os.WriteFile(good, []byte(strings.Repeat("k", 40)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(short, []byte("0123456789\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, _, _, err := parseFlags([]string{"-events-key-file", good}, io.Discard)
-	if err != nil || string(cfg.Consumer.Key) != strings.Repeat("k", 40) {
-		t.Errorf("a 40-byte key: got key %q, error %v; want the key", cfg.Consumer.Key, err)
-	}
-	for _, tc := range []struct{ file, want string }{
-		{short, "10 bytes: at least 32 required"},
-		{filepath.Join(dir, "missing"), "no such file"},
-	} {
-		_, _, _, err := parseFlags([]string{"-events-key-file", tc.file}, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "-events-key-file") || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("-events-key-file %s: got %v, want an error naming the flag and saying %q", tc.file, err, tc.want)
-		}
-	}
 }

@@ -1,9 +1,8 @@
-package main
+package aggregator
 
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -24,17 +23,6 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-
-	"github.com/poplimit/poplimit/global"
-)
-
-// The embedded broker's bounds by default: the flags' defaults, and what a
-// config's zero values stand for.
-const (
-	defaultEmbeddedRetention            = time.Hour
-	defaultEmbeddedRetentionBytes       = 256 << 20
-	defaultEmbeddedGlobalRetentionBytes = 64 << 20
-	defaultEmbeddedRetentionCheck       = time.Second
 )
 
 // minSegmentBytes is the smallest log segment of the embedded broker's
@@ -43,14 +31,15 @@ const (
 // its bound at most.
 const minSegmentBytes = 4 << 10
 
-// embeddedSASL is the SASL set-up of the embedded broker, from the
+// EmbeddedSASL is the SASL set-up of the embedded broker, from the
 // aggregator's own credentials (-kafka-sasl, -kafka-user,
-// -kafka-password-file) and the edges' (-embedded-edge-users).
-type embeddedSASL struct {
-	method    string // kfake's name: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
-	user      string // the aggregator's principal
-	password  string
-	edgeUsers map[string]string // the edges' principals and passwords
+// -kafka-password-file) and the edges' (-embedded-edge-users): see
+// LoadEmbeddedSASL.
+type EmbeddedSASL struct {
+	Method    string // kfake's name: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+	User      string // the aggregator's principal
+	Password  string
+	EdgeUsers map[string]string // the edges' principals and passwords
 }
 
 // kfakeMethod maps -kafka-sasl's names to kfake's.
@@ -94,31 +83,6 @@ func readEdgeUsers(file, aggregatorUser string) (map[string]string, error) {
 	return users, nil
 }
 
-// validateEmbedded reports the problems of the embedded broker's settings.
-func (c *config) validateEmbedded() []error {
-	var errs []error
-	if c.EmbeddedRetention < 0 || c.EmbeddedRetentionBytes < 0 || c.EmbeddedGlobalRetentionBytes < 0 || c.EmbeddedRetentionCheck < 0 {
-		errs = append(errs, fmt.Errorf("aggregator: -embedded-retention %v, -embedded-retention-bytes %d, -embedded-global-retention-bytes %d: must not be negative",
-			c.EmbeddedRetention, c.EmbeddedRetentionBytes, c.EmbeddedGlobalRetentionBytes))
-	}
-	if c.Consumer.TLS != nil {
-		errs = append(errs, errors.New("aggregator: -kafka-tls with the embedded broker: it serves plain TCP on loopback only; use -brokers for a TLS cluster"))
-	}
-	if (c.Consumer.SASL == nil) != (c.EmbeddedSASL == nil) {
-		errs = append(errs, errors.New("aggregator: -kafka-sasl with the embedded broker needs -embedded-edge-users (the principals the edges authenticate as), and -embedded-edge-users needs -kafka-sasl"))
-	}
-	return errs
-}
-
-// embeddedBounds returns the retention of the embedded broker's topics,
-// each zero replaced by its default.
-func (c *config) embeddedBounds() (retention time.Duration, decisions, counts int64, check time.Duration) {
-	return cmp.Or(c.EmbeddedRetention, defaultEmbeddedRetention),
-		cmp.Or(c.EmbeddedRetentionBytes, defaultEmbeddedRetentionBytes),
-		cmp.Or(c.EmbeddedGlobalRetentionBytes, defaultEmbeddedGlobalRetentionBytes),
-		cmp.Or(c.EmbeddedRetentionCheck, defaultEmbeddedRetentionCheck)
-}
-
 // topicConfigs are the settings of a topic of partitions partitions that
 // keeps bytes (all partitions together) for retention at most: Kafka's
 // retention.bytes is per partition, and retention drops whole segments.
@@ -137,10 +101,10 @@ func topicConfigs(partitions int, bytes int64, retention time.Duration) map[stri
 // their retention (or, kept in cfg.EmbeddedDataDir from an earlier run,
 // given it), and, with cfg.EmbeddedSASL, SASL and ACLs required of every
 // client (embeddedACLs), created at every start from the flags.
-func startEmbedded(cfg config, log *slog.Logger) (*kfake.Cluster, error) {
+func startEmbedded(ctx context.Context, cfg Config, log *slog.Logger) (*kfake.Cluster, error) {
 	port, _ := embeddedPort(cfg.Embedded) // validated
-	retention, decisionBytes, countBytes, check := cfg.embeddedBounds()
-	globalTopic := cmp.Or(cfg.GlobalTopic, global.DefaultTopic)
+	retention, decisionBytes, countBytes, check := cfg.EmbeddedRetention, cfg.EmbeddedRetentionBytes, cfg.EmbeddedGlobalRetentionBytes, cfg.EmbeddedRetentionCheck
+	globalTopic := cfg.GlobalTopic
 	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port),
 		// How often retention runs: the bound holds to what arrives
 		// in this long.
@@ -169,9 +133,9 @@ func startEmbedded(cfg config, log *slog.Logger) (*kfake.Cluster, error) {
 		}
 		admin = m
 		opts = append(opts, kfake.EnableSASL(), kfake.EnableACLs(), kfake.Superuser("SCRAM-SHA-512", adminUser, adminPass))
-		opts = append(opts, kfake.User(s.method, s.user, s.password))
-		for u, p := range s.edgeUsers {
-			opts = append(opts, kfake.User(s.method, u, p))
+		opts = append(opts, kfake.User(s.Method, s.User, s.Password))
+		for u, p := range s.EdgeUsers {
+			opts = append(opts, kfake.User(s.Method, u, p))
 		}
 	}
 	c, err := kfake.NewCluster(opts...)
@@ -193,7 +157,7 @@ func startEmbedded(cfg config, log *slog.Logger) (*kfake.Cluster, error) {
 	for _, t := range topics {
 		err := c.CreateTopic(t.name, int32(t.partitions), t.configs)
 		if errors.Is(err, kerr.TopicAlreadyExists) { // kept in the data directory
-			err = alterTopic(c.ListenAddrs(), admin, t.name, t.configs)
+			err = alterTopic(ctx, c.ListenAddrs(), admin, t.name, t.configs)
 		}
 		if err != nil {
 			c.Close()
@@ -201,7 +165,7 @@ func startEmbedded(cfg config, log *slog.Logger) (*kfake.Cluster, error) {
 		}
 	}
 	if cfg.EmbeddedSASL != nil {
-		if err := createACLs(c.ListenAddrs(), admin, embeddedACLs(cfg, globalTopic)); err != nil {
+		if err := createACLs(ctx, c.ListenAddrs(), admin, embeddedACLs(cfg, globalTopic)); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("aggregator: embedded broker: ACLs: %w", err)
 		}
@@ -213,14 +177,14 @@ func startEmbedded(cfg config, log *slog.Logger) (*kfake.Cluster, error) {
 
 // alterTopic sets configs on a topic that exists, through the broker's
 // API (kfake has no other way to change a topic's settings).
-func alterTopic(addrs []string, admin sasl.Mechanism, topic string, configs map[string]string) error {
+func alterTopic(ctx context.Context, addrs []string, admin sasl.Mechanism, topic string, configs map[string]string) error {
 	cl, done := adminClient(addrs, admin)
 	defer done()
 	res := kafka.IncrementalAlterConfigsRequestResource{ResourceType: kafka.ResourceTypeTopic, ResourceName: topic}
 	for k, v := range configs {
 		res.Configs = append(res.Configs, kafka.IncrementalAlterConfigsRequestConfig{Name: k, Value: v, ConfigOperation: kafka.ConfigOperationSet})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := cl.IncrementalAlterConfigs(ctx, &kafka.IncrementalAlterConfigsRequest{Resources: []kafka.IncrementalAlterConfigsRequestResource{res}})
 	if err != nil {
@@ -246,9 +210,9 @@ type grant struct {
 // gives the same for a real cluster): the aggregator reads the decisions
 // as a member of its group and writes the counts; each edge writes the
 // decisions and reads the counts. Read and Write imply Describe.
-func embeddedACLs(cfg config, globalTopic string) []grant {
+func embeddedACLs(cfg Config, globalTopic string) []grant {
 	s := cfg.EmbeddedSASL
-	agg := "User:" + s.user
+	agg := "User:" + s.User
 	gs := []grant{
 		{agg, kafka.ResourceTypeTopic, cfg.Consumer.Topic, kafka.ACLOperationTypeRead},
 		{agg, kafka.ResourceTypeGroup, cfg.Consumer.GroupID, kafka.ACLOperationTypeRead},
@@ -256,7 +220,7 @@ func embeddedACLs(cfg config, globalTopic string) []grant {
 	if cfg.GlobalInterval > 0 {
 		gs = append(gs, grant{agg, kafka.ResourceTypeTopic, globalTopic, kafka.ACLOperationTypeWrite})
 	}
-	for _, u := range slices.Sorted(maps.Keys(s.edgeUsers)) {
+	for _, u := range slices.Sorted(maps.Keys(s.EdgeUsers)) {
 		gs = append(gs, grant{"User:" + u, kafka.ResourceTypeTopic, cfg.Consumer.Topic, kafka.ACLOperationTypeWrite})
 		if cfg.GlobalInterval > 0 {
 			gs = append(gs, grant{"User:" + u, kafka.ResourceTypeTopic, globalTopic, kafka.ACLOperationTypeRead})
@@ -273,7 +237,7 @@ func adminClient(addrs []string, admin sasl.Mechanism) (*kafka.Client, func()) {
 }
 
 // createACLs creates gs through the broker's API, as its administrator.
-func createACLs(addrs []string, admin sasl.Mechanism, gs []grant) error {
+func createACLs(ctx context.Context, addrs []string, admin sasl.Mechanism, gs []grant) error {
 	cl, done := adminClient(addrs, admin)
 	defer done()
 	req := &kafka.CreateACLsRequest{}
@@ -282,7 +246,7 @@ func createACLs(addrs []string, admin sasl.Mechanism, gs []grant) error {
 			ResourcePatternType: kafka.PatternTypeLiteral, Principal: g.principal, Host: "*",
 			Operation: g.op, PermissionType: kafka.ACLPermissionTypeAllow})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := cl.CreateACLs(ctx, req)
 	if err != nil {
@@ -291,10 +255,12 @@ func createACLs(addrs []string, admin sasl.Mechanism, gs []grant) error {
 	return errors.Join(resp.Errors...)
 }
 
-// buildEmbeddedSASL returns the embedded broker's SASL set-up from the
-// aggregator's SASL flags and -embedded-edge-users (nil without
-// -kafka-sasl).
-func buildEmbeddedSASL(mechanism, user, passwordFile, edgeUsersFile string) (*embeddedSASL, error) {
+// LoadEmbeddedSASL returns the embedded broker's SASL set-up from the
+// aggregator's SASL mechanism (-kafka-sasl: plain, scram-sha-256 or
+// scram-sha-512), user and password file, and the file of the edges'
+// principals (-embedded-edge-users; see readEdgeUsers), or nil without a
+// mechanism or that file (Config.Validate names what is missing).
+func LoadEmbeddedSASL(mechanism, user, passwordFile, edgeUsersFile string) (*EmbeddedSASL, error) {
 	if mechanism == "" || edgeUsersFile == "" {
 		return nil, nil // validate names what is missing
 	}
@@ -302,8 +268,8 @@ func buildEmbeddedSASL(mechanism, user, passwordFile, edgeUsersFile string) (*em
 	if err != nil {
 		return nil, fmt.Errorf("aggregator: -kafka-password-file: %w", err)
 	}
-	s := &embeddedSASL{method: kfakeMethod[mechanism], user: user, password: strings.TrimSpace(string(b))}
-	if s.edgeUsers, err = readEdgeUsers(edgeUsersFile, user); err != nil {
+	s := &EmbeddedSASL{Method: kfakeMethod[mechanism], User: user, Password: strings.TrimSpace(string(b))}
+	if s.EdgeUsers, err = readEdgeUsers(edgeUsersFile, user); err != nil {
 		return nil, err
 	}
 	return s, nil

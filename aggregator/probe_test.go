@@ -1,4 +1,4 @@
-package main
+package aggregator
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 )
 
 // scrape GETs /metrics, wants 200 and returns the body.
-func scrape(t *testing.T, a *aggregator) string {
+func scrape(t *testing.T, a *Aggregator) string {
 	t.Helper()
 	resp, err := http.Get("http://" + a.Addr() + "/metrics")
 	if err != nil {

@@ -1,4 +1,4 @@
-package main
+package aggregator
 
 import (
 	"crypto/rand"
@@ -121,7 +121,7 @@ func TestEmbeddedRetentionSettings(t *testing.T) {
 	cfg.EmbeddedDataDir = t.TempDir()
 	cfg.GlobalTopic, cfg.GlobalInterval = "global", time.Second
 	cfg.EmbeddedRetention, cfg.EmbeddedRetentionBytes, cfg.EmbeddedGlobalRetentionBytes = 10*time.Minute, 8<<20, 1<<20
-	want := func(a *aggregator, topic, name, value string) {
+	want := func(a *Aggregator, topic, name, value string) {
 		t.Helper()
 		if got := topicConfig(t, a.Brokers(), topic, name); got != value {
 			t.Errorf("%s %s: got %q, want %q", topic, name, got, value)

@@ -1,4 +1,4 @@
-package main
+package aggregator
 
 import (
 	"log/slog"
@@ -27,15 +27,17 @@ const (
 	fixedBytes = 8 << 20
 )
 
-// memoryBound returns the most memory, in bytes, the aggregator's state
+// MemoryBound returns the most memory, in bytes, the aggregator's state
 // takes at c's bounds (the judge's, the global tally's, the consumer's
-// frame identities) without the embedded broker's log: the live heap. The
-// garbage between two collections comes on top; setMemoryLimit bounds it.
-func (c *config) memoryBound() int64 {
+// frame identities), its zero fields at their defaults, without the
+// embedded broker's log: the live heap. The garbage between two
+// collections comes on top; SetMemoryLimit bounds it.
+func (c Config) MemoryBound() int64 {
+	c = c.WithDefaults()
 	b := c.Judge.MemoryBound() + int64(c.Consumer.DedupFrames)*bytesPerDedupFrame + fixedBytes +
 		int64(c.Consumer.QueueCapacity)*maxMessageBytes + int64(c.Consumer.MaxBytes)
 	if c.GlobalInterval > 0 {
-		b += int64(c.globalMaxKeys()) * tallyBytesPerKey
+		b += int64(c.GlobalMaxKeys) * tallyBytesPerKey
 	}
 	return b
 }
@@ -48,11 +50,14 @@ func (c *config) memoryBound() int64 {
 // half as much again in RSS).
 func memoryLimit(b int64) int64 { return b + b/8 }
 
-// setMemoryLimit sets the Go runtime's soft memory limit to
-// memoryLimit(c.memoryBound()), unless GOMEMLIMIT is set (then that holds),
-// and logs which.
-func setMemoryLimit(c *config, log *slog.Logger) {
-	b := c.memoryBound()
+// SetMemoryLimit sets the Go runtime's soft memory limit to
+// memoryLimit(c.MemoryBound()), unless GOMEMLIMIT is set (then that holds),
+// and logs which. The limit is the process's: a program that runs an
+// aggregator alone calls it (cmd/aggregator does); one that embeds it
+// among other work sets its own.
+func SetMemoryLimit(c Config, log *slog.Logger) {
+	c = c.WithDefaults()
+	b := c.MemoryBound()
 	if v := os.Getenv("GOMEMLIMIT"); v != "" {
 		log.Info("aggregator: memory: GOMEMLIMIT holds", "gomemlimit", v, "state_bound_mib", b>>20)
 		return

@@ -1,4 +1,4 @@
-package main
+package aggregator
 
 import (
 	"context"
@@ -54,7 +54,7 @@ func groupTrace(keys int) (phases [2]*trace, want judge.Tally) {
 }
 
 // groupConfig is an aggregator of group on the broker at addr.
-func groupConfig(t *testing.T, addr, group string) config {
+func groupConfig(t *testing.T, addr, group string) Config {
 	cfg := testConfig(t)
 	cfg.Brokers = []string{addr}
 	cfg.Consumer.GroupID = group
@@ -85,7 +85,7 @@ func emitPhase(t *testing.T, tr *trace, producers map[uint16]*pipeline.Producer)
 	tr.emit(t, producers)
 }
 
-func eventsOf(t *testing.T, as ...*aggregator) float64 {
+func eventsOf(t *testing.T, as ...*Aggregator) float64 {
 	var n float64
 	for _, a := range as {
 		n += testenv.MetricSum(t, a.reg, "poplimit_aggregator_events_total")
@@ -155,7 +155,7 @@ func TestRebalanceMidStream(t *testing.T) {
 	_, addr := testenv.Broker(t, 0, groupPartitions, topic)
 	var mu sync.Mutex
 	applied := [2]map[uint64]int{{}, {}} // key -> events applied, by aggregator
-	cfgOf := func(i int) config {
+	cfgOf := func(i int) Config {
 		cfg := groupConfig(t, addr, "pair")
 		cfg.Consumer.MaxBatch = 16
 		cfg.onApply = func(b []event.Event) {

@@ -1,4 +1,4 @@
-package main
+package aggregator
 
 import (
 	"io"
@@ -81,7 +81,7 @@ func TestMemoryBoundUnderFlood(t *testing.T) {
 		return testenv.MetricSum(t, a.reg, "poplimit_aggregator_events_total") >= float64(total)
 	})
 	used := heapInUse() - before
-	bound := cfg.memoryBound() - fixedBytes - int64(cfg.Consumer.QueueCapacity)*maxMessageBytes - int64(cfg.Consumer.MaxBytes)
+	bound := cfg.MemoryBound() - fixedBytes - int64(cfg.Consumer.QueueCapacity)*maxMessageBytes - int64(cfg.Consumer.MaxBytes)
 	tallied, _ := a.tally.Keys()
 	t.Logf("heap with no event: %d KiB (documented %d KiB); after the flood: %d KiB beyond it, bound %d KiB; judge keys %v, tally keys %d",
 		fixed>>10, fixedBytes>>10, (used-fixed)>>10, bound>>10, testenv.MetricSum(t, a.reg, "poplimit_aggregator_keys"), tallied)
@@ -109,18 +109,15 @@ func TestMemoryBoundUnderFlood(t *testing.T) {
 func TestSoftMemoryLimit(t *testing.T) {
 	old := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(old) })
-	cfg, _, _, err := parseFlags(nil, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var cfg Config // the defaults, as the command's flags are
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	t.Setenv("GOMEMLIMIT", "")
 	debug.SetMemoryLimit(math.MaxInt64)
-	setMemoryLimit(&cfg, log)
-	want := memoryLimit(cfg.memoryBound())
+	SetMemoryLimit(cfg, log)
+	want := memoryLimit(cfg.MemoryBound())
 	if got := debug.SetMemoryLimit(-1); got != want {
-		t.Errorf("without GOMEMLIMIT: soft limit %d, want %d (the bound %d plus an eighth)", got, want, cfg.memoryBound())
+		t.Errorf("without GOMEMLIMIT: soft limit %d, want %d (the bound %d plus an eighth)", got, want, cfg.MemoryBound())
 	}
 	if want > 1200<<20 {
 		t.Errorf("soft limit at the defaults %d MiB: over the documented 1,137 MiB", want>>20)
@@ -128,7 +125,7 @@ func TestSoftMemoryLimit(t *testing.T) {
 
 	t.Setenv("GOMEMLIMIT", "1800MiB")
 	debug.SetMemoryLimit(1800 << 20) // as the runtime read it at start
-	setMemoryLimit(&cfg, log)
+	SetMemoryLimit(cfg, log)
 	if got := debug.SetMemoryLimit(-1); got != 1800<<20 {
 		t.Errorf("with GOMEMLIMIT=1800MiB: soft limit %d, want it left", got)
 	}

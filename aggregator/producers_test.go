@@ -1,7 +1,8 @@
-package main
+package aggregator
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -46,7 +47,7 @@ func TestProducersSharingAnEdgeID(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Judge.AllowedLateness = time.Minute
 	var logs testenv.LockedBuffer
-	a, err := start(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	a, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,7 @@
-package main
+package aggregator
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,7 +31,7 @@ func principal(t testing.TB, user, pass string) sasl.Mechanism {
 
 // writeTo writes one message to topic as m (nil: no SASL) and returns the
 // error, if any.
-func writeTo(a *aggregator, m sasl.Mechanism, topic string) error {
+func writeTo(a *Aggregator, m sasl.Mechanism, topic string) error {
 	tr := &kafka.Transport{SASL: m, DialTimeout: 2 * time.Second}
 	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{Addr: kafka.TCP(a.Brokers()...), Topic: topic, Transport: tr, MaxAttempts: 1,
@@ -45,7 +44,7 @@ func writeTo(a *aggregator, m sasl.Mechanism, topic string) error {
 
 // fetchFrom reads partition 0 of topic from its start as m, and returns
 // the error, if any.
-func fetchFrom(a *aggregator, m sasl.Mechanism, topic string) error {
+func fetchFrom(a *Aggregator, m sasl.Mechanism, topic string) error {
 	tr := &kafka.Transport{SASL: m, DialTimeout: 2 * time.Second}
 	defer tr.CloseIdleConnections()
 	cl := &kafka.Client{Addr: kafka.TCP(a.Brokers()...), Timeout: 5 * time.Second, Transport: tr}
@@ -58,7 +57,7 @@ func fetchFrom(a *aggregator, m sasl.Mechanism, topic string) error {
 
 // groupOffsets asks for group's offsets of topic as m, and returns the
 // error, if any.
-func groupOffsets(a *aggregator, m sasl.Mechanism, group, topic string) error {
+func groupOffsets(a *Aggregator, m sasl.Mechanism, group, topic string) error {
 	tr := &kafka.Transport{SASL: m, DialTimeout: 2 * time.Second}
 	defer tr.CloseIdleConnections()
 	cl := &kafka.Client{Addr: kafka.TCP(a.Brokers()...), Timeout: 5 * time.Second, Transport: tr}
@@ -105,7 +104,7 @@ func TestEmbeddedBrokerSASL(t *testing.T) {
 	if _, cfg.Consumer.SASL, err = ka.Build(); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.EmbeddedSASL, err = buildEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
+	if cfg.EmbeddedSASL, err = LoadEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
 		t.Fatal(err)
 	}
 	a := startAggregator(t, cfg)
@@ -174,45 +173,6 @@ func TestEmbeddedBrokerSASL(t *testing.T) {
 	}
 }
 
-// TestEmbeddedSASLFlags: -kafka-sasl with the embedded broker needs the
-// edges' principals, which belong to the embedded broker only; a bad line
-// of their file is named.
-func TestEmbeddedSASLFlags(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		f := filepath.Join(dir, name)
-		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
-	pass := write("pass", "secret\n")
-	sasl := []string{"-kafka-sasl", "scram-sha-512", "-kafka-user", "agg", "-kafka-password-file", pass}
-	cfg, _, _, err := parseFlags(append(sasl, "-embedded-edge-users", write("ok", "e1:p1\ne2:p2\n")), io.Discard)
-	if err != nil || cfg.EmbeddedSASL == nil || len(cfg.EmbeddedSASL.edgeUsers) != 2 || cfg.EmbeddedSASL.method != "SCRAM-SHA-512" {
-		t.Errorf("SASL with two edge users: got %+v, %v", cfg.EmbeddedSASL, err)
-	}
-	for _, tc := range []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"no edge users", sasl, "needs -embedded-edge-users"},
-		{"edge users without SASL", []string{"-embedded-edge-users", write("e", "e1:p1\n")}, "needs -kafka-sasl"},
-		{"edge users with brokers", append(sasl, "-brokers", "k:9092", "-embedded-edge-users", write("e2", "e1:p1\n")), "-embedded-edge-users with -brokers"},
-		{"no password", append(sasl, "-embedded-edge-users", write("bad", "e1:p1\ne2\n")), "line 2: want \"user:password\""},
-		{"the aggregator's user", append(sasl, "-embedded-edge-users", write("agg", "agg:x\n")), "the aggregator's own"},
-		{"twice", append(sasl, "-embedded-edge-users", write("twice", "e1:a\ne1:b\n")), `"e1" listed twice`},
-		{"empty", append(sasl, "-embedded-edge-users", write("empty", "# none\n")), "no user"},
-		{"TLS", []string{"-kafka-tls"}, "-kafka-tls with the embedded broker"},
-		{"negative retention", []string{"-embedded-retention-bytes", "-1"}, "must not be negative"},
-	} {
-		if _, _, _, err := parseFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: got %v, want an error saying %q", tc.name, err, tc.want)
-		}
-	}
-}
-
 // TestEmbeddedSASLRestart restarts an aggregator whose embedded broker
 // requires SASL and ACLs on the data directory of the first, with an
 // edge's password changed: it gives the topics it kept their settings as
@@ -232,12 +192,12 @@ func TestEmbeddedSASLRestart(t *testing.T) {
 	if _, cfg.Consumer.SASL, err = ka.Build(); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.EmbeddedSASL, err = buildEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
+	if cfg.EmbeddedSASL, err = LoadEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
 		t.Fatal(err)
 	}
 	stopAggregator(t, startAggregator(t, cfg))
 	_ = os.WriteFile(usersFile, []byte("edge-a:new-secret\n"), 0o600)
-	if cfg.EmbeddedSASL, err = buildEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
+	if cfg.EmbeddedSASL, err = LoadEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
 		t.Fatal(err)
 	}
 	cfg.EmbeddedRetentionBytes = 1 << 20
@@ -270,7 +230,7 @@ func TestEmbeddedSASLPlain(t *testing.T) {
 	if _, cfg.Consumer.SASL, err = ka.Build(); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.EmbeddedSASL, err = buildEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
+	if cfg.EmbeddedSASL, err = LoadEmbeddedSASL(ka.Mechanism, ka.User, ka.PasswordFile, usersFile); err != nil {
 		t.Fatal(err)
 	}
 	a := startAggregator(t, cfg)

@@ -1,7 +1,6 @@
-package main
+package aggregator
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,141 +27,12 @@ import (
 	"github.com/poplimit/poplimit/pipeline"
 )
 
-// config is the aggregator's configuration, built by parseFlags (or by a
-// test). The defaults are the flags'.
-type config struct {
-	// Listen is the HTTP address for /metrics, /report and /healthz.
-	Listen string
-	// Brokers are the Kafka brokers; empty serves an embedded broker.
-	Brokers []string
-	// Embedded is the embedded broker's address, a loopback host:port
-	// (port 0: any free port). Default 127.0.0.1:9392.
-	Embedded string
-	// EmbeddedDataDir, when set, is where the embedded broker keeps its
-	// log and the group's offsets across restarts.
-	EmbeddedDataDir string
-	// Partitions is the partition count of the topic the embedded broker
-	// creates. Default 8.
-	Partitions int
-	// EmbeddedRetention bounds how long the embedded broker keeps the
-	// messages of both topics (retention.ms), EmbeddedRetentionBytes the
-	// bytes of decision events it keeps, all partitions together, and
-	// EmbeddedGlobalRetentionBytes those of the counts (retention.bytes,
-	// per partition, is the share of each); it holds a topic to 9/8 of
-	// its bytes at most (retention drops whole segments, an eighth each),
-	// checked every EmbeddedRetentionCheck. Zero is the default: 1 h,
-	// 256 MiB, 64 MiB and 1 s.
-	EmbeddedRetention            time.Duration
-	EmbeddedRetentionBytes       int64
-	EmbeddedGlobalRetentionBytes int64
-	EmbeddedRetentionCheck       time.Duration
-	// EmbeddedSASL, when set (-kafka-sasl with -embedded-edge-users), makes
-	// the embedded broker require SASL and ACLs of every client (see
-	// startEmbedded). Default nil: no authentication.
-	EmbeddedSASL *embeddedSASL
-	// Consumer configures the consumer group; Brokers is set by start.
-	Consumer pipeline.ConsumerConfig
-	// Judge configures the judge.
-	Judge judge.Config
-	// IdleFlush is how long without events before everything buffered is
-	// judged; 0 never. Default 1 s. Judge.Hold needs the same ticker.
-	IdleFlush time.Duration
-	// ShutdownTimeout bounds the HTTP server's shutdown. Default 10 s.
-	ShutdownTimeout time.Duration
-	// Pprof serves /debug/pprof/ on Listen (off by default: Listen has
-	// no authentication, keep it on loopback when this is on).
-	Pprof bool
-	// GlobalTopic receives, every GlobalInterval (0: never), the counts
-	// per PoP of the keys of global rules that matter (package global):
-	// the edges of every PoP read it. GlobalMinShare is global.TallyConfig's
-	// MinShare.
-	GlobalTopic    string
-	GlobalInterval time.Duration
-	GlobalMinShare float64
-	// GlobalMaxKeys bounds the keys of global rules counted for the
-	// global topic (global.TallyConfig.MaxKeys, about tallyBytesPerKey
-	// each): past it, the events of new keys are not counted until idle
-	// keys leave, and are counted in
-	// poplimit_aggregator_global_tally_dropped_events_total. 0 means
-	// DefaultGlobalMaxKeys.
-	GlobalMaxKeys int
-	// GlobalKeyFile holds the secret (at least 32 bytes) the global topic's
-	// messages are signed with, shared with the edges (global.LoadKey).
-	// Empty: unsigned, with a warning. GlobalPublisher names this
-	// aggregator in them; each publisher needs its own name. Default the
-	// host's name and the address Listen bound.
-	GlobalKeyFile   string
-	GlobalPublisher string
-
-	// onApply, when set (tests), sees every batch after the judge took it.
-	onApply func([]event.Event)
-}
-
-// validate reports every problem with c that start would otherwise find
-// one at a time; the judge's and consumer's own Validate cover theirs.
-// DefaultGlobalMaxKeys is config.GlobalMaxKeys's default.
-const DefaultGlobalMaxKeys = 1 << 18
-
-func (c *config) globalMaxKeys() int { return cmp.Or(c.GlobalMaxKeys, DefaultGlobalMaxKeys) }
-
-func (c *config) validate() error {
-	var errs []error
-	if c.Listen == "" {
-		errs = append(errs, errors.New(`aggregator: -listen "": required`))
-	}
-	if len(c.Brokers) == 0 {
-		if _, err := embeddedPort(c.Embedded); err != nil {
-			errs = append(errs, err)
-		}
-		if c.Partitions < 1 || c.Partitions > 10000 {
-			errs = append(errs, fmt.Errorf("aggregator: -partitions %d: must be between 1 and 10000", c.Partitions))
-		}
-		errs = append(errs, c.validateEmbedded()...)
-	}
-	if c.GlobalInterval < 0 || c.GlobalMinShare < 0 || c.GlobalMinShare > 1 {
-		errs = append(errs, fmt.Errorf("aggregator: -global-interval %v, -global-min-share %v: want a duration not negative and a share between 0 and 1", c.GlobalInterval, c.GlobalMinShare))
-	}
-	if c.GlobalMaxKeys < 0 {
-		errs = append(errs, fmt.Errorf("aggregator: -global-max-keys %d: must be at least 1", c.GlobalMaxKeys))
-	}
-	if len(c.GlobalPublisher) > global.MaxPublisherLen {
-		errs = append(errs, fmt.Errorf("aggregator: -global-publisher %q: at most %d bytes", c.GlobalPublisher, global.MaxPublisherLen))
-	}
-	if c.IdleFlush < 0 {
-		errs = append(errs, fmt.Errorf("aggregator: -idle-flush %v: must not be negative", c.IdleFlush))
-	}
-	if c.ShutdownTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("aggregator: -shutdown-timeout %v: must be positive", c.ShutdownTimeout))
-	}
-	if err := c.Judge.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-// embeddedPort checks that addr is a loopback host:port (kfake listens on
-// 127.0.0.1 only, without TLS: it must not face a network) and returns the
-// port.
-func embeddedPort(addr string) (int, error) {
-	host, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return 0, fmt.Errorf("aggregator: -embedded-broker %q: %w", addr, err)
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 0 || port > 65535 {
-		return 0, fmt.Errorf("aggregator: -embedded-broker %q: bad port", addr)
-	}
-	if host != "127.0.0.1" && host != "localhost" {
-		return 0, fmt.Errorf("aggregator: -embedded-broker %q: the embedded broker listens on 127.0.0.1 only", addr)
-	}
-	return port, nil
-}
-
-// aggregator is a running aggregator: the embedded broker (if any), the
+// Aggregator is a running aggregator: the embedded broker (if any), the
 // consumer feeding the judge, the idle flusher and the HTTP server. Start
-// with start, stop with Stop; it owns every goroutine it starts.
-type aggregator struct {
-	cfg      config
+// it with Start, stop it with Shutdown or Close; it owns every goroutine
+// it starts.
+type Aggregator struct {
+	cfg      Config
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	broker   *kfake.Cluster // nil with external brokers
@@ -177,19 +47,26 @@ type aggregator struct {
 	lastApply atomic.Int64  // wall clock of the last batch, Unix ns
 	failed    chan error    // Run's error, if it fails; capacity 1
 	runDone   chan struct{} // closed when the consumer goroutine returns
-	quit      chan struct{} // closed by Stop: the ticker returns
+	quit      chan struct{} // closed by Shutdown: the ticker returns
 	wg        sync.WaitGroup
 	stopOnce  sync.Once
 	stopErr   error
 }
 
-// start builds and starts an aggregator. On error, whatever it started is
-// stopped.
-func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
-	if err := cfg.validate(); err != nil {
+// Start builds and starts an aggregator of cfg, its zero fields taking
+// their defaults (Config.WithDefaults), logging to log (nil:
+// slog.Default()). ctx bounds the start (the embedded broker's set-up);
+// the aggregator runs until Shutdown or Close, or until its consumer fails
+// (Failed). On error, whatever it started is stopped.
+func Start(ctx context.Context, cfg Config, log *slog.Logger) (a *Aggregator, err error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	a = &aggregator{cfg: cfg, log: log, reg: prometheus.NewRegistry(),
+	if log == nil {
+		log = slog.Default()
+	}
+	a = &Aggregator{cfg: cfg, log: log, reg: prometheus.NewRegistry(),
 		failed: make(chan error, 1), runDone: make(chan struct{}), quit: make(chan struct{})}
 	var undo []func()
 	defer func() {
@@ -202,7 +79,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 
 	a.brokers = cfg.Brokers
 	if len(a.brokers) == 0 {
-		if a.broker, err = startEmbedded(cfg, log); err != nil {
+		if a.broker, err = startEmbedded(ctx, cfg, log); err != nil {
 			return nil, err
 		}
 		undo = append(undo, a.broker.Close)
@@ -223,13 +100,13 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 	if a.consumer, err = pipeline.NewConsumer(cc, a.reg); err != nil {
 		return nil, err
 	}
-	consumer := a.consumer // a is nil once start returns an error
+	consumer := a.consumer // a is nil once Start returns an error
 	undo = append(undo, func() { _ = consumer.Close() })
 
 	if a.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("aggregator: -listen: %w", err)
+		return nil, fmt.Errorf("aggregator: -listen (Config.Listen): %w", err)
 	}
-	ln := a.ln // a is nil once start returns an error
+	ln := a.ln // a is nil once Start returns an error
 	undo = append(undo, func() { ln.Close() })
 
 	if cfg.GlobalInterval > 0 {
@@ -239,17 +116,17 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 				return nil, err
 			}
 		}
-		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare, MaxKeys: cfg.globalMaxKeys()})
+		a.tally = global.NewTally(global.TallyConfig{MinShare: cfg.GlobalMinShare, MaxKeys: cfg.GlobalMaxKeys})
 		a.reg.MustRegister(aggstate.TallyDropped(a.tally))
 		pub, err := global.NewPublisher(a.tally, global.KafkaConfig{Brokers: a.brokers, Topic: cfg.GlobalTopic,
 			TLS: cc.TLS, SASL: cc.SASL, Key: key, Name: publisherName(cfg, a.ln.Addr())}, cfg.GlobalInterval, log, a.reg)
 		if err != nil {
 			return nil, err
 		}
-		ctx, cancel := context.WithCancel(context.Background())
+		pctx, cancel := context.WithCancel(context.Background())
 		a.pubStop = cancel
 		a.wg.Add(1)
-		go func() { defer a.wg.Done(); pub.Run(ctx) }()
+		go func() { defer a.wg.Done(); pub.Run(pctx) }()
 		undo = append(undo, cancel)
 	}
 
@@ -269,7 +146,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 		go a.tick()
 	}
 	log.Info("aggregator: started", "listen", a.ln.Addr().String(), "brokers", a.brokers,
-		"memory_bound_mib", cfg.memoryBound()>>20,
+		"memory_bound_mib", cfg.MemoryBound()>>20,
 		"topic", cc.Topic, "group", cc.GroupID, "allowed_lateness", cfg.Judge.AllowedLateness,
 		"max_clock_skew", cfg.Judge.MaxClockSkew, "max_event_age", cfg.Judge.MaxEventAge,
 		"idle_flush", cfg.IdleFlush)
@@ -279,7 +156,7 @@ func start(cfg config, log *slog.Logger) (a *aggregator, err error) {
 // publisherName is cfg.GlobalPublisher, or the host's name and the
 // address it listens on: two aggregators on one host listen on different
 // ones, and a restarted one on the same.
-func publisherName(cfg config, listen net.Addr) string {
+func publisherName(cfg Config, listen net.Addr) string {
 	if cfg.GlobalPublisher != "" {
 		return cfg.GlobalPublisher
 	}
@@ -295,11 +172,28 @@ func nameOr(s, def string) string {
 	return s
 }
 
-// Failed delivers the consumer's error if it stops by itself.
-func (a *aggregator) Failed() <-chan error { return a.failed }
+// Addr is the address the HTTP server listens on (Config.Listen, its port
+// chosen if 0).
+func (a *Aggregator) Addr() string { return a.ln.Addr().String() }
 
-// consume runs the consumer until Stop closes it, or until it fails.
-func (a *aggregator) consume() {
+// Brokers are the brokers the consumer reads from: Config.Brokers, or the
+// embedded broker's address.
+func (a *Aggregator) Brokers() []string { return a.brokers }
+
+// Report is the judge's report, as /report serves it; with flush, every
+// buffered event is judged first (as /report?flush=1).
+func (a *Aggregator) Report(flush bool) judge.Report {
+	if flush {
+		a.judge.Flush()
+	}
+	return a.judge.Report()
+}
+
+// Failed delivers the consumer's error if it stops by itself.
+func (a *Aggregator) Failed() <-chan error { return a.failed }
+
+// consume runs the consumer until Shutdown closes it, or until it fails.
+func (a *Aggregator) consume() {
 	defer close(a.runDone)
 	err := a.consumer.Run(context.Background(), a.apply)
 	if err != nil && !errors.Is(err, pipeline.ErrClosed) {
@@ -312,7 +206,7 @@ func (a *aggregator) consume() {
 // their times by (MaxClockSkew, MaxEventAge). It never fails: the judge
 // copies what it keeps, so the batch may be committed as soon as this
 // returns.
-func (a *aggregator) apply(batch []event.Event) error {
+func (a *Aggregator) apply(batch []event.Event) error {
 	now := time.Now().UnixNano()
 	a.judge.Add(now, batch...)
 	if a.tally != nil {
@@ -328,7 +222,7 @@ func (a *aggregator) apply(batch []event.Event) error {
 // tick drives the judge's clock: it releases the events whose hold is over
 // (judge.Config.Hold) and judges everything buffered once no batch has
 // arrived for IdleFlush.
-func (a *aggregator) tick() {
+func (a *Aggregator) tick() {
 	defer a.wg.Done()
 	period := time.Second
 	if h := a.cfg.Judge.Hold; h > 0 {
@@ -355,11 +249,18 @@ func (a *aggregator) tick() {
 	}
 }
 
-// Stop stops the aggregator: the consumer (after committing the batch in
-// hand), then the ticker; it judges what is still buffered, stops the
+// Close is Shutdown within Config.ShutdownTimeout.
+func (a *Aggregator) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
+	defer cancel()
+	return a.Shutdown(ctx)
+}
+
+// Shutdown stops the aggregator: the consumer (after committing the batch
+// in hand), then the ticker; it judges what is still buffered, stops the
 // HTTP server within ctx, and stops the embedded broker last. It is
 // idempotent.
-func (a *aggregator) Stop(ctx context.Context) error {
+func (a *Aggregator) Shutdown(ctx context.Context) error {
 	a.stopOnce.Do(func() {
 		var errs []error
 		if err := a.consumer.Close(); err != nil {
@@ -392,7 +293,7 @@ func (a *aggregator) Stop(ctx context.Context) error {
 }
 
 // handler serves /metrics, /report and /healthz.
-func (a *aggregator) handler() http.Handler {
+func (a *Aggregator) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	mux.HandleFunc("GET /report", a.serveReport)
@@ -410,18 +311,16 @@ func (a *aggregator) handler() http.Handler {
 // serveReport writes the judge's report as JSON. With flush=1 (or true) it
 // first judges every buffered event, as at the end of a replay; events that
 // arrive later and older than those are then late.
-func (a *aggregator) serveReport(w http.ResponseWriter, r *http.Request) {
+func (a *Aggregator) serveReport(w http.ResponseWriter, r *http.Request) {
+	var flush bool
 	if f := r.URL.Query().Get("flush"); f != "" {
-		flush, err := strconv.ParseBool(f)
-		if err != nil {
+		var err error
+		if flush, err = strconv.ParseBool(f); err != nil {
 			http.Error(w, fmt.Sprintf("flush=%q: want a boolean", f), http.StatusBadRequest)
 			return
 		}
-		if flush {
-			a.judge.Flush()
-		}
 	}
-	b, err := json.MarshalIndent(a.judge.Report(), "", "  ")
+	b, err := json.MarshalIndent(a.Report(flush), "", "  ")
 	if err != nil { // unreachable: the report holds only finite numbers
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return

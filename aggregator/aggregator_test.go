@@ -1,4 +1,4 @@
-package main
+package aggregator
 
 import (
 	"context"
@@ -30,17 +30,19 @@ import (
 const topic = "decisions"
 
 // testConfig is an aggregator configuration with an embedded broker on any
-// free port, timeouts short enough for tests, and no idle flush (tests
-// flush through /report?flush=1 or Stop).
-func testConfig(t testing.TB) config {
+// free port, timeouts short enough for tests, no idle flush (tests flush
+// through /report?flush=1 or Shutdown) and no counts published.
+func testConfig(t testing.TB) Config {
 	t.Helper()
-	c := config{
+	c := Config{
 		Listen:          "127.0.0.1:0",
 		Embedded:        "127.0.0.1:0",
 		Partitions:      4,
 		Consumer:        pipeline.DefaultConsumerConfig(),
 		Judge:           judge.DefaultConfig(),
 		ShutdownTimeout: 5 * time.Second,
+		IdleFlush:       Never,
+		GlobalInterval:  Never,
 	}
 	c.Consumer.Topic = topic
 	c.Consumer.GroupID = "aggregator"
@@ -56,26 +58,20 @@ func testConfig(t testing.TB) config {
 }
 
 // startAggregator starts an aggregator and stops it at the end of the test
-// (tests that check the stop call Stop themselves first).
-func startAggregator(t testing.TB, cfg config) *aggregator {
+// (tests that check the stop call Shutdown themselves first).
+func startAggregator(t testing.TB, cfg Config) *Aggregator {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	}
-	a, err := start(cfg, log)
+	a, err := Start(context.Background(), cfg, log)
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
 	t.Cleanup(func() { stopAggregator(t, a) })
 	return a
 }
-
-// Addr returns the HTTP listener's address.
-func (a *aggregator) Addr() string { return a.ln.Addr().String() }
-
-// Brokers returns the brokers the consumer reads from.
-func (a *aggregator) Brokers() []string { return a.brokers }
 
 type testWriter struct{ t testing.TB }
 
@@ -84,12 +80,12 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func stopAggregator(t testing.TB, a *aggregator) {
+func stopAggregator(t testing.TB, a *Aggregator) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	if err := a.Stop(ctx); err != nil {
-		t.Errorf("Stop: got %v, want nil", err)
+	if err := a.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown: got %v, want nil", err)
 	}
 }
 
@@ -121,7 +117,7 @@ func closeProducer(t testing.TB, p *pipeline.Producer) {
 	}
 }
 
-func getReport(t testing.TB, a *aggregator, flush bool) judge.Report {
+func getReport(t testing.TB, a *Aggregator, flush bool) judge.Report {
 	t.Helper()
 	url := "http://" + a.Addr() + "/report"
 	if flush {
@@ -470,7 +466,7 @@ func TestRestartExactlyOnce(t *testing.T) {
 	}
 	for i, r := range []judge.Report{r1, r2} {
 		if r.Buffered != 0 || r.Judged+r.Late+r.Invalid != r.Events {
-			t.Errorf("aggregator %d after Stop: got %d buffered, %d judged + %d late + %d invalid of %d events; "+
+			t.Errorf("aggregator %d after Shutdown: got %d buffered, %d judged + %d late + %d invalid of %d events; "+
 				"want nothing buffered, all accounted for", i+1, r.Buffered, r.Judged, r.Late, r.Invalid, r.Events)
 		}
 	}
@@ -501,7 +497,7 @@ func TestRestartExactlyOnce(t *testing.T) {
 func TestEmbeddedDataDir(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t)
-	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	cfg.EmbeddedDataDir = t.TempDir()
 	cfg.IdleFlush = 100 * time.Millisecond
 

@@ -1,6 +1,7 @@
-package main
+package aggregator
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/poplimit/poplimit/global"
+	"github.com/poplimit/poplimit/internal/testenv"
 )
 
 // TestGlobalKeyFileRefused: a key file shorter than 32 bytes, or one that
@@ -21,7 +23,7 @@ func TestGlobalKeyFileRefused(t *testing.T) {
 	for _, path := range []string{short, filepath.Join(t.TempDir(), "missing")} {
 		cfg := testConfig(t)
 		cfg.GlobalInterval, cfg.GlobalKeyFile = global.DefaultInterval, path
-		a, err := start(cfg, slog.New(slog.DiscardHandler))
+		a, err := Start(context.Background(), cfg, slog.New(slog.DiscardHandler))
 		if err == nil {
 			stopAggregator(t, a)
 			t.Errorf("key file %s: started, want an error", path)
@@ -31,10 +33,10 @@ func TestGlobalKeyFileRefused(t *testing.T) {
 			t.Errorf("key file %s: error %q does not name -global-key-file", path, err)
 		}
 	}
-	var out syncBuffer
+	var out testenv.LockedBuffer
 	cfg := testConfig(t)
 	cfg.GlobalInterval = global.DefaultInterval
-	a, err := start(cfg, slog.New(slog.NewTextHandler(&out, nil)))
+	a, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&out, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
