@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/clientaddr"
+	"github.com/poplimit/poplimit/decision"
 
 	"github.com/poplimit/poplimit/rules"
 )
@@ -127,7 +128,7 @@ type Config struct {
 
 	// RetryJitter is the most random seconds added to Retry-After, so that
 	// refused clients do not all come back at once.
-	RetryJitter time.Duration // default 2s
+	RetryJitter time.Duration // default decision.DefaultRetryJitter (2s)
 
 	// TLSCert and TLSKey, both set, serve the traffic listener over TLS
 	// (1.2 and 1.3 only, AEAD suites); the pair is reloaded when either
@@ -217,7 +218,7 @@ func (c *Config) setDefaults() {
 		c.MaxConnsPerClient = 1024
 	}
 	if c.RetryJitter == 0 {
-		c.RetryJitter = 2 * time.Second
+		c.RetryJitter = decision.DefaultRetryJitter
 	}
 }
 
