@@ -80,10 +80,13 @@ type GlobalView interface {
 	Others(key uint64, now, w int64) (units uint64, fresh bool)
 }
 
-// CoreDeps are the parts a Core runs. Limiter and Blocks are required.
+// CoreDeps are the parts a Core runs. Limiter is required.
 type CoreDeps struct {
 	Limiter *window.Limiter
-	Blocks  BlockCache
+	// Blocks holds refused keys until their release; nil: none, every
+	// decision asks the limiter, and rules of action: block are refused
+	// (the cache is what holds their block for the timeout).
+	Blocks BlockCache
 	// Slots runs concurrency rules; nil refuses rules that have any.
 	Slots      *window.Slots
 	Events     Emitter               // nil: no decision events
@@ -111,6 +114,7 @@ type Core struct {
 	shed     shedder
 	inflight atomic.Int64
 	delayed  atomic.Int64 // requests held by leaky-bucket queues
+	owned    *owned       // what New started, stopped by Close; nil for NewCore
 }
 
 // snapshot is one generation of rules with the metric handles of each rule,
@@ -133,8 +137,11 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 	if cfg.EdgeID < 0 || cfg.EdgeID > 65535 {
 		return nil, fmt.Errorf("edge: EdgeID %d: must be between 0 and 65535", cfg.EdgeID)
 	}
-	if deps.Limiter == nil || deps.Blocks == nil {
-		return nil, errors.New("edge: NewCore: Limiter and Blocks are required")
+	if deps.Limiter == nil {
+		return nil, errors.New("edge: NewCore: a Limiter is required")
+	}
+	if deps.Blocks == nil {
+		deps.Blocks = noBlocks{}
 	}
 	if cfg.MaxDelayed < 0 || cfg.MaxDelayed > 1<<20 {
 		return nil, fmt.Errorf("edge: MaxDelayed %d: must be between 0 (default) and 2^20", cfg.MaxDelayed)
@@ -202,6 +209,9 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 		}
 		if r.Kind == rules.Concurrency {
 			n++
+		}
+		if _, none := c.blocks.(noBlocks); none && r.Action == window.Block {
+			return fmt.Errorf("edge: rule %q has action: block, which needs a block cache (CoreDeps.Blocks) to hold the block for its timeout", r.Name)
 		}
 	}
 	sn.hasConc = n > 0

@@ -21,7 +21,6 @@ import (
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/httpedge"
-	"github.com/poplimit/poplimit/middleware"
 	"github.com/poplimit/poplimit/rules/envoyconf"
 )
 
@@ -164,7 +163,7 @@ func TestEveryFrontEndRendersTheSameRefusal(t *testing.T) {
 	}
 	{
 		e := build(edge.Options{})
-		mw := middleware.NetHTTP(e)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+		mw := e.NetHTTP()(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 		frontEnds = append(frontEnds, frontEnd{name: "net/http middleware", ask: func() refusal {
 			req := httptest.NewRequest("GET", "http://api.example.com/x", nil)
 			req.RemoteAddr = "198.51.100.7:4242"

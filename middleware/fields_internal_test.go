@@ -10,7 +10,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/poplimit/poplimit/decision"
-	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/httpedge"
 )
 
@@ -121,7 +120,7 @@ func FuzzFieldsMatchEdgeServer(f *testing.F) {
 
 // Looking up fields without escapes allocates nothing.
 func TestFieldsDoNotAllocate(t *testing.T) {
-	if edgetest.Race {
+	if raceEnabled {
 		t.Skip("allocation counts are checked without -race")
 	}
 	mw, _, ok := bothFields(t, "GET /?a=1&key=r1&key=real HTTP/1.1\nHost: x\nX-API-Key: a\nX-API-Key: b\nCookie: x=1; sid=r1\nCookie: sid=real\n\n")

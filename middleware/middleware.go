@@ -1,17 +1,23 @@
-// Package middleware puts a poplimit edge in front of a Go program's own
-// handlers: net/http middleware (func(http.Handler) http.Handler) and a
-// fasthttp handler wrapper, over the same decision core as the edge
-// server, with the same rules file, store options (memory, memcached),
-// decision events, response headers and refusal body.
+// Package middleware puts poplimit's decision core in front of a Go
+// program's own net/http handlers: func(http.Handler) http.Handler, over
+// the same core as the edge server, with the same rules file, stores
+// (in memory, memcached, Redis), decision events, response headers and
+// refusal body. It imports no store client, transport or other front end;
+// package middleware/fasthttpmw is the same for fasthttp.
 //
-// Build the edge from edge.Options as cmd/edge would (rules file, store,
-// brokers, trusted proxies), then wrap handlers with it instead of calling
-// Serve; close the edge when the program stops:
+// Build the core with decision.New over a store, then wrap handlers:
 //
-//	e, err := edge.Build(opts)
+//	rs, err := rules.ParseRules(rulesYAML)
 //	...
-//	defer e.Close(ctx)
-//	http.ListenAndServe(addr, middleware.NetHTTP(e)(mux))
+//	core, err := decision.New(rs, window.NewMemStore(nil), decision.Options{})
+//	...
+//	defer core.Close(ctx)
+//	mw, err := middleware.New(core, middleware.Config{})
+//	...
+//	http.ListenAndServe(addr, mw(mux))
+//
+// A program that runs a whole edge (package edge) wraps handlers with its
+// core the same way: edge.Edge.NetHTTP does.
 //
 // A refused request is answered by the middleware (429 with Retry-After,
 // the RateLimit-Policy, RateLimit and X-RateLimit-* fields and an RFC 9457
@@ -19,10 +25,12 @@
 // the wrapped handler with the quota fields already set on its response.
 // Concurrency rules hold their slot while the handler runs. The client is
 // the connection's peer, or what a trusted proxy says
-// (Options.Server.TrustedProxies).
+// (Config.TrustedProxies).
 package middleware
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"net/textproto"
@@ -31,31 +39,61 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/decision"
-	"github.com/poplimit/poplimit/edge"
 )
 
-// FastHTTP returns next behind e's decision (see httpedge.Server.Wrap).
-func FastHTTP(e *edge.Edge, next fasthttp.RequestHandler) fasthttp.RequestHandler {
-	return e.Server.Wrap(next)
+// Config is how the middleware finds the client and answers refusals. The
+// zero value trusts no proxy: every request is keyed by its connection's
+// peer.
+type Config struct {
+	// TrustedProxies are the networks whose forwarding header (and
+	// ClientIPHeader) are believed; a request from anywhere else is keyed
+	// by its peer address (http.Request.RemoteAddr).
+	TrustedProxies []netip.Prefix
+	// Forwarding is the header trusted proxies append their hops to:
+	// clientaddr.XForwardedFor or clientaddr.Forwarded (RFC 7239).
+	Forwarding clientaddr.Forwarding // default clientaddr.XForwardedFor
+	// ClientIPHeader, when set (e.g. "CF-Connecting-IP"), is believed from
+	// a trusted proxy before the forwarding header.
+	ClientIPHeader string
 }
 
-// NetHTTP returns net/http middleware deciding every request by e's rules
-// before the wrapped handler sees it.
-func NetHTTP(e *edge.Edge) func(http.Handler) http.Handler {
-	o := &e.Options.Server
-	m := &netHTTP{e: e, addr: clientaddr.New(o.TrustedProxies, o.Forwarding, o.ClientIPHeader)}
+// Validate reports every problem with c, each naming the field, or nil.
+func (c Config) Validate() error {
+	var errs []error
+	switch c.Forwarding {
+	case "", clientaddr.XForwardedFor, clientaddr.Forwarded:
+	default:
+		errs = append(errs, fmt.Errorf("middleware: Config.Forwarding %q: must be %q or %q", c.Forwarding, clientaddr.XForwardedFor, clientaddr.Forwarded))
+	}
+	for _, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			errs = append(errs, fmt.Errorf("middleware: Config.TrustedProxies: %v is not a valid prefix", p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// New returns net/http middleware deciding every request by core's rules
+// before the wrapped handler sees it. It reports a nil core or an invalid
+// cfg.
+func New(core *decision.Core, cfg Config) (func(http.Handler) http.Handler, error) {
+	if core == nil {
+		return nil, errors.New("middleware: New: core is nil (decision.New builds one)")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &netHTTP{core: core, addr: clientaddr.New(cfg.TrustedProxies, cfg.Forwarding, cfg.ClientIPHeader)}
 	m.pool.New = func() any { return new(scratch) }
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
-	}
+	}, nil
 }
 
 type netHTTP struct {
-	e     *edge.Edge
+	core  *decision.Core
 	addr  *clientaddr.Resolver
 	pool  sync.Pool // *scratch
 	canon sync.Map  // header name → its canonical form
@@ -73,9 +111,9 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	sc.f = fields{m, r}
 	defer func() { sc.f = fields{} }()
 	req := decision.Request{Host: decision.HostOnly(bytesOf(r.Host)), Method: bytesOf(r.Method), Path: bytesOf(r.URL.Path),
-		Addr: m.addr.FromHeader(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: m.e.Core.Now(), Tracked: true}
-	v := m.e.Core.Decide(&req)
-	defer m.e.Core.Finish(v)
+		Addr: m.addr.FromHeader(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: m.core.Now(), Tracked: true}
+	v := m.core.Decide(&req)
+	defer m.core.Finish(v)
 	h := netFields{h: w.Header()}
 	if v.Outcome == decision.Allowed {
 		v.SetFields(&h)

@@ -12,8 +12,6 @@ import (
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/middleware"
-	"github.com/valyala/fasthttp"
 )
 
 const testRules = `
@@ -26,7 +24,7 @@ rules:
 func newMiddleware(t testing.TB, rules string, o edge.Options) http.Handler {
 	e := edgetest.New(t, rules, o)
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "origin") })
-	return middleware.NetHTTP(e)(ok)
+	return e.NetHTTP()(ok)
 }
 
 func do(h http.Handler, method, target, remote string, hdr ...string) *httptest.ResponseRecorder {
@@ -99,7 +97,7 @@ func TestNetHTTPConcurrency(t *testing.T) {
 	e := edgetest.New(t, "rules: [{name: one-at-a-time, kind: concurrency, limit: 1}]", edge.Options{})
 	inner := make(chan int, 1)
 	var h http.Handler
-	h = middleware.NetHTTP(e)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h = e.NetHTTP()(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/outer" {
 			inner <- do(h, "GET", "http://example.com/inner", r.RemoteAddr).Code // while this one holds the slot
 		}
@@ -115,21 +113,6 @@ func TestNetHTTPConcurrency(t *testing.T) {
 	}
 }
 
-func TestFastHTTP(t *testing.T) {
-	e := edgetest.New(t, "rules: [{name: per-client, limit: 1, window: 1m}]", edge.Options{})
-	h := middleware.FastHTTP(e, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("origin") })
-	for i, want := range []int{200, 429} {
-		var ctx fasthttp.RequestCtx
-		var req fasthttp.Request
-		req.SetRequestURI("http://example.com/")
-		ctx.Init(&req, nil, nil)
-		h(&ctx)
-		if ctx.Response.StatusCode() != want || want == 200 && string(ctx.Response.Body()) != "origin" {
-			t.Errorf("request %d: %d %q, want %d", i+1, ctx.Response.StatusCode(), ctx.Response.Body(), want)
-		}
-	}
-}
-
 // BenchmarkNetHTTP compares a handler behind the middleware with the bare
 // handler, the allowed path: the difference in allocs/op is what the
 // middleware adds. net/http keeps each header value as a string in a
@@ -141,7 +124,7 @@ func BenchmarkNetHTTP(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		h    http.Handler
-	}{{"bare", ok}, {"middleware", middleware.NetHTTP(e)(ok)}} {
+	}{{"bare", ok}, {"middleware", e.NetHTTP()(ok)}} {
 		b.Run(c.name, func(b *testing.B) {
 			r := httptest.NewRequest("GET", "http://example.com/x?y=1", nil)
 			r.RemoteAddr = "192.0.2.1:1234"
@@ -169,7 +152,7 @@ rules:
   - {name: get, path_prefix: /g, methods: [GET], limit: 1, window: 1m}
   - {name: login, path_prefix: /login, path_case: insensitive, limit: 1, window: 1m}
 `, edge.Options{})
-	h := middleware.NetHTTP(e)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "origin") }))
+	h := e.NetHTTP()(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "origin") }))
 	for _, tc := range []struct {
 		name, target string
 		hdr          []string

@@ -19,9 +19,9 @@
 #   sync-tb, redis-sync-tb  a sync token bucket on memcached (gets + cas) and on
 #                    Redis (one script call), read against the sync sliding window
 #   nethttp-bare     loadtest/middlewarebench: net/http answering 200 "ok"
-#   nethttp          the same handler behind middleware.NetHTTP (edge.Build, 3 memcached shards), async rule
+#   nethttp          the same handler behind middleware.New (edge.Build, 3 memcached shards), async rule
 #   fasthttp-bare    loadtest/middlewarebench: fasthttp answering 200 "ok"
-#   fasthttp         the same handler behind middleware.FastHTTP, async rule
+#   fasthttp         the same handler behind the edge server's Wrap (as fasthttpmw.New), async rule
 #   gubernator       gubernator, one node, HTTP API (POST /v1/GetRateLimits, one token bucket check)
 #   ratelimit-json   envoyproxy/ratelimit, memcache backend, POST /json
 # gRPC targets (Envoy's rate limit service), loadtest/rlsload: 4
@@ -282,9 +282,9 @@ redis-async	bare	ratelimit-json	gubernator	edge, Redis store, async rule
 redis-sync	bare	ratelimit-json	gubernator	edge, Redis store, sync rule
 redis-sync-tb	redis-sync	ratelimit-json	gubernator	edge, Redis store, sync token bucket (one script call each); CPU ratio to redis-sync
 nethttp-bare	bare	ratelimit-json	gubernator	net/http answering "ok" (loadtest/middlewarebench)
-nethttp	nethttp-bare	ratelimit-json	gubernator	middleware.NetHTTP, async rule, 3 memcached shards
+nethttp	nethttp-bare	ratelimit-json	gubernator	middleware.New, async rule, 3 memcached shards
 fasthttp-bare	bare	ratelimit-json	gubernator	fasthttp answering "ok" (loadtest/middlewarebench)
-fasthttp	fasthttp-bare	ratelimit-json	gubernator	middleware.FastHTTP, async rule, 3 memcached shards
+fasthttp	fasthttp-bare	ratelimit-json	gubernator	fasthttpmw.New, async rule, 3 memcached shards
 gubernator	bare	ratelimit-json	gubernator	gubernator, one node, HTTP /v1/GetRateLimits
 ratelimit-json	bare	ratelimit-json	gubernator	envoyproxy/ratelimit, memcache, HTTP /json
 rls-bare	bare	ratelimit-grpc	-	gRPC: grpc-go answering OK (loadtest/benchrlsbare)

@@ -4,9 +4,9 @@
 // bare server (same binary, same server settings):
 //
 //	-kind nethttp-bare   net/http, the handler alone
-//	-kind nethttp        net/http, middleware.NetHTTP(e)(handler)
+//	-kind nethttp        net/http, e.NetHTTP()(handler) (package middleware)
 //	-kind fasthttp-bare  fasthttp (the edge's server settings), the handler alone
-//	-kind fasthttp       fasthttp, middleware.FastHTTP(e, handler)
+//	-kind fasthttp       fasthttp, e.Server.Wrap(handler)
 //
 // The edge's store and events are set as cmd/edge's: -rules, -memcache or
 // -redis, -brokers, -edge-id. It serves until SIGINT or SIGTERM.
@@ -29,7 +29,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/middleware"
 )
 
 func main() {
@@ -82,7 +81,7 @@ func run(listen, kind, rulesFile, memcache, redis, brokers string, edgeID int) e
 	case "nethttp", "nethttp-bare":
 		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 		if e != nil {
-			h = middleware.NetHTTP(e)(h)
+			h = e.NetHTTP()(h)
 		}
 		srv := &http.Server{Handler: h, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
 			IdleTimeout: 60 * time.Second, ErrorLog: nil}
@@ -91,7 +90,7 @@ func run(listen, kind, rulesFile, memcache, redis, brokers string, edgeID int) e
 	case "fasthttp", "fasthttp-bare":
 		h := func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }
 		if e != nil {
-			h = middleware.FastHTTP(e, h)
+			h = e.Server.Wrap(h)
 		}
 		// The settings of loadtest/bare and the edge's server.
 		srv := &fasthttp.Server{Handler: h, Name: "middlewarebench", ReadTimeout: 10 * time.Second,
