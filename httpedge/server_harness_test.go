@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +34,7 @@ type testEdge struct {
 	blocks *blockcache.Cache
 	addr   string
 	reg    *prometheus.Registry
+	stop   func(*testing.T) // startEdge's: Shutdown, then wait for Serve to return
 }
 
 type edgeOpts struct {
@@ -56,19 +58,26 @@ func startEdge(t *testing.T, o edgeOpts) *testEdge {
 	}
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		e.srv.Shutdown(ctx)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Error("httpedge: the server did not stop within 10 s")
-		}
-	})
+	var once sync.Once
+	e.stop = func(t *testing.T) {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			e.srv.Shutdown(ctx)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Error("httpedge: the server did not stop within 10 s")
+			}
+		})
+	}
+	t.Cleanup(func() { e.stop(t) })
 	e.addr = ln.Addr().String()
 	return e
 }
+
+// shutdown stops the server and returns once its Serve has returned.
+func (e *testEdge) shutdown(t *testing.T) { e.stop(t) }
 
 // newEdge builds a front end as startEdge does, without listening, for
 // driving its Handler directly.
