@@ -75,7 +75,6 @@ func TestBrokerOutage(t *testing.T) {
 
 	// A new broker on the same port: the producer recovers by itself.
 	broker2, _ := startBroker(t, port, "events")
-	_ = broker2
 	e.Edge = 1 // marks events sent after the broker came back
 	recovered := down.delivered
 	testenv.WaitFor(t, 15*time.Second, "deliveries after the broker returned", func() bool {
@@ -116,7 +115,7 @@ func TestBrokerOutage(t *testing.T) {
 		}
 		return n >= len(want)
 	})
-	time.Sleep(200 * time.Millisecond)
+	readToEnd(t, broker2, "events", cs)
 	_ = cs.stop()
 	var got []event.Event
 	for _, e := range col.snapshot() {
