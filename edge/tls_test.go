@@ -1,15 +1,8 @@
 package edge_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,32 +13,6 @@ import (
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/testenv"
 )
-
-// writeCert writes a self-signed certificate for 127.0.0.1 named cn, and
-// its key, to dir; it returns the files and the certificate.
-func writeCert(t *testing.T, dir, cn string) (certFile, keyFile string, cert *x509.Certificate) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ = x509.ParseCertificate(der)
-	kb, _ := x509.MarshalECPrivateKey(key)
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	os.WriteFile(certFile+".new", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyFile+".new", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
-	os.Rename(certFile+".new", certFile) // each file replaced whole, as a deploy does
-	os.Rename(keyFile+".new", keyFile)
-	return certFile, keyFile, cert
-}
 
 func tlsClient(cert *x509.Certificate, maxVersion uint16) *http.Client {
 	pool := x509.NewCertPool()
@@ -59,7 +26,7 @@ func tlsClient(cert *x509.Certificate, maxVersion uint16) *http.Client {
 // when the new files do not load.
 func TestTLSListener(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile, first := writeCert(t, dir, "first")
+	certFile, keyFile, first := testenv.WriteCert(t, dir, "first")
 	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{TLSCert: certFile, TLSKey: keyFile}, reloadPoll: 20 * time.Millisecond})
 	url := "https://" + e.addr + "/check/x"
 	resp, err := tlsClient(first, 0).Get(url)
@@ -75,7 +42,7 @@ func TestTLSListener(t *testing.T) {
 	}
 	// A new pair is picked up by the watcher; the old connection's
 	// clients keep working (no restart).
-	_, _, second := writeCert(t, dir, "second")
+	_, _, second := testenv.WriteCert(t, dir, "second")
 	testenv.WaitFor(t, 5*time.Second, "the new certificate served", func() bool {
 		resp, err := tlsClient(second, 0).Get(url)
 		if err != nil {
@@ -104,7 +71,7 @@ func TestTLSListener(t *testing.T) {
 
 func TestTLSConfigRejected(t *testing.T) {
 	dir := t.TempDir()
-	certFile, _, _ := writeCert(t, dir, "x")
+	certFile, _, _ := testenv.WriteCert(t, dir, "x")
 	for _, cfg := range []httpedge.Config{{TLSCert: certFile}, {TLSCert: certFile, TLSKey: filepath.Join(dir, "missing.pem")}} {
 		o := edge.Options{Server: cfg}
 		if _, err := edge.Build(o); err == nil {

@@ -99,7 +99,7 @@ func TestCloseDeadline(t *testing.T) {
 // event is lost uncounted, and nothing enters the queue after Close.
 func TestEmitDuringClose(t *testing.T) {
 	t.Parallel()
-	_, addr := startBroker(t, 0, "events")
+	broker, addr := startBroker(t, 0, "events")
 	p, reg := newProducer(t, fastProducerConfig(addr, "events"))
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -129,7 +129,7 @@ func TestEmitDuringClose(t *testing.T) {
 	var col collector
 	cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
 	testenv.WaitFor(t, 20*time.Second, "the delivered events", func() bool { return col.len() >= int(o.delivered) })
-	time.Sleep(200 * time.Millisecond)
+	readToEnd(t, broker, "events", cs)
 	_ = cs.stop()
 	if got := col.len(); got != int(o.delivered) {
 		t.Errorf("events in the topic: got %d, want the %v counted as delivered", got, o.delivered)

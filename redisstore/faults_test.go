@@ -167,8 +167,8 @@ func TestKilledServer(t *testing.T) {
 		start := time.Now()
 		s.Do(ctx, ops)
 		took := time.Since(start)
-		if took > timeout+50*time.Millisecond {
-			t.Errorf("call %d on a killed server: took %v, want at most the %v timeout", i, took, timeout)
+		if took > 10*timeout {
+			t.Errorf("call %d on a killed server: took %v, want it ended by the %v timeout, not hung", i, took, timeout)
 		}
 		for _, op := range ops {
 			if !errors.Is(op.Err, ErrUnavailable) && !errors.Is(op.Err, ErrTimeout) {
@@ -279,8 +279,10 @@ func TestCallerDeadline(t *testing.T) {
 		start := time.Now()
 		s.Do(ctx, ops)
 		cancel()
-		if took := time.Since(start); took > 200*time.Millisecond {
-			t.Errorf("Do with a 30ms deadline: took %v", took)
+		// The store's own timeout is 1 s: a call that ended well before
+		// it was ended by the caller's deadline.
+		if took := time.Since(start); took > 500*time.Millisecond {
+			t.Errorf("Do with a 30ms deadline: took %v, want it ended by the deadline, not the store's 1 s timeout", took)
 		}
 		if !errors.Is(ops[0].Err, ErrTimeout) {
 			t.Errorf("Do with a 30ms deadline: got %v, want ErrTimeout", ops[0].Err)

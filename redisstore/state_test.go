@@ -442,8 +442,8 @@ func TestDoStateKilledServer(t *testing.T) {
 		s.DoState(ctx, ops)
 		took := time.Since(start)
 		calls++
-		if took > timeout+50*time.Millisecond {
-			t.Errorf("call %d of %d ops on a killed server: took %v, want at most the %v timeout", i, len(ops), took, timeout)
+		if took > 10*timeout {
+			t.Errorf("call %d of %d ops on a killed server: took %v, want it ended by the %v timeout, not hung", i, len(ops), took, timeout)
 		}
 		for _, op := range ops {
 			failed++

@@ -100,12 +100,13 @@ func TestSyncDecisionsShareStoreCalls(t *testing.T) {
 
 // TestSyncDecisionWaitsAtMostItsTimeout: with the store holding every call,
 // each sync decision, the senders' and those queued behind them, answers
-// by its failure policy within StoreTimeout (plus scheduling slack), and
-// nothing is left queued or busy after.
+// by its failure policy within its own StoreTimeout (a queued decision
+// does not wait out the sender's timeout and then its own: that would take
+// twice the timeout), and nothing is left queued or busy after.
 func TestSyncDecisionWaitsAtMostItsTimeout(t *testing.T) {
 	clock := newSimClock(t0)
 	store := &gatedStore{Store: NewMemStore(clock), gate: make(chan struct{})}
-	const timeout = 50 * time.Millisecond
+	const timeout = 200 * time.Millisecond
 	l := newTestLimiter(t, clock, store, Config{StoreTimeout: timeout})
 	r := mustRules(t, "rules: [{name: s, limit: 5, window: 1m, mode: sync, fail: closed}]").Rules[0]
 	const n = 40
@@ -132,8 +133,8 @@ func TestSyncDecisionWaitsAtMostItsTimeout(t *testing.T) {
 	if got := closed.Load(); got != n {
 		t.Errorf("%d of %d refused by the closed policy, want all", got, n)
 	}
-	if w := time.Duration(worst.Load()); w > timeout+40*time.Millisecond {
-		t.Errorf("a decision waited %v, want about %v at most", w, timeout)
+	if w := time.Duration(worst.Load()); w >= 2*timeout {
+		t.Errorf("a decision waited %v, want less than two timeouts of %v (each its own only)", w, timeout)
 	}
 	l.sync[0].mu.Lock()
 	q, busy := len(l.sync[0].queue), l.sync[0].busy

@@ -1,11 +1,10 @@
-package edge_test
+package httpedge_test
 
 import (
 	"bufio"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -156,42 +155,6 @@ func TestTranslatedClientsKeyApart(t *testing.T) {
 		if s := get(t, e.addr, "/", "X-Forwarded-For", tc.xff).StatusCode; s != tc.want {
 			t.Errorf("client %s: %d, want %d", tc.xff, s, tc.want)
 		}
-	}
-}
-
-// A running edge keeps its rules when a reload brings a file with a
-// number it would misread, a cost no request can meet, or nothing, and
-// the error names the field.
-func TestBadNumbersRejectedOnReload(t *testing.T) {
-	e := startEdge(t, edgeOpts{rules: "rules: [{name: api, limit: 2, window: 1m}]"})
-	file := e.Options.RulesFile
-	for _, tc := range []struct{ file, want string }{
-		{"rules: [{name: api, limit: 1.5, window: 1m}]", "rules[0].limit: must be a whole number between 1 and 4294967295 (got 1.5)"},
-		{"rules: [{name: api, limit: 18446744073709551616, window: 1m}]", "rules[0].limit: must be between 1 and 4294967295 (got 18446744073709551616)"},
-		{"rules: [{name: api, limit: 010, window: 1m}]", "rules[0].limit: must be a whole number between 1 and 4294967295 written without a leading zero"},
-		{"rules: [{name: api, limit: 5, window: 1m, cost: 6}]", "rules[0].cost: must be at most the limit, 5, or every request is refused (got 6)"},
-		{"", "rules: at least one rule is required; the file holds no YAML document"},
-		{"rules: [{name: api, limit: 5, window: 1m}]\n---\nrules: []\n", "file: a rules file is one YAML document"},
-		{"rules: [{name: api, limit: 5, window: 1m, duplicate_key: sometimes, key: [\"header:K\"]}]", `rules[0].duplicate_key: must be one of refuse, first, last (got "sometimes")`},
-	} {
-		if err := os.WriteFile(file, []byte(tc.file), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		err := e.Reload()
-		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "rules: rules:") {
-			t.Errorf("reload of %q: %v; want an error with %q", tc.file, err, tc.want)
-		}
-		if r := e.Rules().Lookup("api"); r == nil || r.Limit != 2 {
-			t.Fatalf("after the reload of %q: rule api %+v, want the running one, limit 2", tc.file, r)
-		}
-	}
-	for i, want := range []int{200, 200, 429} {
-		if s := get(t, e.addr, "/").StatusCode; s != want {
-			t.Errorf("request %d under the running rules: %d, want %d", i, s, want)
-		}
-	}
-	if n := metricSum(t, e, "poplimit_edge_rule_reloads_total", "result", "rejected"); n != 7 {
-		t.Errorf("rule_reloads_total{result=rejected} = %v, want 7", n)
 	}
 }
 

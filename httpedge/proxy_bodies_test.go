@@ -1,4 +1,4 @@
-package edge_test
+package httpedge_test
 
 import (
 	"fmt"
@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/httpedge"
 )
 
@@ -209,7 +208,7 @@ func TestProxyStreamsBodies(t *testing.T) {
 		t.Errorf("%.1f MiB allocated while 400 MiB streamed, want a small fraction of one body", float64(allocated)/(1<<20))
 	}
 	// The race detector's own memory makes the resident size noisy.
-	if !edgetest.Race && growth > 48<<20 {
+	if !raceOn && growth > 48<<20 {
 		t.Errorf("VmRSS grew %.1f MiB while 100 MiB bodies streamed, want well under a body's size", float64(growth)/(1<<20))
 	}
 }

@@ -1,8 +1,6 @@
-package edge_test
+package httpedge_test
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -37,55 +35,6 @@ rules:
 func sumBad(t *testing.T, e *testEdge) float64 {
 	t.Helper()
 	return metricSum(t, e, "poplimit_edge_bad_requests_total", "reason", "bad_cost")
-}
-
-// A key moves from the free tier to pro while the edge runs: the
-// overrides file is reloaded and its next requests get pro's limit.
-func TestTiersAndOverridesReload(t *testing.T) {
-	dir := t.TempDir()
-	rules := filepath.Join(dir, "rules.yaml")
-	over := filepath.Join(dir, "overrides.yaml")
-	os.WriteFile(rules, []byte(`
-rules:
-  - {name: api, key: ["header:X-API-Key"], limit: 2, window: 1m, tiers: {free: 2, pro: 5}}
-`), 0o644)
-	os.WriteFile(over, []byte("overrides:\n  other: pro\n"), 0o644)
-	e := startEdge(t, edgeOpts{rulesFile: rules, overridesFile: over, reloadPoll: 20 * time.Millisecond})
-	send := func(n int) (ok int, limit string) {
-		for i := 0; i < n; i++ {
-			r := get(t, e.addr, "/check/", "X-API-Key", "k1")
-			if r.StatusCode == 200 {
-				ok++
-			}
-			limit = r.Header.Get("X-RateLimit-Limit")
-		}
-		return ok, limit
-	}
-	if ok, limit := send(3); ok != 2 || limit != "2" {
-		t.Fatalf("free: %d admitted of 3, limit %s; want 2, 2", ok, limit)
-	}
-	e.blocks.Wait() // the refusal's block is in the cache before the reload clears it
-	os.WriteFile(over+".new", []byte("overrides:\n  other: pro\n  k1: pro\n"), 0o644)
-	os.Rename(over+".new", over) // replaced whole, as a deploy does
-	deadline := time.Now().Add(5 * time.Second)
-	for e.srv.Rules().Overrides["k1"] != "pro" && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if e.srv.Rules().Overrides["k1"] != "pro" {
-		t.Fatal("the overrides file was not reloaded")
-	}
-	// Pro's limit over the same window: 5, of which 2 are spent.
-	if ok, limit := send(4); ok != 3 || limit != "5" {
-		t.Errorf("pro: %d admitted of 4, limit %s; want 3, 5", ok, limit)
-	}
-	// A bad overrides file is refused whole; the tiers stay.
-	os.WriteFile(over, []byte("overrides:\n  k1: \"not a tier!\"\n"), 0o644)
-	if err := e.Reload(); err == nil {
-		t.Error("bad overrides: want an error")
-	}
-	if e.srv.Rules().Overrides["k1"] != "pro" {
-		t.Error("a rejected overrides file changed the running tiers")
-	}
 }
 
 // The block action counts every request, those answered from the block

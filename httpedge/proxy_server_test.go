@@ -1,4 +1,4 @@
-package edge_test
+package httpedge_test
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/httpedge"
+	"github.com/poplimit/poplimit/internal/testenv"
 )
 
 // hopFields are the hop-by-hop fields of RFC 9110 §7.6.1 that a proxy
@@ -150,7 +151,7 @@ func TestProxyForwardingFields(t *testing.T) {
 // with X-Forwarded-Proto https.
 func TestProxyTLS(t *testing.T) {
 	origin := startRawOrigin(t, func(*wireMsg) []byte { return okResponse("over tls") })
-	certFile, keyFile, cert := writeCert(t, t.TempDir(), "edge")
+	certFile, keyFile, cert := testenv.WriteCert(t, t.TempDir(), "edge")
 	e := startEdge(t, edgeOpts{rules: threePerMinute, cfg: httpedge.Config{Mode: httpedge.Proxy, Upstream: origin.addr,
 		TLSCert: certFile, TLSKey: keyFile}})
 	pool := x509.NewCertPool()

@@ -1,4 +1,4 @@
-package edge_test
+package httpedge_test
 
 import (
 	"bytes"
@@ -11,8 +11,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/poplimit/poplimit/edge"
-	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/testenv"
 )
@@ -36,15 +34,12 @@ func FuzzDecideBody(f *testing.F) {
 		`{"rule":"api","key":"k","x":1,"x":1}`, `{"\u0072ule":"api","rule":"api","key":"k"}`} {
 		f.Add([]byte(s))
 	}
-	var o edge.Options
-	o.Server.DecideToken = "fuzz-token-of-16-bytes"
-	o.Server.MaxDecisionBody = fuzzBound
-	e := edgetest.New(f, `
+	e := newEdge(f, edgeOpts{cfg: httpedge.Config{DecideToken: "fuzz-token-of-16-bytes", MaxDecisionBody: fuzzBound}, rules: `
 rules:
   - {name: api, limit: 3, window: 1m}
   - {name: uploads, kind: concurrency, limit: 1}
-`, o)
-	h := e.Server.Handler()
+`})
+	h := e.srv.Handler()
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var ctx fasthttp.RequestCtx
 		var req fasthttp.Request
@@ -63,7 +58,7 @@ rules:
 		if len(ctx.Response.Body()) == 0 {
 			t.Fatalf("body %q: an empty answer", body)
 		}
-		if n := testenv.MetricSum(t, e.Registry, "poplimit_edge_panics_total"); n != 0 {
+		if n := testenv.MetricSum(t, e.reg, "poplimit_edge_panics_total"); n != 0 {
 			t.Fatalf("body %q: %v panics", body, n)
 		}
 		if (len(body) > fuzzBound) != (status == 413) {

@@ -1,4 +1,4 @@
-package edge_test
+package httpedge_test
 
 import (
 	"bufio"

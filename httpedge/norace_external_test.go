@@ -1,0 +1,5 @@
+//go:build !race
+
+package httpedge_test
+
+const raceOn = false
