@@ -106,16 +106,12 @@ func newEdge(t testing.TB, o edgeOpts) *testEdge {
 		t.Fatal(err)
 	}
 	t.Cleanup(blocks.Close)
-	core, err := decision.NewCore(decision.CoreConfig{Upstream: o.cfg.Mode == httpedge.Proxy}, rs,
+	core, err := decision.NewCore(decision.CoreConfig{Upstream: o.cfg.Mode == httpedge.Proxy, RetryJitter: -1}, rs,
 		decision.CoreDeps{Limiter: lim, Blocks: blocks, Slots: slots, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := o.cfg
-	if cfg.RetryJitter == 0 {
-		cfg.RetryJitter = time.Nanosecond
-	}
-	srv, err := httpedge.NewServer(cfg, core, httpedge.Deps{Logger: discard, Registerer: reg})
+	srv, err := httpedge.NewServer(o.cfg, core, httpedge.Deps{Logger: discard, Registerer: reg})
 	if err != nil {
 		t.Fatalf("httpedge.NewServer: %v", err)
 	}
