@@ -273,7 +273,11 @@ func judgeFleet(t *testing.T, name string, at []admitted, per []int, start, end 
 	if !assert {
 		return
 	}
-	if off < -0.02 || off > 0.02 {
+	// Over the limit is always wrong. Under it, the waiters woke late:
+	// the race detector slows every wake-up by more than the 2 %, so the
+	// floor is checked without it (scripts/test.sh runs this test again
+	// without -race for that reason).
+	if off > 0.02 || off < -0.02 && !raceEnabled {
 		t.Errorf("%s: the two processes were admitted at %.2f/s together, more than 2 %% from the limit of %d/s", name, rate, fleetLimit)
 	}
 	if per[0] == 0 || per[1] == 0 {
