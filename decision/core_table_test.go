@@ -423,7 +423,8 @@ func checkVerdict(t *testing.T, i int, s step, d *Verdict, now time.Time) {
 }
 
 // DecideKey (the decide endpoint's and Envoy's entry) decides a key under
-// a rule by index: what it cannot decide is Undecidable, a cost above the
+// a rule by index: what it cannot decide is Undecidable (404 for no such
+// rule, 422 for one no key decides), a cost above the
 // rule's bound Denied, and a request's own limit answers over the rule's
 // count.
 func TestCoreDecideKeyTable(t *testing.T) {
@@ -443,9 +444,9 @@ rules:
 		remain      uint64
 		quotaLimit  uint64
 	}{
-		{index: 2, key: "k", cost: 1, outcome: Undecidable, status: 400, reason: "no such rule"},
-		{index: -1, key: "k", cost: 1, outcome: Undecidable, status: 400, reason: "no such rule"},
-		{index: 1, key: "k", cost: 1, outcome: Undecidable, status: 400, reason: "live requests"},
+		{index: 2, key: "k", cost: 1, outcome: Undecidable, status: 404, reason: "no such rule"},
+		{index: -1, key: "k", cost: 1, outcome: Undecidable, status: 404, reason: "no such rule"},
+		{index: 1, key: "k", cost: 1, outcome: Undecidable, status: 422, reason: "live requests"},
 		{index: 0, key: "k", cost: 4, outcome: Denied, status: 400, reason: "above the rule's bound"},
 		{index: 0, key: "k", cost: 0, outcome: Allowed, status: 200, remain: 5, quotaLimit: 5}, // a check counts nothing
 		{index: 0, key: "k", cost: 3, outcome: Allowed, status: 200, remain: 2, quotaLimit: 5},

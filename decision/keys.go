@@ -196,7 +196,7 @@ func ScanQuery(q []byte, name string, semicolon bool) (first, last []byte, n int
 		if j := bytes.IndexByte(pair, '='); j >= 0 {
 			k, v = pair[:j], pair[j+1:]
 		}
-		if !decodedIs(k, name) {
+		if !QueryNameIs(k, name) {
 			continue
 		}
 		if n == 0 {
@@ -207,9 +207,11 @@ func ScanQuery(q []byte, name string, semicolon bool) (first, last []byte, n int
 	return first, last, n
 }
 
-// decodedIs reports whether the raw query name k, percent- and
-// plus-decoded (an escape that is not one stands for itself), is name.
-func decodedIs(k []byte, name string) bool {
+// QueryNameIs reports whether the raw query name k, percent- and
+// plus-decoded (an escape that is not one stands for itself), is name. It
+// does not allocate; the front ends that read a query themselves (the
+// net/http middleware) match names with it as the core does.
+func QueryNameIs[T string | []byte](k T, name string) bool {
 	j := 0
 	for i := 0; i < len(k); i++ {
 		c := k[i]

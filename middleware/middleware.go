@@ -188,7 +188,7 @@ func (f *fields) Query(name string) (first, last []byte, n int) {
 		var kv string
 		kv, q, _ = strings.Cut(q, "&")
 		k, v, _ := strings.Cut(kv, "=")
-		if kv == "" || !queryNameIs(k, name) {
+		if kv == "" || !decision.QueryNameIs(k, name) {
 			continue
 		}
 		if n == 0 {
@@ -216,42 +216,6 @@ func queryValue(v string) []byte {
 		}
 	}
 	return bytesOf(v)
-}
-
-// queryNameIs reports whether the raw query name k, percent- and
-// plus-decoded, is name; an escape that is not one stands for itself. It
-// does not allocate.
-func queryNameIs(k, name string) bool {
-	j := 0
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		switch {
-		case c == '+':
-			c = ' '
-		case c == '%' && i+2 < len(k) && ishex(k[i+1]) && ishex(k[i+2]):
-			c = unhex(k[i+1])<<4 | unhex(k[i+2])
-			i += 2
-		}
-		if j >= len(name) || name[j] != c {
-			return false
-		}
-		j++
-	}
-	return j == len(name)
-}
-
-func ishex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c <= '9':
-		return c - '0'
-	case c <= 'F':
-		return c - 'A' + 10
-	}
-	return c - 'a' + 10
 }
 
 // Cookie counts the cookies called name in every Cookie line: values
