@@ -168,7 +168,7 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 // stored; the test logs whether it differs.
 func TestDoStateLogClamp(t *testing.T) {
 	p := startRedis(t)
-	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, ClockSkew: time.Hour})
+	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: 5 * time.Second, ClockSkew: time.Hour})
 	mem := window.NewMemStore(stoppedClock{})
 	ctx := context.Background()
 	l := window.SlidingLog{Limit: 1, Window: time.Second}
