@@ -18,6 +18,7 @@ import (
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -181,7 +182,7 @@ func (tr *trace) emit(t testing.TB, producers map[uint16]*pipeline.Producer) {
 }
 
 func loginBlock(e *event.Event) {
-	e.Rule, e.Action, e.Limit = []byte("login"), event.ActionBlock, 5
+	e.Rule, e.Action, e.Limit = []byte("login"), policy.Block, 5
 }
 func loginCache(e *event.Event) { loginBlock(e); e.FromBlockCache = true }
 

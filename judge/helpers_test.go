@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // Scripted traces. Times are milliseconds after t0, a multiple of every
@@ -44,11 +45,11 @@ func onEdge(id uint16) opt     { return func(e *event.Event) { e.Edge = id } }
 func cost(n uint32) opt        { return func(e *event.Event) { e.Cost = n } }
 func estimate(v float32) opt   { return func(e *event.Event) { e.Estimate = v } }
 func rule(name string) opt     { return func(e *event.Event) { e.Rule = []byte(name) } }
-func blockRule(e *event.Event) { e.Action = event.ActionBlock }
+func blockRule(e *event.Event) { e.Action = policy.Block }
 func fromCache(e *event.Event) { e.FromBlockCache, e.Decision = true, event.Limited }
 func shadow(e *event.Event)    { e.Shadow = true }
 func fallback(e *event.Event)  { e.Fallback = true }
-func syncMode(e *event.Event)  { e.Mode = event.ModeSync }
+func syncMode(e *event.Event)  { e.Mode = policy.Sync }
 
 const (
 	A = event.Allowed

@@ -23,6 +23,7 @@ import (
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/policy"
 )
 
 const brokerProcessEnv = "POPLIMIT_PIPELINE_BROKER_PROCESS"
@@ -207,7 +208,7 @@ func benchmarkProducerCPU(b *testing.B, cfg pipeline.ProducerConfig, rate int) {
 	// advancing.
 	rule := []byte("api-per-key")
 	e := event.Event{Rule: rule, Cost: 1, Limit: 100, Burst: 100, WindowMillis: 60_000, Edge: 1,
-		Algorithm: event.AlgorithmSlidingWindow}
+		Algorithm: policy.SlidingWindow}
 	t0 := time.Now().UnixNano()
 	runtime.GC()
 	waits := 0

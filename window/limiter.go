@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -299,7 +300,7 @@ func (l *Limiter) shardOf(key uint64) *shard { return &l.shards[key&l.mask] }
 func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, limit, cost uint64) Decision {
 	t := now.UnixNano()
 	counter := r.Algorithm.IsCounter()
-	if r.Mode == Sync || r.Algorithm == SlidingLogAlgorithm {
+	if r.Mode == policy.Sync || r.Algorithm == policy.SlidingLog {
 		var d Decision
 		var failed bool
 		if counter {
@@ -313,7 +314,7 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 		}
 		return d
 	}
-	if r.Fail == FailClosed && !l.store.Healthy() {
+	if r.Fail == policy.FailClosed && !l.store.Healthy() {
 		l.m.fallbackClosed.Inc()
 		return l.closed(t, r, limit)
 	}
@@ -370,7 +371,7 @@ func (l *Limiter) closed(t int64, r *Policy, limit uint64) Decision {
 // strategy's admission when the store failed): fail-closed rules refuse,
 // fail-open ones keep d, marked, and both are counted.
 func (l *Limiter) fellBack(t int64, r *Policy, d Decision) Decision {
-	if r.Fail == FailClosed {
+	if r.Fail == policy.FailClosed {
 		l.m.fallbackClosed.Inc()
 		return l.closed(t, r, d.Limit)
 	}

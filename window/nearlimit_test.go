@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -130,7 +131,7 @@ func TestNearLimitAllocatesAsASyncDecision(t *testing.T) {
 	a := newTestLimiter(t, clock, store, Config{Shards: 1})
 	b := newTestLimiter(t, clock, store, Config{Shards: 1})
 	r := &Policy{Limit: 4, Window: time.Minute}
-	sr := &Policy{Limit: 1 << 30, Window: time.Minute, Mode: Sync}
+	sr := &Policy{Limit: 1 << 30, Window: time.Minute, Mode: policy.Sync}
 	ctx := context.Background()
 	const keys = 1000
 	// Each key: A, B and A again admitted one unit each, so that A's
