@@ -20,8 +20,8 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	ev := &d.ev
 	*ev = event.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
 		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
-		Mode: policy.Mode(r.Mode), Action: eventAction(r.Action), Shadow: r.Shadow,
-		Algorithm: policy.Algorithm(r.Algorithm), Burst: uint32(burstFor(r, limit)),
+		Mode: r.Mode, Action: eventAction(r.Action), Shadow: r.Shadow,
+		Algorithm: r.Algorithm, Burst: uint32(burstFor(r, limit)),
 		Pop: c.pop, Global: r.Scope == rules.ScopeGlobal}
 	d.Quota = Quota{Rule: r, Limit: limit, fixed: &sn.fixed[r.Index]}
 	bk := h ^ sn.blockSalt
@@ -87,8 +87,9 @@ func (c *Core) globalRoom(r *rules.Rule, h uint64, t int64, limit uint64) uint64
 	return limit - min(others, limit)
 }
 
-// eventAction is a rule's action as events name it: a queue counts what
-// it admits, as a throttle does (the event says Delayed).
+// eventAction is a rule's action as an event records it: Throttle or
+// Block, the one bit the wire format holds (event/FORMAT.md). A queue
+// (Delay) counts what it admits, as a throttle does; the event says Delayed.
 func eventAction(a policy.Action) policy.Action {
 	if a == policy.Block {
 		return policy.Block

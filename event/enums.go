@@ -1,10 +1,6 @@
 package event
 
-import (
-	"strconv"
-
-	"github.com/poplimit/poplimit/policy"
-)
+import "strconv"
 
 // Decision is what the edge decided for one request. The zero value is
 // Allowed.
@@ -24,22 +20,3 @@ func (d Decision) String() string {
 	}
 	return "Decision(" + strconv.Itoa(int(d)) + ")"
 }
-
-// Transitional names of package policy's vocabulary.
-type (
-	Mode      = policy.Mode
-	Action    = policy.Action
-	Algorithm = policy.Algorithm
-)
-
-const (
-	ModeAsync              = policy.Async
-	ModeSync               = policy.Sync
-	ActionThrottle         = policy.Throttle
-	ActionBlock            = policy.Block
-	AlgorithmSlidingWindow = policy.SlidingWindow
-	AlgorithmFixedWindow   = policy.FixedWindow
-	AlgorithmTokenBucket   = policy.TokenBucket
-	AlgorithmLeakyBucket   = policy.LeakyBucket
-	AlgorithmSlidingLog    = policy.SlidingLog
-)

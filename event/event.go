@@ -135,7 +135,7 @@ type Event struct {
 	Decision       Decision
 	Mode           policy.Mode
 	Action         policy.Action
-	Algorithm      policy.Algorithm // the rule's algorithm; version 1 events decode as AlgorithmSlidingWindow
+	Algorithm      policy.Algorithm // the rule's algorithm; version 1 events decode as policy.SlidingWindow
 	FromBlockCache bool             // answered from the block cache without consulting the counters
 	Shadow         bool             // the rule is in shadow (log-only) mode: the decision was recorded, not enforced
 	Fallback       bool             // decided by the rule's failure policy because the store was unavailable
@@ -255,7 +255,7 @@ func appendEvent(dst []byte, e *Event) []byte {
 // It allocates nothing; e.Rule and e.Pop alias b (capacity-limited, so
 // appending to them cannot overwrite b). A version 2 event decodes with an
 // empty Pop and Global false, a version 1 event also with Algorithm
-// AlgorithmSlidingWindow and Burst = Limit; both re-encode as version 3.
+// policy.SlidingWindow and Burst = Limit; both re-encode as version 3.
 //
 // It returns ErrVersion if b does not start with Version or VersionV1,
 // ErrTruncated if b ends inside the event, ErrTrailing if bytes follow it,
