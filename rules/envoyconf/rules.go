@@ -332,25 +332,17 @@ func (x *Index) Override(domain string, entries []Entry, requestsPerUnit uint32,
 
 // limitRuleOf builds the rule of a counted limit, or says why it cannot.
 func limitRuleOf(l *Limit) (*rules.Rule, string) {
-	pol := window.Policy{Limit: uint64(l.RequestsPerUnit), Window: l.Window, Fail: policy.Fail(l.Fail)}
-	pol.Algorithm = windowAlgorithm(l.Algorithm)
+	pol := window.Policy{Limit: uint64(l.RequestsPerUnit), Window: l.Window, Fail: l.Fail,
+		Algorithm: l.Algorithm, Action: l.Action, Timeout: l.Timeout} // "count": Block, Timeout 0
 	if l.RequestsPerUnit == 0 && !pol.Algorithm.IsCounter() {
 		pol.Algorithm = policy.FixedWindow
 	}
 	pol.Mode = policy.Async
-	if l.Mode == Sync && pol.Algorithm.IsCounter() {
+	if l.Mode == policy.Sync && pol.Algorithm.IsCounter() {
 		pol.Mode = policy.Sync
 	}
-	switch l.Action {
-	case Count:
-		pol.Action = policy.Block // Timeout 0: refused while over, no longer
-	case Throttle:
-		pol.Action = policy.Throttle
-	case Block:
-		pol.Action, pol.Timeout = policy.Block, l.Timeout
-	}
 	pol.Burst = pol.Limit
-	if l.Algorithm.Bucket() && pol.Limit > 0 {
+	if l.Algorithm.IsBucket() && pol.Limit > 0 {
 		pol.Burst = l.Burst
 		var err error
 		if pol.Algorithm == policy.TokenBucket {
@@ -369,22 +361,22 @@ func limitRuleOf(l *Limit) (*rules.Rule, string) {
 // overrideDefaults returns the defaults an override rule runs with: the
 // file's, with a shared algorithm and action count.
 func overrideDefaults(d fileDefaults) fileDefaults {
-	if d.algorithm != SlidingWindow {
-		d.algorithm = FixedWindow
+	if d.algorithm != policy.SlidingWindow {
+		d.algorithm = policy.FixedWindow
 	}
-	d.action = Count
+	d.action, d.count = policy.Block, true
 	return d
 }
 
 func overrideRule(d fileDefaults, u Unit) *rules.Rule {
 	name := "override:" + u.String()
-	if d != (fileDefaults{}) {
+	if d != envoyDefaults {
 		name += ":" + d.algorithm.String() + ":" + d.mode.String() + ":" + d.fail.String()
 	}
 	pol := window.Policy{Limit: OverrideCeiling, Window: time.Duration(u.Seconds()) * time.Second,
-		Algorithm: windowAlgorithm(d.algorithm), Action: policy.Block, Mode: policy.Async, Fail: policy.Fail(d.fail)}
+		Algorithm: d.algorithm, Action: policy.Block, Mode: policy.Async, Fail: d.fail}
 	pol.Burst = pol.Limit
-	if d.mode == Sync {
+	if d.mode == policy.Sync {
 		pol.Mode = policy.Sync
 	}
 	return descriptorRule(name, pol, false)
@@ -399,20 +391,6 @@ func descriptorRule(name string, pol window.Policy, shadow bool) *rules.Rule {
 		Shadow:     shadow,
 		Cost:       1, MaxCost: math.MaxUint64,
 	}
-}
-
-func windowAlgorithm(a Algorithm) policy.Algorithm {
-	switch a {
-	case SlidingWindow:
-		return policy.SlidingWindow
-	case TokenBucket:
-		return policy.TokenBucket
-	case LeakyBucket:
-		return policy.LeakyBucket
-	case SlidingLog:
-		return policy.SlidingLog
-	}
-	return policy.FixedWindow
 }
 
 // nameHashLen is ":" and 16 hex digits.
