@@ -17,7 +17,7 @@ import (
 // t into v: the fixed window from curr alone, the sliding window from
 // both, with e's recorded shapes when it has them (e may be nil). s.mu
 // must be held.
-func (s *shard) counterVerdict(v *Verdict, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
+func (s *shard) counterVerdict(v *Conformance, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
 	sw := SlidingWindow{Limit: limit, Window: r.Window}
 	switch {
 	case r.Algorithm == policy.FixedWindow:
@@ -45,8 +45,8 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 	if l.cfg.GuessPeers && !failed { // (only with AsyncNearLimit: Validate) the rule's failure policy answers a key the store fails, not a guess
 		unseen = e.othersUnseen(t)
 	}
-	s.counterVerdict(&d.Verdict, e, t, r, l.heldLimit(e, t, limit), prev, curr+unseen, cost)
-	v := &d.Verdict
+	s.counterVerdict(&d.Conformance, e, t, r, l.heldLimit(e, t, limit), prev, curr+unseen, cost)
+	v := &d.Conformance
 	if w.near && v.Allowed && !failed && e.flags&flagNeedCurr == 0 && v.Remaining < e.nearReach(t, limit) {
 		return stepSync // what the others may have admitted could fill the room (sync.go)
 	}
@@ -147,7 +147,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		}
 		s.unsend(l, key, start, w, sent, cost)
 		s.mu.Unlock()
-		return Decision{Verdict: Verdict{Allowed: true, ResetAt: start + w}, Limit: limit}, true
+		return Decision{Conformance: Conformance{Allowed: true, ResetAt: start + w}, Limit: limit}, true
 	}
 	// The reply counts this request: decide on the count before it, with
 	// the shape of the previous window as this edge saw it (hist.go).
@@ -158,7 +158,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	if ok && s.slab[i].start == start {
 		e = &s.slab[i]
 	}
-	var v Verdict
+	var v Conformance
 	held := limit
 	if e != nil {
 		held = l.heldLimit(e, t, limit)
@@ -222,7 +222,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			l.m.storeErrors.Inc()
 		}
 	}
-	d = Decision{Verdict: v, Limit: limit}
+	d = Decision{Conformance: v, Limit: limit}
 	if !v.Allowed && r.Action == policy.Block {
 		d.ReleaseAt = t + int64(r.Timeout)
 	}

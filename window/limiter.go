@@ -173,7 +173,7 @@ const (
 
 // Decision is the Limiter's answer for one request.
 type Decision struct {
-	Verdict
+	Conformance
 	Limit    uint64
 	Fallback Fallback
 	// Delay is how long an admitted request of a Delay rule waits before
@@ -363,7 +363,7 @@ func (l *Limiter) closed(t int64, r *Policy, limit uint64) Decision {
 	w := int64(r.Window)
 	// Retry after one flush and store timeout: the soonest the store's
 	// health can be known again.
-	return Decision{Verdict: Verdict{ReleaseAt: t + l.grace, ResetAt: windowStart(t, w) + w}, Limit: limit, Fallback: FallbackClosed}
+	return Decision{Conformance: Conformance{ReleaseAt: t + l.grace, ResetAt: windowStart(t, w) + w}, Limit: limit, Fallback: FallbackClosed}
 }
 
 // fellBack applies r's failure policy to d, decided without the store's
