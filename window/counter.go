@@ -36,7 +36,7 @@ func (s *shard) counterVerdict(v *Conformance, e *entry, t int64, r *Policy, lim
 // into d and counts it, or asks to wait for the read of a key new here
 // whose request would be admitted (once: the read answers it). d's
 // Verdict is written either way. s.mu must be held.
-func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Decision) step {
+func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Answer) step {
 	i, fresh := s.get(l, key, t, r)
 	e := &s.slab[i]
 	prev, curr := e.view()
@@ -99,7 +99,7 @@ func (s *shard) counterRecord(l *Limiter, t int64, r *Policy, key, cost uint64) 
 // path (reading its previous window in the same call while that is not
 // known here) and decides on the reply. failed reports that the increment
 // failed; d is then the admission a fail-open rule makes.
-func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Decision, failed bool) {
+func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Answer, failed bool) {
 	w := int64(r.Window)
 	start := windowStart(t, w)
 	s := l.shardOf(key)
@@ -147,7 +147,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		}
 		s.unsend(l, key, start, w, sent, cost)
 		s.mu.Unlock()
-		return Decision{Conformance: Conformance{Allowed: true, ResetAt: start + w}, Limit: limit}, true
+		return Answer{Conformance: Conformance{Allowed: true, ResetAt: start + w}, Limit: limit}, true
 	}
 	// The reply counts this request: decide on the count before it, with
 	// the shape of the previous window as this edge saw it (hist.go).
@@ -222,7 +222,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			l.m.storeErrors.Inc()
 		}
 	}
-	d = Decision{Conformance: v, Limit: limit}
+	d = Answer{Conformance: v, Limit: limit}
 	if !v.Allowed && r.Action == policy.Block {
 		d.ReleaseAt = t + int64(r.Timeout)
 	}

@@ -126,7 +126,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 		res.requests++
 		res.decisions++
 		allowed := false
-		var d Decision
+		var d Answer
 		if tt >= ks.release[ei] {
 			d = l.Decide(ctx, time.Unix(0, tt), pol, h, c.limit, 1)
 			allowed = d.Allowed

@@ -94,7 +94,7 @@ func TestNearLimitFailureFallsBackToTheView(t *testing.T) {
 	}
 	admitted++
 	store.fail.Store(true)
-	var d Decision
+	var d Answer
 	for range 4 {
 		clock.Add(20 * time.Millisecond)
 		if d = l.Decide(ctx, clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed {
@@ -260,7 +260,7 @@ func TestRoundTripCountsInTheViewWhileOut(t *testing.T) {
 		return curr
 	}
 	store.armed.Store(true)
-	done := make(chan Decision)
+	done := make(chan Answer)
 	go func() {
 		d, _ := l.counterSync(ctx, clock.Now().UnixNano(), pol, key, pol.Limit, 1)
 		done <- d

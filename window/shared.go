@@ -169,7 +169,7 @@ func (s *shard) enqueueView(key uint64, v *bucketView) {
 // key new here or a request past this edge's share of the room (again, on
 // each reply that still leaves it past its share, until the deadline).
 // s.mu must be held.
-func (s *shard) stateStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Decision) step {
+func (s *shard) stateStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Answer) step {
 	lb := bucketOf(r, limit)
 	n := int64(cost)
 	v, fresh := s.viewGet(l, key, t, r, lb)
@@ -279,8 +279,8 @@ func (l *Limiter) noteRTT(d time.Duration) {
 
 // stateDecision writes into d the decision on a state's answer: ok,
 // the room left and the release time.
-func stateDecision(d *Decision, t int64, r *Policy, limit, cost uint64, ok bool, remaining, releaseAt int64) {
-	*d = Decision{Limit: limit}
+func stateDecision(d *Answer, t int64, r *Policy, limit, cost uint64, ok bool, remaining, releaseAt int64) {
+	*d = Answer{Limit: limit}
 	d.Allowed = ok
 	d.Remaining = uint64(max(remaining, 0))
 	// The estimate is the level the request was decided on, before its
@@ -311,7 +311,7 @@ const syncStripes = 1024
 // stateSync takes the units in the store on the request path, only if
 // they fit. failed reports that the store failed; d is then the admission
 // a fail-open rule makes.
-func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Decision, failed bool) {
+func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Answer, failed bool) {
 	mu := &l.syncMu[key%syncStripes]
 	mu.Lock()
 	defer mu.Unlock()
