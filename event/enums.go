@@ -2,16 +2,16 @@ package event
 
 import "strconv"
 
-// Decision is what the edge decided for one request. The zero value is
+// Admission is what the edge decided for one request. The zero value is
 // Allowed.
-type Decision uint8
+type Admission uint8
 
 const (
-	Allowed Decision = iota // the request went through
+	Allowed Admission = iota // the request went through
 	Limited                 // the request was refused (429)
 )
 
-func (d Decision) String() string {
+func (d Admission) String() string {
 	switch d {
 	case Allowed:
 		return "allowed"

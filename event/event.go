@@ -132,7 +132,7 @@ type Event struct {
 	DelayMicros uint32
 	Edge        uint16 // the edge server that decided
 
-	Decision       Decision
+	Decision       Admission
 	Mode           policy.Mode
 	Action         policy.Action
 	Algorithm      policy.Algorithm // the rule's algorithm; version 1 events decode as policy.SlidingWindow

@@ -307,7 +307,7 @@ func TestByAlgorithm(t *testing.T) {
 // TestVersion1Event judges events decoded from the version 1 encoding,
 // which has no algorithm: they are sliding-window decisions.
 func TestVersion1Event(t *testing.T) {
-	v1 := func(atMs int64, d event.Decision) event.Event {
+	v1 := func(atMs int64, d event.Admission) event.Event {
 		b := []byte{event.VersionV1, 0}
 		if d == event.Limited {
 			b[1] = 1
@@ -544,7 +544,7 @@ func TestAddAllocsAlgorithms(t *testing.T) {
 		step := func() {
 			for k := range uint64(64) {
 				e.Time, e.KeyHash = now, k
-				e.Decision = event.Decision(k % 2)
+				e.Decision = event.Admission(k % 2)
 				j.Add(now, e)
 			}
 			now += int64(time.Millisecond)

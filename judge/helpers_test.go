@@ -21,7 +21,7 @@ type opt func(*event.Event)
 
 // ev returns a throttle decision of key at atMs: limit 10 per 10 s, cost 1,
 // rule "api", edge 1, enforced, async, from the limiter.
-func ev(atMs int64, key uint64, d event.Decision, opts ...opt) event.Event {
+func ev(atMs int64, key uint64, d event.Admission, opts ...opt) event.Event {
 	e := event.Event{Time: t0 + atMs*ms, KeyHash: key, Rule: []byte("api"), Cost: 1,
 		Limit: 10, WindowMillis: 10_000, Decision: d, Edge: 1}
 	for _, o := range opts {
@@ -31,7 +31,7 @@ func ev(atMs int64, key uint64, d event.Decision, opts ...opt) event.Event {
 }
 
 // burst returns n decisions of key from fromMs, stepMs apart.
-func burst(fromMs int64, n int, stepMs int64, key uint64, d event.Decision, opts ...opt) []event.Event {
+func burst(fromMs int64, n int, stepMs int64, key uint64, d event.Admission, opts ...opt) []event.Event {
 	evs := make([]event.Event, n)
 	for i := range evs {
 		evs[i] = ev(fromMs+int64(i)*stepMs, key, d, opts...)

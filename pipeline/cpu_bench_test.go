@@ -225,7 +225,7 @@ func benchmarkProducerCPU(b *testing.B, cfg pipeline.ProducerConfig, rate int) {
 		e.KeyHash = uint64(i%100_000)*0x9e3779b97f4a7c15 + 1
 		e.Time = t0 + int64(i)*1000
 		e.Estimate = float32(i % 101)
-		e.Decision = event.Decision(i % 7 / 6)
+		e.Decision = event.Admission(i % 7 / 6)
 		for !p.Emit(&e) { // measure the cost of delivering every event, not of dropping
 			waits++
 			time.Sleep(20 * time.Microsecond)

@@ -147,7 +147,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for i, d := range []event.Decision{event.Allowed, event.Allowed, event.Limited} {
+	for i, d := range []event.Admission{event.Allowed, event.Allowed, event.Limited} {
 		p.Emit(&event.Event{Time: int64(i), Rule: []byte("api"), KeyHash: 7, Limit: 2, Estimate: float32(i + 1), Decision: d})
 	}
 	if err := p.Close(context.Background()); err != nil {

@@ -185,7 +185,7 @@ func testEvents(edge uint16, keys, perKey int, firstID uint32) []event.Event {
 				Limit:          uint32(100 + k),
 				WindowMillis:   60_000,
 				Estimate:       float32(s) + 0.5,
-				Decision:       event.Decision(s % 2),
+				Decision:       event.Admission(s % 2),
 				Mode:           policy.Mode(k % 2),
 				Action:         policy.Action((s + k) % 2),
 				FromBlockCache: s%3 == 0,
