@@ -2,13 +2,13 @@ package event
 
 import "strconv"
 
-// Admission is what the edge decided for one request. The zero value is
-// Allowed.
+// Admission is what the edge decided for one request: admitted or
+// limited, the event's flag bit 0 (FORMAT.md). The zero value is Allowed.
 type Admission uint8
 
 const (
 	Allowed Admission = iota // the request went through
-	Limited                 // the request was refused (429)
+	Limited                  // the request was refused (429)
 )
 
 func (d Admission) String() string {
@@ -18,5 +18,5 @@ func (d Admission) String() string {
 	case Limited:
 		return "limited"
 	}
-	return "Decision(" + strconv.Itoa(int(d)) + ")"
+	return "Admission(" + strconv.Itoa(int(d)) + ")"
 }

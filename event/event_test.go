@@ -266,7 +266,7 @@ func TestEnumStrings(t *testing.T) {
 	tests := []struct{ got, want string }{
 		{event.Allowed.String(), "allowed"},
 		{event.Limited.String(), "limited"},
-		{event.Admission(9).String(), "Decision(9)"},
+		{event.Admission(9).String(), "Admission(9)"},
 		{policy.Async.String(), "async"},
 		{policy.Sync.String(), "sync"},
 		{policy.Mode(9).String(), "Mode(9)"},

@@ -35,7 +35,7 @@ func (s *shard) counterVerdict(v *Conformance, e *entry, t int64, r *Policy, lim
 // counterStep is one async look at key's counters: it writes the decision
 // into d and counts it, or asks to wait for the read of a key new here
 // whose request would be admitted (once: the read answers it). d's
-// Verdict is written either way. s.mu must be held.
+// Conformance is written either way. s.mu must be held.
 func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Answer) step {
 	i, fresh := s.get(l, key, t, r)
 	e := &s.slab[i]

@@ -47,7 +47,7 @@ func windowStart(now, w int64) int64 {
 
 // Decide decides whether cost more units may pass at now, given the counts
 // of the previous and the current window. It admits iff
-// estimate + cost ≤ Limit, compared exactly in integers; the Verdict's
+// estimate + cost ≤ Limit, compared exactly in integers; the Conformance's
 // float Estimate, the estimate before this request, is for reporting. It
 // does not change anything: the caller counts.
 func (s SlidingWindow) Decide(now int64, prev, curr, cost uint64) Conformance {
