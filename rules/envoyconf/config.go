@@ -88,7 +88,7 @@ func unitOf(d time.Duration) Unit {
 
 // actionNames are the names of the action extension, in the order of
 // actionOf's cases.
-var actionNames = []string{"count", "throttle", "block"}
+var actionNames = []string{"count", policy.Throttle.String(), policy.Block.String()}
 
 // actionOf returns the policy action of actionNames[i] and whether it is
 // "count" (policy.Block without a timeout).
