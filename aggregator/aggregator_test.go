@@ -18,6 +18,7 @@ import (
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -153,7 +154,7 @@ func newTrace() *trace {
 
 // add appends n decisions of key from fromMs, stepMs apart, alternating
 // between edges 1 and 2.
-func (tr *trace) add(fromMs int64, n int, stepMs int64, key uint64, d event.Decision, mod func(*event.Event)) {
+func (tr *trace) add(fromMs int64, n int, stepMs int64, key uint64, d event.Admission, mod func(*event.Event)) {
 	for i := range n {
 		e := event.Event{
 			Time: tr.base + (fromMs+int64(i)*stepMs)*int64(time.Millisecond), KeyHash: key,
@@ -181,7 +182,7 @@ func (tr *trace) emit(t testing.TB, producers map[uint16]*pipeline.Producer) {
 }
 
 func loginBlock(e *event.Event) {
-	e.Rule, e.Action, e.Limit = []byte("login"), event.ActionBlock, 5
+	e.Rule, e.Action, e.Limit = []byte("login"), policy.Block, 5
 }
 func loginCache(e *event.Event) { loginBlock(e); e.FromBlockCache = true }
 
@@ -388,7 +389,7 @@ func TestRestartExactlyOnce(t *testing.T) {
 	// 200 keys × 30 decisions from two edges over 30 s of event time.
 	tr := newTrace()
 	for k := range uint64(200) {
-		tr.add(int64(k), 30, 1000, k+1, event.Decision(k%3/2), nil)
+		tr.add(int64(k), 30, 1000, k+1, event.Admission(k%3/2), nil)
 	}
 	slices.SortStableFunc(tr.events, func(a, b event.Event) int { return int(a.Time - b.Time) })
 	n := len(tr.events)

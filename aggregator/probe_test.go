@@ -13,6 +13,7 @@ import (
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -65,7 +66,7 @@ func TestScrapeAfterAlgorithmReload(t *testing.T) {
 	tr := newTrace()
 	tr.add(0, 12, 100, 1, event.Allowed, nil) // sliding_window
 	tr.add(0, 5, 100, 2, event.Allowed, nil)
-	bucket := func(e *event.Event) { e.Algorithm = event.AlgorithmTokenBucket }
+	bucket := func(e *event.Event) { e.Algorithm = policy.TokenBucket }
 	tr.add(2000, 12, 100, 1, event.Allowed, bucket) // the reloaded rule
 	tr.add(2000, 5, 100, 2, event.Allowed, bucket)
 	p := newProducer(t, a.Brokers())

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 )
@@ -204,13 +205,13 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 		q := Quota{Rule: r, Limit: r.Limit}
 		sn.fixed[i] = fixedFields{limit: r.Limit, policy: AppendPolicy(nil, &q), xlimit: strconv.AppendUint(nil, r.Limit, 10),
 			problem: appendProblemHead(nil, &q)}
-		if r.Fail == window.FailClosed {
+		if r.Fail == policy.FailClosed {
 			sn.failHard = true
 		}
 		if r.Kind == rules.Concurrency {
 			n++
 		}
-		if _, none := c.blocks.(noBlocks); none && r.Action == window.Block {
+		if _, none := c.blocks.(noBlocks); none && r.Action == policy.Block {
 			return fmt.Errorf("edge: rule %q has action: block, which needs a block cache (CoreDeps.Blocks) to hold the block for its timeout", r.Name)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 )
@@ -19,13 +20,13 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	ev := &d.ev
 	*ev = event.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: uint32(cost), Limit: uint32(limit),
 		WindowMillis: uint32(r.Window / time.Millisecond), Edge: uint16(c.cfg.EdgeID),
-		Mode: event.Mode(r.Mode), Action: eventAction(r.Action), Shadow: r.Shadow,
-		Algorithm: event.Algorithm(r.Algorithm), Burst: uint32(burstFor(r, limit)),
+		Mode: r.Mode, Action: eventAction(r.Action), Shadow: r.Shadow,
+		Algorithm: r.Algorithm, Burst: uint32(burstFor(r, limit)),
 		Pop: c.pop, Global: r.Scope == rules.ScopeGlobal}
 	d.Quota = Quota{Rule: r, Limit: limit, fixed: &sn.fixed[r.Index]}
 	bk := h ^ sn.blockSalt
 	if rel, blocked := c.blocks.Blocked(bk, t); blocked {
-		if r.Action == window.Block {
+		if r.Action == policy.Block {
 			c.lim.Record(d.now, &r.Policy, h, cost) // a blocked client's real rate stays visible
 		}
 		rc.limitedCache.Inc()
@@ -86,13 +87,14 @@ func (c *Core) globalRoom(r *rules.Rule, h uint64, t int64, limit uint64) uint64
 	return limit - min(others, limit)
 }
 
-// eventAction is a rule's action as events name it: a queue counts what
-// it admits, as a throttle does (the event says Delayed).
-func eventAction(a window.Action) event.Action {
-	if a == window.Block {
-		return event.ActionBlock
+// eventAction is a rule's action as an event records it: Throttle or
+// Block, the one bit the wire format holds (event/FORMAT.md). A queue
+// (Delay) counts what it admits, as a throttle does; the event says Delayed.
+func eventAction(a policy.Action) policy.Action {
+	if a == policy.Block {
+		return policy.Block
 	}
-	return event.ActionThrottle
+	return policy.Throttle
 }
 
 // burstFor is the bucket capacity rule r runs with for limit: a tier's

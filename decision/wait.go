@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 )
@@ -128,7 +129,7 @@ func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte,
 		}
 		now := clk.Now()
 		t := now.UnixNano()
-		if r.Action == window.Delay {
+		if r.Action == policy.Delay {
 			// A queue: take the place now, within ctx's deadline.
 			done, at, err := c.waitQueue(ctx, clk, g, r, now, key, cost)
 			if done || err != nil {
@@ -242,9 +243,9 @@ func waitRule(g Generation, rule string, key []byte, cost uint64) (*rules.Rule, 
 func capacityFor(rs *rules.Rules, r *rules.Rule, key []byte) uint64 {
 	limit := rs.LimitFor(r, key)
 	switch r.Algorithm {
-	case window.TokenBucketAlgorithm, window.LeakyBucketAlgorithm:
+	case policy.TokenBucket, policy.LeakyBucket:
 		b := burstFor(r, limit)
-		if r.Action == window.Delay {
+		if r.Action == policy.Delay {
 			b++
 		}
 		return b
@@ -341,8 +342,8 @@ func (c *Core) reserve(ctx context.Context, g Generation, r *rules.Rule, now tim
 		res.ok, res.at = true, now
 		return res, nil
 	}
-	bucket := r.Algorithm == window.TokenBucketAlgorithm || r.Algorithm == window.LeakyBucketAlgorithm
-	if bucket && r.Action != window.Block {
+	bucket := r.Algorithm == policy.TokenBucket || r.Algorithm == policy.LeakyBucket
+	if bucket && r.Action != policy.Block {
 		limit := g.sn.rules.LimitFor(r, key)
 		if r.Scope == rules.ScopeGlobal && c.deps.Global != nil {
 			limit = c.globalRoom(r, h, t, limit)

@@ -1,8 +1,10 @@
 // Package event defines the rate-limit decision event: the Event type, its
-// enumerations (Decision, Mode, Action, Algorithm) and its canonical binary
-// encoding (Append, Decode, EncodedLen). An edge builds one Event per
+// result (Allowed or Limited) and its canonical binary encoding (Append,
+// Decode, EncodedLen). The rule's mode, action and algorithm are package
+// policy's types, numbered on the wire as policy numbers them. An edge builds one Event per
 // decision it reports, the pipeline carries it, the judge and the global
-// tally read it. It imports only the standard library, so that a package
+// tally read it. It imports only the standard library and package policy
+// (itself a leaf of the standard library), so that a package
 // that needs the type (the decision core, the judge) does not pull in a
 // transport.
 //

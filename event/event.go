@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // Version is the event encoding version that Append writes: the first
@@ -130,13 +132,13 @@ type Event struct {
 	DelayMicros uint32
 	Edge        uint16 // the edge server that decided
 
-	Decision       Decision
-	Mode           Mode
-	Action         Action
-	Algorithm      Algorithm // the rule's algorithm; version 1 events decode as AlgorithmSlidingWindow
-	FromBlockCache bool      // answered from the block cache without consulting the counters
-	Shadow         bool      // the rule is in shadow (log-only) mode: the decision was recorded, not enforced
-	Fallback       bool      // decided by the rule's failure policy because the store was unavailable
+	Decision       Admission
+	Mode           policy.Mode
+	Action         policy.Action
+	Algorithm      policy.Algorithm // the rule's algorithm; version 1 events decode as policy.SlidingWindow
+	FromBlockCache bool             // answered from the block cache without consulting the counters
+	Shadow         bool             // the rule is in shadow (log-only) mode: the decision was recorded, not enforced
+	Fallback       bool             // decided by the rule's failure policy because the store was unavailable
 	// Delayed reports a request that a leaky-bucket queue delayed (by
 	// DelayMicros) instead of refusing it.
 	Delayed bool
@@ -155,7 +157,7 @@ func (e *Event) Check() error {
 	if len(e.Rule) > MaxRuleLen || len(e.Pop) > MaxPopLen {
 		return ErrRuleTooLong
 	}
-	if e.Decision > Limited || e.Mode > ModeSync || e.Action > ActionBlock || e.Algorithm > AlgorithmSlidingLog ||
+	if e.Decision > Limited || e.Mode > policy.Sync || e.Action > policy.Block || e.Algorithm > policy.SlidingLog ||
 		(!e.Delayed && e.DelayMicros != 0) {
 		return ErrMalformed
 	}
@@ -210,10 +212,10 @@ func appendEvent(dst []byte, e *Event) []byte {
 	if e.Decision == Limited {
 		flags |= flagLimited
 	}
-	if e.Mode == ModeSync {
+	if e.Mode == policy.Sync {
 		flags |= flagSync
 	}
-	if e.Action == ActionBlock {
+	if e.Action == policy.Block {
 		flags |= flagBlock
 	}
 	if e.FromBlockCache {
@@ -253,7 +255,7 @@ func appendEvent(dst []byte, e *Event) []byte {
 // It allocates nothing; e.Rule and e.Pop alias b (capacity-limited, so
 // appending to them cannot overwrite b). A version 2 event decodes with an
 // empty Pop and Global false, a version 1 event also with Algorithm
-// AlgorithmSlidingWindow and Burst = Limit; both re-encode as version 3.
+// policy.SlidingWindow and Burst = Limit; both re-encode as version 3.
 //
 // It returns ErrVersion if b does not start with Version or VersionV1,
 // ErrTruncated if b ends inside the event, ErrTrailing if bytes follow it,
@@ -292,10 +294,10 @@ func decodeEvent(b []byte, e *Event, version byte) error {
 	off := 2
 	var ev Event
 	if v2 {
-		if b[2] > byte(AlgorithmSlidingLog) {
+		if b[2] > byte(policy.SlidingLog) {
 			return ErrMalformed
 		}
-		ev.Algorithm = Algorithm(b[2])
+		ev.Algorithm = policy.Algorithm(b[2])
 		off = 3
 	}
 	ev.Time = int64(binary.BigEndian.Uint64(b[off:]))
@@ -311,10 +313,10 @@ func decodeEvent(b []byte, e *Event, version byte) error {
 		ev.Decision = Limited
 	}
 	if flags&flagSync != 0 {
-		ev.Mode = ModeSync
+		ev.Mode = policy.Sync
 	}
 	if flags&flagBlock != 0 {
-		ev.Action = ActionBlock
+		ev.Action = policy.Block
 	}
 	v, n, err := uvarint(b[off:], math.MaxUint16)
 	if err != nil {

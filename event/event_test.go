@@ -8,6 +8,7 @@ import (
 
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/event/eventtest"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // TestDecodeV2 decodes every sample event that version 2 can carry from
@@ -62,8 +63,8 @@ func TestEventMaxLen(t *testing.T) {
 func TestEventLayout(t *testing.T) {
 	e := event.Event{
 		Time: 1, Edge: 2, Rule: []byte("ab"), KeyHash: 0x0102030405060708, Cost: 1, Limit: 300,
-		WindowMillis: 1000, Burst: 600, Estimate: 1.5, Decision: event.Limited, Action: event.ActionBlock,
-		Fallback: true, Algorithm: event.AlgorithmLeakyBucket, Delayed: true, DelayMicros: 1500,
+		WindowMillis: 1000, Burst: 600, Estimate: 1.5, Decision: event.Limited, Action: policy.Block,
+		Fallback: true, Algorithm: policy.LeakyBucket, Delayed: true, DelayMicros: 1500,
 		Pop: []byte("p1"), Global: true,
 	}
 	b, err := event.Append(nil, &e)
@@ -89,8 +90,8 @@ func TestDecodeV1(t *testing.T) {
 	}
 	want := event.Event{
 		Time: 1, Edge: 2, Rule: []byte("ab"), KeyHash: 0x0102030405060708, Cost: 1, Limit: 300,
-		WindowMillis: 1000, Burst: 300, Estimate: 1.5, Decision: event.Limited, Action: event.ActionBlock,
-		Fallback: true, Algorithm: event.AlgorithmSlidingWindow,
+		WindowMillis: 1000, Burst: 300, Estimate: 1.5, Decision: event.Limited, Action: policy.Block,
+		Fallback: true, Algorithm: policy.SlidingWindow,
 	}
 	if !eventtest.Equal(&got, &want) {
 		t.Errorf("v1 event: got %+v, want %+v", got, want)
@@ -156,7 +157,7 @@ func TestDecodeEventErrors(t *testing.T) {
 	}
 	// minimal: one-byte varints, so the varints start at 23 (v2) and 22 (v1).
 	minimal := eventtest.Encode(t, event.Event{Rule: []byte("r")})
-	delayed := eventtest.Encode(t, event.Event{Rule: []byte("r"), Delayed: true, Algorithm: event.AlgorithmLeakyBucket})
+	delayed := eventtest.Encode(t, event.Event{Rule: []byte("r"), Delayed: true, Algorithm: policy.LeakyBucket})
 	typicalV1 := eventtest.Samples()["typical"]
 	v1 := eventtest.AppendV1(nil, &typicalV1)
 	v2 := eventtest.AppendV2(nil, &typicalV1)
@@ -265,19 +266,19 @@ func TestEnumStrings(t *testing.T) {
 	tests := []struct{ got, want string }{
 		{event.Allowed.String(), "allowed"},
 		{event.Limited.String(), "limited"},
-		{event.Decision(9).String(), "Decision(9)"},
-		{event.ModeAsync.String(), "async"},
-		{event.ModeSync.String(), "sync"},
-		{event.Mode(9).String(), "Mode(9)"},
-		{event.ActionThrottle.String(), "throttle"},
-		{event.ActionBlock.String(), "block"},
-		{event.Action(9).String(), "Action(9)"},
-		{event.AlgorithmSlidingWindow.String(), "sliding_window"},
-		{event.AlgorithmFixedWindow.String(), "fixed_window"},
-		{event.AlgorithmTokenBucket.String(), "token_bucket"},
-		{event.AlgorithmLeakyBucket.String(), "leaky_bucket"},
-		{event.AlgorithmSlidingLog.String(), "sliding_log"},
-		{event.Algorithm(9).String(), "Algorithm(9)"},
+		{event.Admission(9).String(), "Admission(9)"},
+		{policy.Async.String(), "async"},
+		{policy.Sync.String(), "sync"},
+		{policy.Mode(9).String(), "Mode(9)"},
+		{policy.Throttle.String(), "throttle"},
+		{policy.Block.String(), "block"},
+		{policy.Action(9).String(), "Action(9)"},
+		{policy.SlidingWindow.String(), "sliding_window"},
+		{policy.FixedWindow.String(), "fixed_window"},
+		{policy.TokenBucket.String(), "token_bucket"},
+		{policy.LeakyBucket.String(), "leaky_bucket"},
+		{policy.SlidingLog.String(), "sliding_log"},
+		{policy.Algorithm(9).String(), "Algorithm(9)"},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
@@ -337,7 +338,7 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("v2 re-encoding: got %x, want the input %x (the encoding is canonical)", v2, b)
 			}
 		case event.VersionV1:
-			if e.Algorithm != event.AlgorithmSlidingWindow || e.Burst != e.Limit || e.Delayed {
+			if e.Algorithm != policy.SlidingWindow || e.Burst != e.Limit || e.Delayed {
 				t.Fatalf("v1 event: got algorithm %v, burst %d (limit %d), delayed %v; want sliding_window, the limit, false",
 					e.Algorithm, e.Burst, e.Limit, e.Delayed)
 			}

@@ -6,13 +6,14 @@ import (
 	"log"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 )
 
 func ExampleAppend() {
 	e := event.Event{
 		Time: 1_700_000_000_000_000_000, Edge: 2, Rule: []byte("login"), KeyHash: 0xfeedface,
 		Cost: 1, Limit: 5, Burst: 5, WindowMillis: 60_000, Estimate: 5.6,
-		Decision: event.Limited, Mode: event.ModeSync, Algorithm: event.AlgorithmSlidingWindow,
+		Decision: event.Limited, Mode: policy.Sync, Algorithm: policy.SlidingWindow,
 	}
 	buf := make([]byte, 0, event.MaxLen) // reuse it: Append then allocates nothing
 	buf, err := event.Append(buf[:0], &e)

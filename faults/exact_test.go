@@ -10,6 +10,7 @@ import (
 
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 
 	"github.com/poplimit/poplimit/judge"
 )
@@ -97,7 +98,7 @@ func exact(recs []rec) []verdict {
 	out := make([]verdict, len(recs))
 	for i := range recs {
 		e := &recs[i].ev
-		if e.Shadow || e.Action != event.ActionThrottle || e.Limit == 0 || e.WindowMillis == 0 {
+		if e.Shadow || e.Action != policy.Throttle || e.Limit == 0 || e.WindowMillis == 0 {
 			continue
 		}
 		id := keyID{string(e.Rule), e.KeyHash}

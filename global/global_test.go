@@ -9,7 +9,7 @@ import (
 
 const sec = int64(time.Second)
 
-func ev(pop string, at int64, cost uint32, d event.Decision) event.Event {
+func ev(pop string, at int64, cost uint32, d event.Admission) event.Event {
 	return event.Event{Time: at, KeyHash: 7, Rule: []byte("g"), Cost: cost, Limit: 100, WindowMillis: 10_000,
 		Decision: d, Global: true, Pop: []byte(pop)}
 }

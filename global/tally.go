@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // TallyConfig bounds a Tally and says which keys matter.
@@ -91,7 +92,7 @@ func (t *Tally) Add(evs ...event.Event) {
 	defer t.mu.Unlock()
 	for i := range evs {
 		e := &evs[i]
-		if !e.Global || e.WindowMillis == 0 || e.Decision != event.Allowed && e.Action != event.ActionBlock {
+		if !e.Global || e.WindowMillis == 0 || e.Decision != event.Allowed && e.Action != policy.Block {
 			continue
 		}
 		w := int64(e.WindowMillis) * int64(time.Millisecond)

@@ -9,20 +9,21 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/window"
 )
 
-func algo(a event.Algorithm) opt { return func(e *event.Event) { e.Algorithm = a } }
-func burstOfN(n uint32) opt      { return func(e *event.Event) { e.Burst = n } }
+func algo(a policy.Algorithm) opt { return func(e *event.Event) { e.Algorithm = a } }
+func burstOfN(n uint32) opt       { return func(e *event.Event) { e.Burst = n } }
 func delayed(us uint32) opt {
 	return func(e *event.Event) { e.Delayed, e.DelayMicros = true, us }
 }
 
 var (
-	tb  = algo(event.AlgorithmTokenBucket)
-	lbk = algo(event.AlgorithmLeakyBucket)
-	fw  = algo(event.AlgorithmFixedWindow)
-	slg = algo(event.AlgorithmSlidingLog)
+	tb  = algo(policy.TokenBucket)
+	lbk = algo(policy.LeakyBucket)
+	fw  = algo(policy.FixedWindow)
+	slg = algo(policy.SlidingLog)
 )
 
 // TestJudgeAlgorithms judges hand-made traces of every algorithm. ev's
@@ -279,8 +280,8 @@ func TestBucketRatio(t *testing.T) {
 func TestByAlgorithm(t *testing.T) {
 	// The boundary double burst under each algorithm, one key each.
 	var events []event.Event
-	for k, a := range []event.Algorithm{event.AlgorithmSlidingWindow, event.AlgorithmFixedWindow,
-		event.AlgorithmTokenBucket, event.AlgorithmLeakyBucket, event.AlgorithmSlidingLog} {
+	for k, a := range []policy.Algorithm{policy.SlidingWindow, policy.FixedWindow,
+		policy.TokenBucket, policy.LeakyBucket, policy.SlidingLog} {
 		events = append(events, cat(burst(9000, 10, 100, uint64(k+1), A, algo(a)), burst(10_000, 10, 100, uint64(k+1), A, algo(a)))...)
 	}
 	r := run(t, nil, events)
@@ -306,7 +307,7 @@ func TestByAlgorithm(t *testing.T) {
 // TestVersion1Event judges events decoded from the version 1 encoding,
 // which has no algorithm: they are sliding-window decisions.
 func TestVersion1Event(t *testing.T) {
-	v1 := func(atMs int64, d event.Decision) event.Event {
+	v1 := func(atMs int64, d event.Admission) event.Event {
 		b := []byte{event.VersionV1, 0}
 		if d == event.Limited {
 			b[1] = 1
@@ -323,7 +324,7 @@ func TestVersion1Event(t *testing.T) {
 		if err := event.Decode(b, &e); err != nil {
 			t.Fatalf("decode version 1: %v", err)
 		}
-		if e.Algorithm != event.AlgorithmSlidingWindow || e.Burst != 10 {
+		if e.Algorithm != policy.SlidingWindow || e.Burst != 10 {
 			t.Fatalf("version 1 decoded as %v, burst %d; want sliding_window, burst 10", e.Algorithm, e.Burst)
 		}
 		return e
@@ -415,7 +416,7 @@ func TestBucketMatchesDefinition(t *testing.T) {
 			}
 			e := ev(at, 1, d, tb, limit(lim), win(windowMs), burstOfN(burst), cost(uint32(1+rng.IntN(3))))
 			if block {
-				e.Action = event.ActionBlock
+				e.Action = policy.Block
 			}
 			events = append(events, e)
 		}
@@ -536,14 +537,14 @@ func TestGCRAFitsAsWindow(t *testing.T) {
 // TestAddAllocsAlgorithms checks that the bucket and fixed references
 // allocate nothing in steady state either.
 func TestAddAllocsAlgorithms(t *testing.T) {
-	for _, a := range []event.Algorithm{event.AlgorithmTokenBucket, event.AlgorithmFixedWindow} {
+	for _, a := range []policy.Algorithm{policy.TokenBucket, policy.FixedWindow} {
 		j := newJudge(t, func(c *Config) { c.AllowedLateness = 50 * time.Millisecond })
 		e := event.Event{Rule: []byte("api"), Cost: 1, Limit: 1000, WindowMillis: 1000, Burst: 100, Edge: 1, Algorithm: a}
 		now := t0
 		step := func() {
 			for k := range uint64(64) {
 				e.Time, e.KeyHash = now, k
-				e.Decision = event.Decision(k % 2)
+				e.Decision = event.Admission(k % 2)
 				j.Add(now, e)
 			}
 			now += int64(time.Millisecond)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -34,7 +35,7 @@ func benchTrace(n, keys, edges, batch int, rate float64) []event.Event {
 				evs = append(evs, event.Event{
 					Time: t - lag, KeyHash: k*0x9e3779b97f4a7c15 + 1, Rule: rules[k%3], Cost: 1,
 					Limit: 100, WindowMillis: 10_000, Estimate: 50, Edge: uint16(e), Decision: d,
-					Action: event.Action(k % 2),
+					Action: policy.Action(k % 2),
 				})
 				t += step
 			}
@@ -50,15 +51,15 @@ func BenchmarkAdd(b *testing.B) {
 		name   string
 		keys   int
 		dedup  int
-		alg    event.Algorithm
+		alg    policy.Algorithm
 		framed bool
 	}{
-		{"keys=1k", 1000, 0, event.AlgorithmSlidingWindow, false},
-		{"keys=100k", 100_000, 0, event.AlgorithmSlidingWindow, false},
-		{"keys=1k/dedup=256k", 1000, 1 << 18, event.AlgorithmSlidingWindow, false},
-		{"keys=1k/dedup=256k/framed", 1000, 1 << 18, event.AlgorithmSlidingWindow, true},
-		{"keys=1k/algorithm=fixed_window", 1000, 0, event.AlgorithmFixedWindow, false},
-		{"keys=1k/algorithm=token_bucket", 1000, 0, event.AlgorithmTokenBucket, false},
+		{"keys=1k", 1000, 0, policy.SlidingWindow, false},
+		{"keys=100k", 100_000, 0, policy.SlidingWindow, false},
+		{"keys=1k/dedup=256k", 1000, 1 << 18, policy.SlidingWindow, false},
+		{"keys=1k/dedup=256k/framed", 1000, 1 << 18, policy.SlidingWindow, true},
+		{"keys=1k/algorithm=fixed_window", 1000, 0, policy.FixedWindow, false},
+		{"keys=1k/algorithm=token_bucket", 1000, 0, policy.TokenBucket, false},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			const batch = 1000

@@ -165,7 +165,7 @@ func TestAddAllocs(t *testing.T) {
 	step := func() {
 		for k := range uint64(64) {
 			e.Time, e.KeyHash = now, k
-			e.Decision = event.Decision(k % 2)
+			e.Decision = event.Admission(k % 2)
 			j.Add(now, e)
 		}
 		now += int64(time.Millisecond)

@@ -1,6 +1,9 @@
 package judge
 
-import "github.com/poplimit/poplimit/event"
+import (
+	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
+)
 
 // Flag bits of pending.flags.
 const (
@@ -29,7 +32,7 @@ type pending struct {
 	estimate float32
 	edge     uint16
 	flags    uint8
-	alg      uint8  // event.Algorithm
+	alg      uint8  // policy.Algorithm
 	pop      uint16 // index into Judge.popNames
 }
 
@@ -41,10 +44,10 @@ func flagsOf(e *event.Event) uint8 {
 	if e.Global {
 		f |= fGlobal
 	}
-	if e.Mode == event.ModeSync {
+	if e.Mode == policy.Sync {
 		f |= fSync
 	}
-	if e.Action == event.ActionBlock {
+	if e.Action == policy.Block {
 		f |= fBlock
 	}
 	if e.FromBlockCache {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // Scripted traces. Times are milliseconds after t0, a multiple of every
@@ -20,7 +21,7 @@ type opt func(*event.Event)
 
 // ev returns a throttle decision of key at atMs: limit 10 per 10 s, cost 1,
 // rule "api", edge 1, enforced, async, from the limiter.
-func ev(atMs int64, key uint64, d event.Decision, opts ...opt) event.Event {
+func ev(atMs int64, key uint64, d event.Admission, opts ...opt) event.Event {
 	e := event.Event{Time: t0 + atMs*ms, KeyHash: key, Rule: []byte("api"), Cost: 1,
 		Limit: 10, WindowMillis: 10_000, Decision: d, Edge: 1}
 	for _, o := range opts {
@@ -30,7 +31,7 @@ func ev(atMs int64, key uint64, d event.Decision, opts ...opt) event.Event {
 }
 
 // burst returns n decisions of key from fromMs, stepMs apart.
-func burst(fromMs int64, n int, stepMs int64, key uint64, d event.Decision, opts ...opt) []event.Event {
+func burst(fromMs int64, n int, stepMs int64, key uint64, d event.Admission, opts ...opt) []event.Event {
 	evs := make([]event.Event, n)
 	for i := range evs {
 		evs[i] = ev(fromMs+int64(i)*stepMs, key, d, opts...)
@@ -44,11 +45,11 @@ func onEdge(id uint16) opt     { return func(e *event.Event) { e.Edge = id } }
 func cost(n uint32) opt        { return func(e *event.Event) { e.Cost = n } }
 func estimate(v float32) opt   { return func(e *event.Event) { e.Estimate = v } }
 func rule(name string) opt     { return func(e *event.Event) { e.Rule = []byte(name) } }
-func blockRule(e *event.Event) { e.Action = event.ActionBlock }
+func blockRule(e *event.Event) { e.Action = policy.Block }
 func fromCache(e *event.Event) { e.FromBlockCache, e.Decision = true, event.Limited }
 func shadow(e *event.Event)    { e.Shadow = true }
 func fallback(e *event.Event)  { e.Fallback = true }
-func syncMode(e *event.Event)  { e.Mode = event.ModeSync }
+func syncMode(e *event.Event)  { e.Mode = policy.Sync }
 
 const (
 	A = event.Allowed

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -95,10 +96,10 @@ const otherLabel = "_other" // rule and edge label past MaxRules / MaxEdges
 type cell struct {
 	rule   uint32
 	edge   int32 // edge id, -1 for "_other"
-	mode   event.Mode
+	mode   policy.Mode
 	source Source
 	class  Class
-	alg    uint8  // event.Algorithm
+	alg    uint8  // policy.Algorithm
 	pop    uint16 // index into Judge.popNames
 	global bool   // the rule's scope is global
 }
@@ -475,9 +476,9 @@ func (j *Judge) tally(p *pending, id keyID, v *verdict) {
 	if p.flags&fCache != 0 {
 		source = FromBlockCache
 	}
-	mode := event.ModeAsync
+	mode := policy.Async
 	if p.flags&fSync != 0 {
-		mode = event.ModeSync
+		mode = policy.Sync
 	}
 	k := cell{rule: p.rule, edge: j.edgeLabel(p.edge), mode: mode, source: source, class: class, alg: p.alg,
 		pop: p.pop, global: p.flags&fGlobal != 0}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // heapInUse returns the heap in use after two collections: the live heap.
@@ -27,14 +28,14 @@ func TestMemoryBound(t *testing.T) {
 	const scale = 64
 	for _, tc := range []struct {
 		name string
-		alg  event.Algorithm
+		alg  policy.Algorithm
 		// the logs bind before the key table: each key logs more units
 		perKey int
 	}{
-		{"sliding_window keys", event.AlgorithmSlidingWindow, 1},
-		{"sliding_log keys with many units", event.AlgorithmSlidingLog, 12},
-		{"token_bucket keys", event.AlgorithmTokenBucket, 1},
-		{"fixed_window keys", event.AlgorithmFixedWindow, 1},
+		{"sliding_window keys", policy.SlidingWindow, 1},
+		{"sliding_log keys with many units", policy.SlidingLog, 12},
+		{"token_bucket keys", policy.TokenBucket, 1},
+		{"fixed_window keys", policy.FixedWindow, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()

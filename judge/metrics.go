@@ -1,7 +1,7 @@
 package judge
 
 import (
-	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -139,7 +139,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		v := [3]int64{cs.allowed + cs.limited - cs.wronglyAllowed - cs.wronglyLimited, cs.wronglyAllowed, cs.wronglyLimited}
 		class := k.class.String()
 		addVerdicts(decisions, [5]string{j.ruleNames[k.rule], edgeName(k.edge), k.mode.String(), k.source.String(), class}, v)
-		addVerdicts(byAlg, [2]string{event.Algorithm(k.alg).String(), class}, v)
+		addVerdicts(byAlg, [2]string{policy.Algorithm(k.alg).String(), class}, v)
 		addVerdicts(byScope, [3]string{scopeName(k.global), j.popNames[k.pop], class}, v)
 	}
 	for l, v := range byScope {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -15,7 +16,7 @@ import (
 // succeeds, lints clean, exports each label set once and adds the cells
 // up.
 func TestMetricsOneSeriesPerLabelSet(t *testing.T) {
-	alg := func(a event.Algorithm) opt { return func(e *event.Event) { e.Algorithm = a } }
+	alg := func(a policy.Algorithm) opt { return func(e *event.Event) { e.Algorithm = a } }
 	tests := []struct {
 		name   string
 		events []event.Event
@@ -25,9 +26,9 @@ func TestMetricsOneSeriesPerLabelSet(t *testing.T) {
 		{
 			name: "a reload changes the rule's algorithm",
 			events: concat(
-				burst(0, 12, 100, 1, A), // sliding_window: the 11th and 12th wrongly allowed
-				burst(2000, 12, 100, 1, A, alg(event.AlgorithmTokenBucket)), // the reloaded rule, same key
-				burst(0, 3, 100, 2, A, alg(event.AlgorithmFixedWindow)),
+				burst(0, 12, 100, 1, A),                             // sliding_window: the 11th and 12th wrongly allowed
+				burst(2000, 12, 100, 1, A, alg(policy.TokenBucket)), // the reloaded rule, same key
+				burst(0, 3, 100, 2, A, alg(policy.FixedWindow)),
 			),
 			rule: "api", series: 3,
 		},

@@ -5,7 +5,7 @@ import (
 	"math/bits"
 	"time"
 
-	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -19,10 +19,10 @@ const (
 // refOf returns the reference kind that judges algorithm a. Unknown values
 // (event.Decode refuses them) are judged as a sliding window.
 func refOf(a uint8) uint8 {
-	switch event.Algorithm(a) {
-	case event.AlgorithmTokenBucket, event.AlgorithmLeakyBucket:
+	switch policy.Algorithm(a) {
+	case policy.TokenBucket, policy.LeakyBucket:
 		return refBucket
-	case event.AlgorithmFixedWindow:
+	case policy.FixedWindow:
 		return refFixed
 	}
 	return refLog

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // Tally counts judged decisions and the wrong ones among them. Ratios are
@@ -186,7 +186,7 @@ func (j *Judge) Report() Report {
 		classTally(&r, k.class).add(c)
 		byEdge.at(edgeName(k.edge), k.class).add(c)
 		byRule.at(j.ruleNames[k.rule], k.class).add(c)
-		byAlg.at(event.Algorithm(k.alg).String(), k.class).add(c)
+		byAlg.at(policy.Algorithm(k.alg).String(), k.class).add(c)
 		byMode.at(k.mode.String(), k.class).add(c)
 		bySource.at(k.source.String(), k.class).add(c)
 		byScope.at(scopeName(k.global), k.class).add(c)

@@ -23,6 +23,7 @@ import (
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/policy"
 )
 
 const brokerProcessEnv = "POPLIMIT_PIPELINE_BROKER_PROCESS"
@@ -207,7 +208,7 @@ func benchmarkProducerCPU(b *testing.B, cfg pipeline.ProducerConfig, rate int) {
 	// advancing.
 	rule := []byte("api-per-key")
 	e := event.Event{Rule: rule, Cost: 1, Limit: 100, Burst: 100, WindowMillis: 60_000, Edge: 1,
-		Algorithm: event.AlgorithmSlidingWindow}
+		Algorithm: policy.SlidingWindow}
 	t0 := time.Now().UnixNano()
 	runtime.GC()
 	waits := 0
@@ -224,7 +225,7 @@ func benchmarkProducerCPU(b *testing.B, cfg pipeline.ProducerConfig, rate int) {
 		e.KeyHash = uint64(i%100_000)*0x9e3779b97f4a7c15 + 1
 		e.Time = t0 + int64(i)*1000
 		e.Estimate = float32(i % 101)
-		e.Decision = event.Decision(i % 7 / 6)
+		e.Decision = event.Admission(i % 7 / 6)
 		for !p.Emit(&e) { // measure the cost of delivering every event, not of dropping
 			waits++
 			time.Sleep(20 * time.Microsecond)

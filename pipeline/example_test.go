@@ -16,6 +16,7 @@ import (
 
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // A frame carries many events of one edge, numbered in its (edge,
@@ -27,7 +28,7 @@ func ExampleDecodeFrame() {
 	evs := []event.Event{
 		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: event.Allowed},
 		{Edge: 4, Rule: []byte("api"), KeyHash: 1, Limit: 10, Burst: 10, Decision: event.Limited},
-		{Edge: 4, Rule: []byte("upload"), KeyHash: 2, Limit: 5, Burst: 20, Algorithm: event.AlgorithmLeakyBucket,
+		{Edge: 4, Rule: []byte("upload"), KeyHash: 2, Limit: 5, Burst: 20, Algorithm: policy.LeakyBucket,
 			Delayed: true, DelayMicros: 1500},
 	}
 	b := []byte{0x80 | pipeline.FrameVersion, 0, 4, 0, 0, 0, 0, 0, 0, 0, 41, 0, byte(len(evs))}
@@ -146,7 +147,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for i, d := range []event.Decision{event.Allowed, event.Allowed, event.Limited} {
+	for i, d := range []event.Admission{event.Allowed, event.Allowed, event.Limited} {
 		p.Emit(&event.Event{Time: int64(i), Rule: []byte("api"), KeyHash: 7, Limit: 2, Estimate: float32(i + 1), Decision: d})
 	}
 	if err := p.Close(context.Background()); err != nil {

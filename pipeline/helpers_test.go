@@ -16,6 +16,7 @@ import (
 	"github.com/poplimit/poplimit/event/eventtest"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/pipeline"
+	"github.com/poplimit/poplimit/policy"
 )
 
 const partitions = 4
@@ -185,9 +186,9 @@ func testEvents(edge uint16, keys, perKey int, firstID uint32) []event.Event {
 				Limit:          uint32(100 + k),
 				WindowMillis:   60_000,
 				Estimate:       float32(s) + 0.5,
-				Decision:       event.Decision(s % 2),
-				Mode:           event.Mode(k % 2),
-				Action:         event.Action((s + k) % 2),
+				Decision:       event.Admission(s % 2),
+				Mode:           policy.Mode(k % 2),
+				Action:         policy.Action((s + k) % 2),
 				FromBlockCache: s%3 == 0,
 				Shadow:         k%5 == 0,
 				Fallback:       s%7 == 0,

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/rules/envoyconf"
-	"github.com/poplimit/poplimit/window"
 )
 
 // The errors of requests refused before any lookup, with
@@ -226,7 +226,7 @@ func hitsOf(d *rlcommon.RateLimitDescriptor, req uint32) uint64 {
 // or for a token or leaky bucket its capacity. A limit of 0 admits none.
 func admitsAtMost(ds *rlsDesc, r *rules.Rule) uint64 {
 	if ds.m.Answer == rules.DescriptorCounted && r.Burst > 0 &&
-		(r.Algorithm == window.TokenBucketAlgorithm || r.Algorithm == window.LeakyBucketAlgorithm) {
+		(r.Algorithm == policy.TokenBucket || r.Algorithm == policy.LeakyBucket) {
 		return r.Burst
 	}
 	return uint64(ds.m.RequestsPerUnit)

@@ -3,11 +3,12 @@ package rules
 import (
 	"errors"
 	"fmt"
-	"github.com/poplimit/poplimit/window"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 func TestParseRulesValid(t *testing.T) {
@@ -29,21 +30,21 @@ func TestParseRulesValid(t *testing.T) {
 	if len(api.Key) != 2 || api.Key[0] != (KeyPart{KeyHeader, "X-API-Key"}) || api.Key[1] != (KeyPart{Source: KeyIP}) || api.MissingKey != MissingKeyDeny {
 		t.Errorf("api key = %+v missing %v", api.Key, api.MissingKey)
 	}
-	if api.Limit != 100 || api.Window != time.Minute || api.Algorithm != window.SlidingWindowCounter || api.Action != window.Throttle || api.Mode != window.Async || api.Fail != window.FailOpen || api.Cost != 1 {
+	if api.Limit != 100 || api.Window != time.Minute || api.Algorithm != policy.SlidingWindow || api.Action != policy.Throttle || api.Mode != policy.Async || api.Fail != policy.FailOpen || api.Cost != 1 {
 		t.Errorf("api defaults = %+v", api)
 	}
 	login := rs.Rules[1]
-	if login.Mode != window.Sync || login.Fail != window.FailClosed || login.Key[0] != (KeyPart{KeyCookie, "session"}) || login.Key[1] != (KeyPart{KeyQuery, "user"}) {
+	if login.Mode != policy.Sync || login.Fail != policy.FailClosed || login.Key[0] != (KeyPart{KeyCookie, "session"}) || login.Key[1] != (KeyPart{KeyQuery, "user"}) {
 		t.Errorf("login = %+v", login)
 	}
 	m := rs.Rules[2]
-	if m.Action != window.Block || m.Timeout != 10*time.Minute || m.CostHeader != "X-Cost" || m.MaxCost != 50 {
+	if m.Action != policy.Block || m.Timeout != 10*time.Minute || m.CostHeader != "X-Cost" || m.MaxCost != 50 {
 		t.Errorf("mitigation = %+v", m)
 	}
-	if b := rs.Rules[3]; b.Algorithm != window.TokenBucketAlgorithm || b.Burst != 20 || !b.Shadow {
+	if b := rs.Rules[3]; b.Algorithm != policy.TokenBucket || b.Burst != 20 || !b.Shadow {
 		t.Errorf("bucket = %+v", b)
 	}
-	if d := rs.Rules[4]; d.Window != 24*time.Hour || d.Algorithm != window.FixedWindowCounter || d.Timeout != d.Window {
+	if d := rs.Rules[4]; d.Window != 24*time.Hour || d.Algorithm != policy.FixedWindow || d.Timeout != d.Window {
 		t.Errorf("daily = %+v", d)
 	}
 	if rs.Lookup("login") != login || rs.Lookup("nope") != nil {
@@ -306,7 +307,7 @@ func FuzzParseRules(f *testing.F) {
 			if r.Limit == 0 || r.Window <= 0 || r.Name == "" || len(r.Key) == 0 || r.Cost == 0 {
 				t.Fatalf("accepted an unusable rule %+v", r)
 			}
-			bucket := r.Algorithm == window.TokenBucketAlgorithm || r.Algorithm == window.LeakyBucketAlgorithm
+			bucket := r.Algorithm == policy.TokenBucket || r.Algorithm == policy.LeakyBucket
 			if r.Kind == Rate && !bucket && (r.Cost > r.Limit || r.CostHeader != "" && r.MaxCost > r.Limit && len(r.Tiers) == 0) {
 				t.Fatalf("accepted rule %s whose cost %d or max_cost %d exceeds its limit %d", r.Name, r.Cost, r.MaxCost, r.Limit)
 			}
@@ -380,7 +381,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rs.Rules[0].Mode != window.Sync || rs.Rules[1].Action != window.Delay || rs.Rules[2].Mode != window.Sync {
+	if rs.Rules[0].Mode != policy.Sync || rs.Rules[1].Action != policy.Delay || rs.Rules[2].Mode != policy.Sync {
 		t.Errorf("login mode %v, queue action %v, bucket mode %v", rs.Rules[0].Mode, rs.Rules[1].Action, rs.Rules[2].Mode)
 	}
 	_, err = ParseRules([]byte(`rules: [{name: q, limit: 10, window: 1s, algorithm: token_bucket, action: delay}]`))

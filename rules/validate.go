@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -86,8 +87,8 @@ func (f *fields) only(set bool, field, value string, applies bool, to string) {
 	}
 }
 
-func enumField[T window.Algorithm | window.Action | window.Mode | window.FailPolicy](f *fields, field, s string) T {
-	v, err := window.ParseEnum[T](s)
+func enumField[T policy.Algorithm | policy.Action | policy.Mode | policy.Fail](f *fields, field, s string) T {
+	v, err := policy.Parse[T](s)
 	if err != nil {
 		f.fail(field, strconv.Quote(s), err.Error())
 	}
@@ -252,10 +253,10 @@ func parsePolicy(f *fields, y ruleYAML, r *Rule) {
 	if r.Kind == Concurrency && y.Window == "" {
 		y.Window = r.Lease.String() // slots are counted per lease period
 	}
-	r.Algorithm = enumField[window.Algorithm](f, "algorithm", y.Algorithm)
-	r.Action = enumField[window.Action](f, "action", y.Action)
-	r.Mode = enumField[window.Mode](f, "mode", y.Mode)
-	r.Fail = enumField[window.FailPolicy](f, "fail", y.Fail)
+	r.Algorithm = enumField[policy.Algorithm](f, "algorithm", y.Algorithm)
+	r.Action = enumField[policy.Action](f, "action", y.Action)
+	r.Mode = enumField[policy.Mode](f, "mode", y.Mode)
+	r.Fail = enumField[policy.Fail](f, "fail", y.Fail)
 	r.Limit = f.amount("limit", y.Limit, 0, true)
 	if y.Window == "" {
 		f.fail("window", "", "is required")
@@ -263,14 +264,14 @@ func parsePolicy(f *fields, y ruleYAML, r *Rule) {
 	r.Window = f.duration("window", y.Window, 0, time.Millisecond, maxWindow, true, "a duration of whole milliseconds between 1ms and 366d")
 	r.Burst = f.amount("burst", y.Burst, r.Limit, false)
 	r.Timeout = f.duration("timeout", y.Timeout, r.Window, time.Nanosecond, maxWindow, false, "a positive duration of at most 366d")
-	f.only(y.Timeout != "", "timeout", strconv.Quote(y.Timeout), r.Action == window.Block, "action: block")
+	f.only(y.Timeout != "", "timeout", strconv.Quote(y.Timeout), r.Action == policy.Block, "action: block")
 	switch {
 	case f.n > 0:
-	case r.Algorithm == window.TokenBucketAlgorithm:
+	case r.Algorithm == policy.TokenBucket:
 		if err := (window.TokenBucket{Rate: int64(r.Limit), Per: r.Window, Burst: int64(r.Burst)}).Validate(); err != nil {
 			f.fail("burst", strconv.FormatUint(r.Burst, 10), "does not fit the token bucket's exact arithmetic with this limit and window: "+err.Error())
 		}
-	case r.Algorithm == window.LeakyBucketAlgorithm:
+	case r.Algorithm == policy.LeakyBucket:
 		if err := (window.LeakyBucket{Rate: int64(r.Limit), Per: r.Window, Capacity: int64(r.Burst)}).Validate(); err != nil {
 			f.fail("burst", strconv.FormatUint(r.Burst, 10), "does not fit the leaky bucket's exact arithmetic with this limit and window: "+err.Error())
 		}
@@ -278,19 +279,19 @@ func parsePolicy(f *fields, y ruleYAML, r *Rule) {
 	if r.Kind == Concurrency && (y.Algorithm != "" || y.Action != "" || y.Mode != "" || y.Timeout != "") {
 		f.fail("kind", "concurrency", "takes no algorithm, action, mode or timeout")
 	}
-	if r.Algorithm == window.SlidingLogAlgorithm {
+	if r.Algorithm == policy.SlidingLog {
 		// An exact limit cannot be decided from a view: a sliding log
 		// runs in sync mode, one store operation per request.
 		if y.Mode == "" {
-			r.Mode = window.Sync
-		} else if r.Mode == window.Async {
+			r.Mode = policy.Sync
+		} else if r.Mode == policy.Async {
 			f.fail("mode", "async", "a sliding_log runs in sync mode only (exact across edges, one store operation per request); use sliding_window for an async limit")
 		}
 		if r.Limit > window.MaxSharedLogLimit {
 			f.fail("limit", strconv.FormatUint(r.Limit, 10), fmt.Sprintf("a sliding_log keeps every request's instant and takes at most %d per window; use sliding_window for large limits", window.MaxSharedLogLimit))
 		}
 	}
-	if r.Action == window.Delay && r.Algorithm != window.LeakyBucketAlgorithm {
+	if r.Action == policy.Delay && r.Algorithm != policy.LeakyBucket {
 		f.fail("action", "delay", "queues requests as a leaky bucket: needs algorithm: leaky_bucket, not "+r.Algorithm.String())
 	}
 }
@@ -315,13 +316,13 @@ func parseCost(f *fields, y ruleYAML, r *Rule) {
 func checkCost(f *fields, y ruleYAML, r *Rule) {
 	capacity := func(limit uint64) (uint64, string) {
 		c, what := limit, "limit"
-		if r.Algorithm != window.TokenBucketAlgorithm && r.Algorithm != window.LeakyBucketAlgorithm {
+		if r.Algorithm != policy.TokenBucket && r.Algorithm != policy.LeakyBucket {
 			return c, what
 		}
 		if r.Burst != r.Limit {
 			c, what = r.Burst, "burst"
 		}
-		if r.Action == window.Delay {
+		if r.Action == policy.Delay {
 			c, what = c+1, what+" plus the one being served" // a queue holds Burst while one is served
 		}
 		return c, what
@@ -370,7 +371,7 @@ func parseTiers(f *fields, y ruleYAML, r *Rule) {
 			continue
 		}
 		if v := f.amount("tiers."+tier, l, 0, true); v > 0 {
-			if r.Algorithm == window.SlidingLogAlgorithm && v > window.MaxSharedLogLimit {
+			if r.Algorithm == policy.SlidingLog && v > window.MaxSharedLogLimit {
 				f.fail("tiers."+tier, strconv.FormatUint(v, 10), fmt.Sprintf("a sliding_log takes at most %d per window; use sliding_window for large limits", window.MaxSharedLogLimit))
 			}
 			if r.Tiers == nil {

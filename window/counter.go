@@ -1,6 +1,10 @@
 package window
 
-import "context"
+import (
+	"context"
+
+	"github.com/poplimit/poplimit/policy"
+)
 
 // The counter strategy: sliding and fixed windows over the store's window
 // counters. A key's view is its entry in the shard's slab (shard.go): the
@@ -13,10 +17,10 @@ import "context"
 // t into v: the fixed window from curr alone, the sliding window from
 // both, with e's recorded shapes when it has them (e may be nil). s.mu
 // must be held.
-func (s *shard) counterVerdict(v *Verdict, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
+func (s *shard) counterVerdict(v *Conformance, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
 	sw := SlidingWindow{Limit: limit, Window: r.Window}
 	switch {
-	case r.Algorithm == FixedWindowCounter:
+	case r.Algorithm == policy.FixedWindow:
 		sw.decideFixed(v, t, curr, cost)
 	case e != nil && e.hist != 0:
 		ps, cs := s.shapes(e, curr)
@@ -31,8 +35,8 @@ func (s *shard) counterVerdict(v *Verdict, e *entry, t int64, r *Policy, limit, 
 // counterStep is one async look at key's counters: it writes the decision
 // into d and counts it, or asks to wait for the read of a key new here
 // whose request would be admitted (once: the read answers it). d's
-// Verdict is written either way. s.mu must be held.
-func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Decision) step {
+// Conformance is written either way. s.mu must be held.
+func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Answer) step {
 	i, fresh := s.get(l, key, t, r)
 	e := &s.slab[i]
 	prev, curr := e.view()
@@ -41,12 +45,12 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 	if l.cfg.GuessPeers && !failed { // (only with AsyncNearLimit: Validate) the rule's failure policy answers a key the store fails, not a guess
 		unseen = e.othersUnseen(t)
 	}
-	s.counterVerdict(&d.Verdict, e, t, r, l.heldLimit(e, t, limit), prev, curr+unseen, cost)
-	v := &d.Verdict
+	s.counterVerdict(&d.Conformance, e, t, r, l.heldLimit(e, t, limit), prev, curr+unseen, cost)
+	v := &d.Conformance
 	if w.near && v.Allowed && !failed && e.flags&flagNeedCurr == 0 && v.Remaining < e.nearReach(t, limit) {
 		return stepSync // what the others may have admitted could fill the room (sync.go)
 	}
-	if !v.Allowed && unseen > 0 && r.Action == Throttle {
+	if !v.Allowed && unseen > 0 && r.Action == policy.Throttle {
 		// Refused on what the others may have admitted since the last
 		// reply: learn what they did at the next flush, and let the
 		// refusal stand only until that reply can have come.
@@ -61,15 +65,15 @@ func (s *shard) counterStep(l *Limiter, w *waits, t int64, r *Policy, key, limit
 		w.ask(false, true, l.cfg.NewKeyWait, 0)
 		return stepWait
 	}
-	if v.Allowed || r.Action == Block {
+	if v.Allowed || r.Action == policy.Block {
 		s.count(i, t, cost)
 		s.sendBy(i, t, l.syncDue(e, t, r, v.Allowed, v.Remaining))
-		if r.Algorithm == SlidingWindowCounter && s.histMay(e, prev+curr+cost, limit) {
+		if r.Algorithm == policy.SlidingWindow && s.histMay(e, prev+curr+cost, limit) {
 			s.histNote(l, i, t, cost, prev, curr, limit)
 		}
 	}
 	d.Limit = limit
-	if !v.Allowed && r.Action == Block {
+	if !v.Allowed && r.Action == policy.Block {
 		v.ReleaseAt = t + int64(r.Timeout)
 	}
 	if failed {
@@ -86,7 +90,7 @@ func (s *shard) counterRecord(l *Limiter, t int64, r *Policy, key, cost uint64) 
 	prev, curr := e.view()
 	s.count(i, t, cost)
 	s.enqueue(i) // a blocked key is at its limit: its units go at once
-	if r.Algorithm == SlidingWindowCounter && s.histMay(e, prev+curr+cost, r.Limit) {
+	if r.Algorithm == policy.SlidingWindow && s.histMay(e, prev+curr+cost, r.Limit) {
 		s.histNote(l, i, t, cost, prev, curr, r.Limit)
 	}
 }
@@ -95,7 +99,7 @@ func (s *shard) counterRecord(l *Limiter, t int64, r *Policy, key, cost uint64) 
 // path (reading its previous window in the same call while that is not
 // known here) and decides on the reply. failed reports that the increment
 // failed; d is then the admission a fail-open rule makes.
-func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Decision, failed bool) {
+func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Answer, failed bool) {
 	w := int64(r.Window)
 	start := windowStart(t, w)
 	s := l.shardOf(key)
@@ -143,7 +147,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		}
 		s.unsend(l, key, start, w, sent, cost)
 		s.mu.Unlock()
-		return Decision{Verdict: Verdict{Allowed: true, ResetAt: start + w}, Limit: limit}, true
+		return Answer{Conformance: Conformance{Allowed: true, ResetAt: start + w}, Limit: limit}, true
 	}
 	// The reply counts this request: decide on the count before it, with
 	// the shape of the previous window as this edge saw it (hist.go).
@@ -154,14 +158,14 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	if ok && s.slab[i].start == start {
 		e = &s.slab[i]
 	}
-	var v Verdict
+	var v Conformance
 	held := limit
 	if e != nil {
 		held = l.heldLimit(e, t, limit)
 	}
 	s.counterVerdict(&v, e, t, r, held, prev, before, cost)
 	seen := inc.Value
-	if !v.Allowed && r.Action == Throttle {
+	if !v.Allowed && r.Action == policy.Throttle {
 		seen = before // ours is taken back below: it was never admitted
 	}
 	if e == nil {
@@ -177,7 +181,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			s.joined(i, before, prev, prevOK)
 		}
 		e.reply = uint16(min(e.off(t), 1<<15-1)) + 1
-		if old := uint64(e.curr); seen > old+sent && r.Algorithm == SlidingWindowCounter {
+		if old := uint64(e.curr); seen > old+sent && r.Algorithm == policy.SlidingWindow {
 			// The view grows by what the reply shows: this request, if
 			// it counts, and the other edges' since the last reply
 			// (the units sent with it are in the shape already).
@@ -185,7 +189,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			s.histNote(l, i, t, seen-old-sent, prev, old, limit)
 		}
 		e.curr = sat32(max(uint64(e.curr), seen))
-		if v.Allowed || r.Action == Block {
+		if v.Allowed || r.Action == policy.Block {
 			e.own = uint16(min(uint64(e.own)+cost, 1<<16-1))
 		}
 		// The reply is the global count: the flusher need not read it.
@@ -209,7 +213,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		}
 	}
 	s.mu.Unlock()
-	if !v.Allowed && r.Action == Throttle {
+	if !v.Allowed && r.Action == policy.Throttle {
 		// A throttle counts admitted requests only: take ours back.
 		ops = append(ops[:0], Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
 		l.syncDo(context.WithoutCancel(ctx), ops)
@@ -218,8 +222,8 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 			l.m.storeErrors.Inc()
 		}
 	}
-	d = Decision{Verdict: v, Limit: limit}
-	if !v.Allowed && r.Action == Block {
+	d = Answer{Conformance: v, Limit: limit}
+	if !v.Allowed && r.Action == policy.Block {
 		d.ReleaseAt = t + int64(r.Timeout)
 	}
 	return d, false

@@ -23,7 +23,7 @@
 // failing on its own, bounded by the store's own timeout as well as ctx,
 // and keep no reference to ops; Healthy is the store's opinion of itself;
 // Parts and Place name the part that fails on its own, Parts 0 none. A
-// decision the store could not inform follows the rule's FailPolicy:
+// decision the store could not inform follows the rule's failure policy (policy.Fail):
 // fail-open admits (FallbackOpen), fail-closed refuses (FallbackClosed),
 // both counted in poplimit_window_fallbacks_total. Units not yet sent wait
 // out an outage and go with the first flush that succeeds; those evicted

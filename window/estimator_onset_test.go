@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // onsetWorst runs one heavy client through one edge: it starts at the given
@@ -13,7 +15,7 @@ import (
 // answered from a block cache until its ReleaseAt, and the edge flushes
 // every 5 ms. It returns the largest number of admitted requests in any
 // trailing window, judged exactly by a SlidingLog, over the limit.
-func onsetWorst(t *testing.T, mode Mode, phase time.Duration, hp histParams) float64 {
+func onsetWorst(t *testing.T, mode policy.Mode, phase time.Duration, hp histParams) float64 {
 	t.Helper()
 	const limit = 100
 	w := 10 * time.Second
@@ -58,7 +60,7 @@ func onsetWorst(t *testing.T, mode Mode, phase time.Duration, hp histParams) flo
 // the window's shape recorded (hist.go), the trailing window holds at most
 // 1.10 × the limit, in async and in sync mode.
 func TestMidWindowOnset(t *testing.T) {
-	for _, mode := range []Mode{Async, Sync} {
+	for _, mode := range []policy.Mode{policy.Async, policy.Sync} {
 		for _, ph := range []time.Duration{5 * time.Second, 2500 * time.Millisecond, 7500 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%v/phase=%v", mode, ph), func(t *testing.T) {
 				got := onsetWorst(t, mode, ph, histParams{})
@@ -71,7 +73,7 @@ func TestMidWindowOnset(t *testing.T) {
 	}
 	// The scenario discriminates: without histograms (the side table has
 	// no room, so every key keeps the uniform estimate) it fails.
-	for _, mode := range []Mode{Async, Sync} {
+	for _, mode := range []policy.Mode{policy.Async, policy.Sync} {
 		if got := onsetWorst(t, mode, 5*time.Second, histParams{keysDiv: -1}); got <= 1.10 {
 			t.Errorf("%v, uniform estimate: worst trailing window %.2f × the limit; the test no longer tells the estimators apart", mode, got)
 		} else {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // replayConfig is one judged replay of a trace through one Limiter.
@@ -29,7 +30,7 @@ type replayConfig struct {
 	local    bool          // Config.AsyncNearLimit
 	guess    bool          // Config.GuessPeers
 	maxDefer time.Duration // Config.MaxDefer
-	mode     Mode          // the rule's mode (zero: async)
+	mode     policy.Mode   // the rule's mode (zero: async)
 }
 
 type replayResult struct {
@@ -125,7 +126,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 		res.requests++
 		res.decisions++
 		allowed := false
-		var d Decision
+		var d Answer
 		if tt >= ks.release[ei] {
 			d = l.Decide(ctx, time.Unix(0, tt), pol, h, c.limit, 1)
 			allowed = d.Allowed
@@ -338,9 +339,9 @@ func TestEstimatorTraceReplay(t *testing.T) {
 		hp.interp = histInterp(i)
 	}
 	w := envDuration(t, "POPLIMIT_WINDOW", 10*time.Second)
-	var mode Mode
+	var mode policy.Mode
 	if os.Getenv("POPLIMIT_MODE") == "sync" {
-		mode = Sync
+		mode = policy.Sync
 	}
 	edges := 1
 	if v := os.Getenv("POPLIMIT_EDGES"); v != "" {

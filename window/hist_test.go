@@ -25,7 +25,7 @@ func TestEntryStays64Bytes(t *testing.T) {
 // be kept), and two windows on the view is empty.
 func shapedDecideAt(sw SlidingWindow, now int64, prev, curr uint64, sp spans, ps, cs shape, t int64, cost uint64) bool {
 	var none shape
-	var v Verdict
+	var v Conformance
 	switch windowStart(t, int64(sw.Window)) - windowStart(now, int64(sw.Window)) {
 	case 0:
 		sw.decideShaped(&v, t, prev, curr, cost, sp, &ps, &cs)

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -170,9 +171,9 @@ const (
 	FallbackClosed          // the store failed; the rule fails closed: refused
 )
 
-// Decision is the Limiter's answer for one request.
-type Decision struct {
-	Verdict
+// Answer is the Limiter's answer for one request.
+type Answer struct {
+	Conformance
 	Limit    uint64
 	Fallback Fallback
 	// Delay is how long an admitted request of a Delay rule waits before
@@ -296,11 +297,11 @@ func (l *Limiter) shardOf(key uint64) *shard { return &l.shards[key&l.mask] }
 // refused, sets ReleaseAt to now + r.Timeout. A decision made while the
 // store fails follows r.Fail and says so in Fallback. A shadow rule is
 // decided and counted like any other: not refusing is the caller's part.
-func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, limit, cost uint64) Decision {
+func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, limit, cost uint64) Answer {
 	t := now.UnixNano()
 	counter := r.Algorithm.IsCounter()
-	if r.Mode == Sync || r.Algorithm == SlidingLogAlgorithm {
-		var d Decision
+	if r.Mode == policy.Sync || r.Algorithm == policy.SlidingLog {
+		var d Answer
 		var failed bool
 		if counter {
 			d, failed = l.counterSync(ctx, t, r, key, limit, cost)
@@ -313,14 +314,14 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 		}
 		return d
 	}
-	if r.Fail == FailClosed && !l.store.Healthy() {
+	if r.Fail == policy.FailClosed && !l.store.Healthy() {
 		l.m.fallbackClosed.Inc()
 		return l.closed(t, r, limit)
 	}
 	up := !l.down.Load()
 	w := waits{may: l.cfg.NewKeyWait > 0 && l.started.Load() && up, near: !l.cfg.AsyncNearLimit && counter && up}
 	s := l.shardOf(key)
-	var d Decision
+	var d Answer
 	for {
 		var st step
 		s.mu.Lock()
@@ -358,19 +359,19 @@ func (l *Limiter) Decide(ctx context.Context, now time.Time, r *Policy, key, lim
 }
 
 // closed is the decision of a fail-closed rule whose store failed.
-func (l *Limiter) closed(t int64, r *Policy, limit uint64) Decision {
+func (l *Limiter) closed(t int64, r *Policy, limit uint64) Answer {
 	w := int64(r.Window)
 	// Retry after one flush and store timeout: the soonest the store's
 	// health can be known again.
-	return Decision{Verdict: Verdict{ReleaseAt: t + l.grace, ResetAt: windowStart(t, w) + w}, Limit: limit, Fallback: FallbackClosed}
+	return Answer{Conformance: Conformance{ReleaseAt: t + l.grace, ResetAt: windowStart(t, w) + w}, Limit: limit, Fallback: FallbackClosed}
 }
 
 // fellBack applies r's failure policy to d, decided without the store's
 // word (on a view the store could not refresh, or, in sync mode, the
 // strategy's admission when the store failed): fail-closed rules refuse,
 // fail-open ones keep d, marked, and both are counted.
-func (l *Limiter) fellBack(t int64, r *Policy, d Decision) Decision {
-	if r.Fail == FailClosed {
+func (l *Limiter) fellBack(t int64, r *Policy, d Answer) Answer {
+	if r.Fail == policy.FailClosed {
 		l.m.fallbackClosed.Inc()
 		return l.closed(t, r, d.Limit)
 	}

@@ -73,7 +73,7 @@ func TestLimiterBurstAdmitsExactlyTheLimit(t *testing.T) {
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("203.0.113.7"))
 	allowed := 0
-	var last Decision
+	var last Answer
 	for i := 0; i < 150; i++ {
 		d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 		if d.Allowed {
@@ -237,7 +237,7 @@ rules:
     timeout: 1m
 `).Rules[0]
 	key := r.Hash([]byte("abuser"))
-	var d Decision
+	var d Answer
 	for i := 0; i < 11; i++ {
 		d = l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 	}
@@ -363,7 +363,7 @@ rules:
 		r := rs.Lookup(tc.rule)
 		key := r.Hash([]byte("k"))
 		got := 0
-		var last Decision
+		var last Answer
 		for i := 0; i < 30; i++ {
 			d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 			if d.Allowed {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/policy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -93,7 +94,7 @@ func TestNearLimitFailureFallsBackToTheView(t *testing.T) {
 	}
 	admitted++
 	store.fail.Store(true)
-	var d Decision
+	var d Answer
 	for range 4 {
 		clock.Add(20 * time.Millisecond)
 		if d = l.Decide(ctx, clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed {
@@ -130,7 +131,7 @@ func TestNearLimitAllocatesAsASyncDecision(t *testing.T) {
 	a := newTestLimiter(t, clock, store, Config{Shards: 1})
 	b := newTestLimiter(t, clock, store, Config{Shards: 1})
 	r := &Policy{Limit: 4, Window: time.Minute}
-	sr := &Policy{Limit: 1 << 30, Window: time.Minute, Mode: Sync}
+	sr := &Policy{Limit: 1 << 30, Window: time.Minute, Mode: policy.Sync}
 	ctx := context.Background()
 	const keys = 1000
 	// Each key: A, B and A again admitted one unit each, so that A's
@@ -259,7 +260,7 @@ func TestRoundTripCountsInTheViewWhileOut(t *testing.T) {
 		return curr
 	}
 	store.armed.Store(true)
-	done := make(chan Decision)
+	done := make(chan Answer)
 	go func() {
 		d, _ := l.counterSync(ctx, clock.Now().UnixNano(), pol, key, pol.Limit, 1)
 		done <- d

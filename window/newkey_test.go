@@ -31,7 +31,7 @@ func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
 	b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, Registerer: reg})
 	b.Start()
 	var allowed, fallbacks atomic.Int64
-	for _, d := range atOnce(40, func() Decision { return b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1) }) {
+	for _, d := range atOnce(40, func() Answer { return b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1) }) {
 		if d.Allowed {
 			allowed.Add(1)
 		}
@@ -52,8 +52,8 @@ func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
 
 // atOnce makes n decisions from as many goroutines released together,
 // and returns them.
-func atOnce(n int, decide func() Decision) []Decision {
-	out := make([]Decision, n)
+func atOnce(n int, decide func() Answer) []Answer {
+	out := make([]Answer, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range out {
@@ -380,7 +380,7 @@ func TestNewEdgeBurstCountsThePreviousWindow(t *testing.T) {
 	b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
 	b.Start()
 	var allowed atomic.Int64
-	for _, d := range atOnce(40, func() Decision { return b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1) }) {
+	for _, d := range atOnce(40, func() Answer { return b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1) }) {
 		if d.Allowed {
 			allowed.Add(1)
 		}

@@ -39,7 +39,7 @@ func newDealtPair(t *testing.T, key uint64) *dealtPair {
 
 // decide has l decide one request of the key ms after the window's start
 // and flush, as the flusher would then.
-func (p *dealtPair) decide(l *Limiter, ms int64) Decision {
+func (p *dealtPair) decide(l *Limiter, ms int64) Answer {
 	tt := p.ws + ms*int64(time.Millisecond)
 	p.clock.t.Store(tt)
 	d := l.Decide(context.Background(), time.Unix(0, tt), p.pol, p.key, p.pol.Limit, 1)
@@ -49,7 +49,7 @@ func (p *dealtPair) decide(l *Limiter, ms int64) Decision {
 
 // prevWeight is what the key's previous window weighed in d, decided by
 // l: d's estimate less the current window's count before it.
-func (p *dealtPair) prevWeight(l *Limiter, d Decision) float64 {
+func (p *dealtPair) prevWeight(l *Limiter, d Answer) float64 {
 	_, curr := viewOf(l, p.key)
 	return d.Estimate - float64(curr-1)
 }
@@ -96,7 +96,7 @@ func TestAnEdgeNewToAKeyPlacesItsPreviousWindowByItsRate(t *testing.T) {
 	for k := range int64(6) { // 9.70 to 9.95 s, on B
 		p.decide(p.b, 9700+50*k)
 	}
-	var d Decision
+	var d Answer
 	for k := range int64(86) { // then A, at 10 a second: 85 units by 8.5 s
 		d = p.decide(p.a, 10000+100*k)
 	}
@@ -118,7 +118,7 @@ func TestAClientThatMovedKeepsItsPreviousWindowSpread(t *testing.T) {
 	for k := range int64(50) { // 5 a second through the window, on B
 		p.decide(p.b, 200*k)
 	}
-	var d Decision
+	var d Answer
 	for k := range int64(8) { // then on A: 8 in its first 0.4 s
 		d = p.decide(p.a, 10000+50*k)
 	}

@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/bits"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // Reservations and give-backs: what a caller that waits its turn needs
@@ -59,7 +61,7 @@ var ErrNotReservable = errors.New("window: only token and leaky buckets (throttl
 // rule's burst allows. The error is ErrNotReservable for other policies,
 // or the store's (the bucket is unknown; nothing is taken).
 func (l *Limiter) Reserve(ctx context.Context, now time.Time, r *Policy, key, limit, cost uint64, maxDelay time.Duration) (Reservation, error) {
-	if r.Algorithm.IsCounter() || r.Algorithm == SlidingLogAlgorithm || r.Action == Block {
+	if r.Algorithm.IsCounter() || r.Algorithm == policy.SlidingLog || r.Action == policy.Block {
 		return Reservation{}, ErrNotReservable
 	}
 	t := now.UnixNano()
@@ -80,7 +82,7 @@ func (l *Limiter) Reserve(ctx context.Context, now time.Time, r *Policy, key, li
 	// most that much before them, and its own capacity bounds it too.
 	k := leakedIn(lb, max(maxDelay, 0))
 	take := lb
-	if r.Action == Delay {
+	if r.Action == policy.Delay {
 		take.Capacity = n + min(lb.Capacity-n, k)
 	} else {
 		take.Capacity = lb.Capacity + k
@@ -98,7 +100,7 @@ func (l *Limiter) Reserve(ctx context.Context, now time.Time, r *Policy, key, li
 		l.m.storeErrors.Inc()
 		return Reservation{}, fmt.Errorf("window: reserve: %w", op.Err)
 	}
-	if op.Allowed && r.Mode == Async {
+	if op.Allowed && r.Mode == policy.Async {
 		// This edge's view learns of the reserved units at once (its
 		// next reply, which shows them, replaces the view), so that
 		// its own decisions do not spend them meanwhile.
@@ -118,7 +120,7 @@ func (l *Limiter) Reserve(ctx context.Context, now time.Time, r *Policy, key, li
 		res.At = 0
 	case !op.Allowed:
 		res.At = op.ReleaseAt
-	case r.Action == Delay:
+	case r.Action == policy.Delay:
 		// When the units before these have left: the state before them.
 		res.At = max(t, after.TAT+algCeilDiv(after.Frac-n*int64(lb.Per), lb.Rate))
 	default:

@@ -6,6 +6,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // A reservation's units are in the store: a sync decision of any edge
@@ -24,7 +26,7 @@ func TestReserveMovesTheSharedBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close(context.Background())
-	p := &Policy{Limit: 4, Window: time.Second, Burst: 2, Algorithm: TokenBucketAlgorithm, Mode: Sync}
+	p := &Policy{Limit: 4, Window: time.Second, Burst: 2, Algorithm: policy.TokenBucket, Mode: policy.Sync}
 	const key = 7
 	// Burst 2: two at once, then one every 250 ms.
 	for i, want := range []time.Duration{0, 0, 250 * time.Millisecond, 500 * time.Millisecond} {
@@ -52,16 +54,16 @@ func TestReserveBoundsAFarDelay(t *testing.T) {
 	defer l.Close(context.Background())
 	key := uint64(0)
 	for _, p := range []*Policy{
-		{Limit: 1_000_000, Window: time.Second, Burst: 1_000_000, Algorithm: TokenBucketAlgorithm, Mode: Sync},
-		{Limit: 1, Window: 24 * time.Hour, Burst: 1, Algorithm: LeakyBucketAlgorithm},
-		{Limit: 3, Window: time.Second, Burst: 2, Algorithm: LeakyBucketAlgorithm, Action: Delay},
+		{Limit: 1_000_000, Window: time.Second, Burst: 1_000_000, Algorithm: policy.TokenBucket, Mode: policy.Sync},
+		{Limit: 1, Window: 24 * time.Hour, Burst: 1, Algorithm: policy.LeakyBucket},
+		{Limit: 3, Window: time.Second, Burst: 2, Algorithm: policy.LeakyBucket, Action: policy.Delay},
 	} {
 		key++
 		for i := range 3 {
 			// A throttle's whole burst each time, far ahead; a queue's
 			// three places (its burst waiting, one served).
 			cost := p.Burst
-			if p.Action == Delay {
+			if p.Action == policy.Delay {
 				cost = 1
 			}
 			r, err := l.Reserve(context.Background(), now, p, key, p.Limit, cost, time.Duration(math.MaxInt64))
@@ -69,7 +71,7 @@ func TestReserveBoundsAFarDelay(t *testing.T) {
 				t.Fatalf("%v %v, reservation %d of the burst: %+v, %v", p.Algorithm, p.Action, i, r, err)
 			}
 			// A throttle's bursts a window apart (its burst is its limit).
-			if want := now.Add(time.Duration(i) * p.Window).UnixNano(); p.Action == Throttle && r.At != want {
+			if want := now.Add(time.Duration(i) * p.Window).UnixNano(); p.Action == policy.Throttle && r.At != want {
 				t.Fatalf("%v, reservation %d at %v, want %v", p.Algorithm, i, time.Duration(r.At-now.UnixNano()), time.Duration(i)*p.Window)
 			}
 		}
@@ -87,15 +89,15 @@ func TestReserveAndGiveBackRefuseOtherAlgorithms(t *testing.T) {
 	ctx := context.Background()
 	for _, p := range []*Policy{
 		{Limit: 2, Window: time.Second},
-		{Limit: 2, Window: time.Second, Algorithm: FixedWindowCounter},
-		{Limit: 2, Window: time.Second, Algorithm: SlidingLogAlgorithm},
-		{Limit: 2, Window: time.Second, Algorithm: TokenBucketAlgorithm, Action: Block, Timeout: time.Second},
+		{Limit: 2, Window: time.Second, Algorithm: policy.FixedWindow},
+		{Limit: 2, Window: time.Second, Algorithm: policy.SlidingLog},
+		{Limit: 2, Window: time.Second, Algorithm: policy.TokenBucket, Action: policy.Block, Timeout: time.Second},
 	} {
 		if _, err := l.Reserve(ctx, time.Now(), p, 1, 2, 1, time.Second); !errors.Is(err, ErrNotReservable) {
 			t.Errorf("Reserve(%v %v) = %v, want ErrNotReservable", p.Algorithm, p.Action, err)
 		}
 	}
-	for _, a := range []Algorithm{TokenBucketAlgorithm, LeakyBucketAlgorithm, SlidingLogAlgorithm} {
+	for _, a := range []policy.Algorithm{policy.TokenBucket, policy.LeakyBucket, policy.SlidingLog} {
 		if err := l.GiveBack(ctx, &Policy{Limit: 2, Window: time.Second, Algorithm: a}, 1, 1, time.Now().UnixNano()); !errors.Is(err, ErrNotReservable) {
 			t.Errorf("GiveBack(%v) = %v, want ErrNotReservable", a, err)
 		}

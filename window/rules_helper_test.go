@@ -6,6 +6,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/poplimit/poplimit/internal/mix"
+	"github.com/poplimit/poplimit/policy"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -53,13 +54,13 @@ func mustRules(t testing.TB, doc string) *testRules {
 	for _, y := range f.Rules {
 		r := &testRule{Name: y.Name, seed: xxhash.Sum64String(y.Name)}
 		var err error
-		r.Algorithm, err = ParseEnum[Algorithm](y.Algorithm)
+		r.Algorithm, err = policy.Parse[policy.Algorithm](y.Algorithm)
 		enum(err)
-		r.Action, err = ParseEnum[Action](y.Action)
+		r.Action, err = policy.Parse[policy.Action](y.Action)
 		enum(err)
-		r.Mode, err = ParseEnum[Mode](y.Mode)
+		r.Mode, err = policy.Parse[policy.Mode](y.Mode)
 		enum(err)
-		r.Fail, err = ParseEnum[FailPolicy](y.Fail)
+		r.Fail, err = policy.Parse[policy.Fail](y.Fail)
 		enum(err)
 		r.Lease = dur(y.Lease, 30*time.Second)
 		r.Window = dur(y.Window, r.Lease)

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // entry is the local view of one key under one rule: 64 bytes.
@@ -207,7 +209,7 @@ func (s *shard) roll(l *Limiter, i uint32, t int64, r *Policy) (reset bool) {
 	e := &s.slab[i]
 	start := windowStart(t, e.win)
 	s.histRoll(e, start, uint64(e.curr)+uint64(e.infl)+uint64(e.pend))
-	known := r.Mode != Sync && e.alone(start)
+	known := r.Mode != policy.Sync && e.alone(start)
 	if start == e.start+e.win {
 		// The current window becomes the previous one; anything still
 		// unsent for the window before it is lost.

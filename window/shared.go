@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // The state strategy: token buckets, leaky buckets and sliding logs
@@ -81,7 +83,7 @@ func bucketOf(r *Policy, limit uint64) LeakyBucket {
 	if burst == 0 || (limit != r.Limit && r.Burst == r.Limit) {
 		burst = int64(limit)
 	}
-	if r.Action == Delay {
+	if r.Action == policy.Delay {
 		burst++ // Burst requests wait while one is served
 	}
 	return LeakyBucket{Rate: int64(limit), Per: r.Window, Capacity: burst}
@@ -91,7 +93,7 @@ func bucketOf(r *Policy, limit uint64) LeakyBucket {
 // whose theoretical arrival time was tat at t waits: until the requests
 // before it have been served.
 func queueDelay(r *Policy, tat, t int64) time.Duration {
-	if r.Action != Delay || tat <= t {
+	if r.Action != policy.Delay || tat <= t {
 		return 0
 	}
 	return time.Duration(tat - t)
@@ -102,8 +104,8 @@ func logOf(r *Policy, limit uint64) SlidingLog {
 }
 
 // stateKind returns the StateKind of a non-counter algorithm.
-func stateKind(a Algorithm) StateKind {
-	if a == SlidingLogAlgorithm {
+func stateKind(a policy.Algorithm) StateKind {
+	if a == policy.SlidingLog {
 		return StateLog
 	}
 	return StateGCRA
@@ -167,7 +169,7 @@ func (s *shard) enqueueView(key uint64, v *bucketView) {
 // key new here or a request past this edge's share of the room (again, on
 // each reply that still leaves it past its share, until the deadline).
 // s.mu must be held.
-func (s *shard) stateStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Decision) step {
+func (s *shard) stateStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, cost uint64, d *Answer) step {
 	lb := bucketOf(r, limit)
 	n := int64(cost)
 	v, fresh := s.viewGet(l, key, t, r, lb)
@@ -213,7 +215,7 @@ func (s *shard) stateStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, 
 		s.enqueueView(key, v) // read what the other edges took
 	}
 	var delay time.Duration
-	if ok || r.Action == Block {
+	if ok || r.Action == policy.Block {
 		if ok {
 			delay = queueDelay(r, v.view.TAT, t)
 			v.view = try
@@ -277,8 +279,8 @@ func (l *Limiter) noteRTT(d time.Duration) {
 
 // stateDecision writes into d the decision on a state's answer: ok,
 // the room left and the release time.
-func stateDecision(d *Decision, t int64, r *Policy, limit, cost uint64, ok bool, remaining, releaseAt int64) {
-	*d = Decision{Limit: limit}
+func stateDecision(d *Answer, t int64, r *Policy, limit, cost uint64, ok bool, remaining, releaseAt int64) {
+	*d = Answer{Limit: limit}
 	d.Allowed = ok
 	d.Remaining = uint64(max(remaining, 0))
 	// The estimate is the level the request was decided on, before its
@@ -294,7 +296,7 @@ func stateDecision(d *Decision, t int64, r *Policy, limit, cost uint64, ok bool,
 		if releaseAt == math.MaxInt64 {
 			d.ReleaseAt = 0 // never: cost above the bucket
 		}
-		if r.Action == Block {
+		if r.Action == policy.Block {
 			d.ReleaseAt = t + int64(r.Timeout)
 		}
 	}
@@ -309,7 +311,7 @@ const syncStripes = 1024
 // stateSync takes the units in the store on the request path, only if
 // they fit. failed reports that the store failed; d is then the admission
 // a fail-open rule makes.
-func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Decision, failed bool) {
+func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Answer, failed bool) {
 	mu := &l.syncMu[key%syncStripes]
 	mu.Lock()
 	defer mu.Unlock()
@@ -329,7 +331,7 @@ func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit,
 		stateDecision(&d, t, r, limit, cost, true, 0, t)
 		return d, true
 	}
-	if !op.Allowed && r.Action == Block && cost > 0 {
+	if !op.Allowed && r.Action == policy.Block && cost > 0 {
 		// A block counts every attempt: pour the refused one too.
 		ops[0].Conditional = false
 		cctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
@@ -342,7 +344,7 @@ func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit,
 		ops[0].Allowed = false
 	}
 	stateDecision(&d, t, r, limit, cost, op.Allowed, op.Remaining, op.ReleaseAt)
-	if op.Allowed && r.Action == Delay {
+	if op.Allowed && r.Action == policy.Delay {
 		lb := op.Bucket
 		d.Delay = queueDelay(r, op.TAT-int64(cost)*int64(lb.Per)/lb.Rate, t)
 	}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // maxInInterval returns the largest count of instants (sorted) in any
@@ -209,7 +211,7 @@ rules:
   - {name: q, limit: 10, window: 1s, burst: 3, algorithm: leaky_bucket, action: delay}
 `)
 	r := rs.Rules[0]
-	for _, mode := range []Mode{Async, Sync} {
+	for _, mode := range []policy.Mode{policy.Async, policy.Sync} {
 		clock := newSimClock(t0)
 		l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
 		p := r.Policy

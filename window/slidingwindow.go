@@ -21,8 +21,8 @@ type SlidingWindow struct {
 	Window time.Duration
 }
 
-// Verdict is the outcome of one decision by a window algorithm.
-type Verdict struct {
+// Conformance is the outcome of one decision by a window algorithm.
+type Conformance struct {
 	Allowed   bool
 	Estimate  float64 // units in the trailing window before this request
 	Remaining uint64  // units still admissible after this decision
@@ -47,11 +47,11 @@ func windowStart(now, w int64) int64 {
 
 // Decide decides whether cost more units may pass at now, given the counts
 // of the previous and the current window. It admits iff
-// estimate + cost ≤ Limit, compared exactly in integers; the Verdict's
+// estimate + cost ≤ Limit, compared exactly in integers; the Conformance's
 // float Estimate, the estimate before this request, is for reporting. It
 // does not change anything: the caller counts.
-func (s SlidingWindow) Decide(now int64, prev, curr, cost uint64) Verdict {
-	var v Verdict
+func (s SlidingWindow) Decide(now int64, prev, curr, cost uint64) Conformance {
+	var v Conformance
 	s.decide(&v, now, prev, curr, cost, s.even())
 	return v
 }
@@ -73,7 +73,7 @@ func (s SlidingWindow) even() spans { return spans{int64(s.Window), int64(s.Wind
 // Limiter decides into the Decision it returns. The previous window's
 // units are spread evenly over its last sp.prev ns, so that at elapsed ns
 // into the current window they weigh min(span, Window − elapsed)/span.
-func (s SlidingWindow) decide(v *Verdict, now int64, prev, curr, cost uint64, sp spans) {
+func (s SlidingWindow) decide(v *Conformance, now int64, prev, curr, cost uint64, sp spans) {
 	w := int64(s.Window)
 	start := windowStart(now, w)
 	span := clampSpan(sp.prev, w)
@@ -132,7 +132,7 @@ func (s SlidingWindow) release(now int64, prev, curr, cost uint64, sp spans) int
 // integers. A refusal's ReleaseAt is releaseShaped's, which uses cs, the
 // shape of the current window, for an instant in the next one. A zero
 // shape is the uniform assumption: with both zero this is Decide.
-func (s SlidingWindow) decideShaped(v *Verdict, now int64, prev, curr, cost uint64, sp spans, ps, cs *shape) {
+func (s SlidingWindow) decideShaped(v *Conformance, now int64, prev, curr, cost uint64, sp spans, ps, cs *shape) {
 	if ps.h == nil {
 		s.decide(v, now, prev, curr, cost, sp)
 		if !v.Allowed && cs.h != nil {
@@ -144,7 +144,7 @@ func (s SlidingWindow) decideShaped(v *Verdict, now int64, prev, curr, cost uint
 	start := windowStart(now, w)
 	u := now - w
 	a, n, f, l := ps.after(u)
-	*v = Verdict{Estimate: ps.prevPart(prev, a, n, f, l, u) + float64(curr), ResetAt: start + w}
+	*v = Conformance{Estimate: ps.prevPart(prev, a, n, f, l, u) + float64(curr), ResetAt: start + w}
 	if cost <= s.Limit && curr <= s.Limit-cost {
 		if prev == 0 || ps.fits(prev, s.Limit-cost-curr, a, n, f, l, u) {
 			v.Allowed = true
@@ -211,10 +211,10 @@ func div128(a u128, d uint64) uint64 {
 // decideFixed is decide for the fixed-window algorithm run over the same
 // counters: the estimate is the current window's count alone, and a refused
 // key is released when the window ends.
-func (s SlidingWindow) decideFixed(v *Verdict, now int64, curr, cost uint64) {
+func (s SlidingWindow) decideFixed(v *Conformance, now int64, curr, cost uint64) {
 	w := int64(s.Window)
 	start := windowStart(now, w)
-	*v = Verdict{Estimate: float64(curr), ResetAt: start + w}
+	*v = Conformance{Estimate: float64(curr), ResetAt: start + w}
 	if curr+cost <= s.Limit {
 		v.Allowed = true
 		v.Remaining = s.Limit - curr - cost

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // Slots limits requests in flight per key across the PoP (rules of Kind
@@ -122,7 +124,7 @@ func (s *Slots) Acquire(ctx context.Context, now time.Time, r *Policy, key, limi
 	s.store.Do(ctx, ops)
 	cancel()
 	if ops[0].Err != nil {
-		if r.Fail == FailClosed {
+		if r.Fail == policy.FailClosed {
 			return false, FallbackClosed
 		}
 		s.mu.Lock()

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // splitStore is what one edge sees of a PoP whose store splits: while
@@ -37,7 +39,7 @@ func (s splitStore) Whole() bool                      { return !(s.tell && s.spl
 // before and after), and the requests refused while the trailing window
 // held fewer admissions than 95 % of the limit, in the four windows before the
 // split and in the four from the split's second window on.
-func splitRun(t *testing.T, mode Mode, tell bool) (worst float64, refusedBefore, refusedSplit int) {
+func splitRun(t *testing.T, mode policy.Mode, tell bool) (worst float64, refusedBefore, refusedSplit int) {
 	t.Helper()
 	const limit = 100
 	w := time.Second
@@ -91,7 +93,7 @@ func splitRun(t *testing.T, mode Mode, tell bool) (worst float64, refusedBefore,
 // limit, so the two together admit about the limit (each would admit it
 // whole, 1.5 times the limit for this client, if the split did not show).
 func TestSplitStoreHoldsEachEdgeToItsShare(t *testing.T) {
-	for _, mode := range []Mode{Async, Sync} {
+	for _, mode := range []policy.Mode{policy.Async, policy.Sync} {
 		hidden, _, _ := splitRun(t, mode, false)
 		held, before, refused := splitRun(t, mode, true)
 		t.Logf("%v: worst trailing window in the split: %.2f× the limit unheld, %.2f× held; refused below 95 %% of the limit: %d in four windows whole, %d in four split and held", mode, hidden, held, before, refused)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 )
 
 // Samples returns events worth round-tripping: zero, extremes of every
@@ -23,30 +24,30 @@ func Samples() map[string]event.Event {
 		"typical": {
 			Time: 1_700_000_000_123_456_789, Edge: 3, Rule: []byte("api-login"), KeyHash: 0x9e3779b97f4a7c15,
 			Cost: 1, Limit: 100, Burst: 100, WindowMillis: 60_000, Estimate: 79.5,
-			Decision: event.Limited, Mode: event.ModeSync, Action: event.ActionThrottle,
+			Decision: event.Limited, Mode: policy.Sync, Action: policy.Throttle,
 		},
 		"max": {
 			Time: math.MaxInt64, Edge: math.MaxUint16, Rule: long, Pop: longPop, Global: true, KeyHash: math.MaxUint64,
 			Cost: math.MaxUint32, Limit: math.MaxUint32, WindowMillis: math.MaxUint32, Estimate: math.MaxFloat32,
-			Burst: math.MaxUint32, DelayMicros: math.MaxUint32, Algorithm: event.AlgorithmSlidingLog,
-			Decision: event.Limited, Mode: event.ModeSync, Action: event.ActionBlock,
+			Burst: math.MaxUint32, DelayMicros: math.MaxUint32, Algorithm: policy.SlidingLog,
+			Decision: event.Limited, Mode: policy.Sync, Action: policy.Block,
 			FromBlockCache: true, Shadow: true, Fallback: true, Delayed: true,
 		},
 		"negative time":     {Time: math.MinInt64, Estimate: -1},
 		"limited":           {Decision: event.Limited},
-		"sync":              {Mode: event.ModeSync},
-		"block":             {Action: event.ActionBlock},
+		"sync":              {Mode: policy.Sync},
+		"block":             {Action: policy.Block},
 		"from block cache":  {FromBlockCache: true},
 		"shadow":            {Shadow: true},
 		"fallback":          {Fallback: true},
 		"varint edges":      {Edge: 127, Cost: 128, Limit: 16383, WindowMillis: 16384, Burst: 2_097_152},
 		"infinite estimate": {Estimate: float32(math.Inf(1))},
-		"fixed window":      {Algorithm: event.AlgorithmFixedWindow, Limit: 10, Burst: 10},
-		"token bucket":      {Algorithm: event.AlgorithmTokenBucket, Limit: 10, Burst: 50, WindowMillis: 1000},
-		"leaky bucket":      {Algorithm: event.AlgorithmLeakyBucket, Limit: 10, Burst: 5, WindowMillis: 1000},
-		"delayed":           {Algorithm: event.AlgorithmLeakyBucket, Limit: 10, Burst: 5, Delayed: true, DelayMicros: 250_000},
-		"delayed by 0":      {Algorithm: event.AlgorithmLeakyBucket, Delayed: true},
-		"sliding log":       {Algorithm: event.AlgorithmSlidingLog, Limit: 3, Burst: 3},
+		"fixed window":      {Algorithm: policy.FixedWindow, Limit: 10, Burst: 10},
+		"token bucket":      {Algorithm: policy.TokenBucket, Limit: 10, Burst: 50, WindowMillis: 1000},
+		"leaky bucket":      {Algorithm: policy.LeakyBucket, Limit: 10, Burst: 5, WindowMillis: 1000},
+		"delayed":           {Algorithm: policy.LeakyBucket, Limit: 10, Burst: 5, Delayed: true, DelayMicros: 250_000},
+		"delayed by 0":      {Algorithm: policy.LeakyBucket, Delayed: true},
+		"sliding log":       {Algorithm: policy.SlidingLog, Limit: 3, Burst: 3},
 		"pop":               {Pop: []byte("fra1"), Rule: []byte("api")},
 		"global":            {Global: true, Pop: []byte("ams2"), Limit: 100, Burst: 100},
 	}
@@ -69,8 +70,8 @@ func Equal(a, b *event.Event) bool {
 // for it (no algorithm but sliding_window, no delay, Burst ignored).
 func AppendV1(dst []byte, e *event.Event) []byte {
 	var flags byte
-	for i, set := range []bool{e.Decision == event.Limited, e.Mode == event.ModeSync,
-		e.Action == event.ActionBlock, e.FromBlockCache, e.Shadow, e.Fallback} {
+	for i, set := range []bool{e.Decision == event.Limited, e.Mode == policy.Sync,
+		e.Action == policy.Block, e.FromBlockCache, e.Shadow, e.Fallback} {
 		if set {
 			flags |= 1 << i
 		}
@@ -90,7 +91,7 @@ func AppendV1(dst []byte, e *event.Event) []byte {
 // Limit, no delay.
 func AsV1(e event.Event) event.Event {
 	e = AsV2(e)
-	e.Algorithm, e.Burst, e.Delayed, e.DelayMicros = event.AlgorithmSlidingWindow, e.Limit, false, 0
+	e.Algorithm, e.Burst, e.Delayed, e.DelayMicros = policy.SlidingWindow, e.Limit, false, 0
 	return e
 }
 

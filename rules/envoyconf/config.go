@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 )
 
@@ -72,87 +73,33 @@ func unitOf(d time.Duration) Unit {
 	return UnitUnknown
 }
 
-// Algorithm is the poplimit extension `algorithm`. The zero value,
-// FixedWindow, is what envoyproxy/ratelimit does.
-type Algorithm uint8
+// The poplimit extensions algorithm, mode, action and fail take the names
+// of poplimit's rules file (package policy) and are parsed into package
+// policy's values; only their defaults differ, being what
+// envoyproxy/ratelimit does: a fixed window (policy.FixedWindow), counted
+// in the store before the answer (policy.Sync), failing open
+// (policy.FailOpen), and the action "count", ratelimit's own: every hit is
+// counted, refused or not, and a key is refused while its window's count
+// exceeds the limit (ratelimit increments before it compares). "count" is
+// policy.Block with no Timeout: refused while over, no longer. "throttle"
+// admits up to the limit and counts admitted hits only (policy.Throttle);
+// "block" counts every hit and, once over, refuses the key for Timeout
+// (policy.Block).
 
-// The algorithms; their names are those of poplimit's rules file.
-const (
-	FixedWindow   Algorithm = iota // "fixed_window": ratelimit's counter per aligned window (default)
-	SlidingWindow                  // "sliding_window": two aligned windows, the previous one weighted
-	TokenBucket                    // "token_bucket": refills requests_per_unit per window, capacity burst
-	LeakyBucket                    // "leaky_bucket": leaks requests_per_unit per window, capacity burst
-	SlidingLog                     // "sliding_log": exact, one timestamp per admitted request
-)
+// actionNames are the names of the action extension, in the order of
+// actionOf's cases.
+var actionNames = []string{"count", policy.Throttle.String(), policy.Block.String()}
 
-var algorithmNames = []string{"fixed_window", "sliding_window", "token_bucket", "leaky_bucket", "sliding_log"}
-
-// String returns the algorithm's name as written in a file.
-func (a Algorithm) String() string { return enumName(algorithmNames, int(a)) }
-
-// Bucket reports whether the algorithm is a bucket, the only ones with a
-// burst.
-func (a Algorithm) Bucket() bool { return a == TokenBucket || a == LeakyBucket }
-
-// Mode is the poplimit extension `mode`. The zero value, Sync, is what
-// envoyproxy/ratelimit does with redis: the shared count is incremented
-// before the answer.
-type Mode uint8
-
-// The modes.
-const (
-	Sync  Mode = iota // "sync": one store increment on the request path (default)
-	Async             // "async": decide from the local view, increments flushed in the background
-)
-
-var modeNames = []string{"sync", "async"}
-
-// String returns the mode's name as written in a file.
-func (m Mode) String() string { return enumName(modeNames, int(m)) }
-
-// Action is the poplimit extension `action`: what is counted and what a
-// refusal lasts. The zero value, Count, is what envoyproxy/ratelimit does.
-type Action uint8
-
-// The actions.
-const (
-	// Count ("count", the default): every hit is counted, refused or not,
-	// and a key is refused while its window's count exceeds the limit
-	// (ratelimit increments before it compares).
-	Count Action = iota
-	// Throttle ("throttle"): admit up to the limit; only admitted hits count.
-	Throttle
-	// Block ("block"): every hit counts; once over, the key is refused for
-	// Timeout.
-	Block
-)
-
-var actionNames = []string{"count", "throttle", "block"}
-
-// String returns the action's name as written in a file.
-func (a Action) String() string { return enumName(actionNames, int(a)) }
-
-// FailPolicy is the poplimit extension `fail`: the answer when the store
-// cannot be reached. The zero value, FailOpen, matches Envoy's default
-// (failure_mode_deny false) for ratelimit's errors.
-type FailPolicy uint8
-
-// The failure policies.
-const (
-	FailOpen   FailPolicy = iota // "open": admit (default)
-	FailClosed                   // "closed": refuse
-)
-
-var failNames = []string{"open", "closed"}
-
-// String returns the policy's name as written in a file.
-func (f FailPolicy) String() string { return enumName(failNames, int(f)) }
-
-func enumName(names []string, i int) string {
-	if i >= 0 && i < len(names) {
-		return names[i]
+// actionOf returns the policy action of actionNames[i] and whether it is
+// "count" (policy.Block without a timeout).
+func actionOf(i int) (a policy.Action, count bool) {
+	switch i {
+	case 1:
+		return policy.Throttle, false
+	case 2:
+		return policy.Block, false
 	}
-	return "invalid(" + itoa(int64(i)) + ")"
+	return policy.Block, true
 }
 
 func enumIndex(names []string, s string) (int, bool) {
@@ -199,13 +146,17 @@ type Limit struct {
 	// string, []any, map[string]any); nil when absent. Read only.
 	Metadata map[string]any
 
-	// The poplimit extensions (all zero values are ratelimit's behaviour).
-	Algorithm Algorithm
-	Burst     uint64 // bucket capacity in requests; for buckets, defaults to RequestsPerUnit
-	Mode      Mode
-	Action    Action
-	Timeout   time.Duration // how long Block refuses; for Block, defaults to Window
-	Fail      FailPolicy
+	// The poplimit extensions, defaults filled in: ratelimit's behaviour
+	// unless the file's poplimit block or the rate_limit says otherwise.
+	Algorithm policy.Algorithm // default policy.FixedWindow
+	Burst     uint64           // bucket capacity in requests; for buckets, defaults to RequestsPerUnit
+	Mode      policy.Mode      // default policy.Sync
+	// Action is policy.Throttle, or policy.Block: with a Timeout for the
+	// action "block" (its default Window), without one for "count" (the
+	// default, ratelimit's: refused while over, no longer).
+	Action  policy.Action
+	Timeout time.Duration // how long Block refuses once over; 0 for "count"
+	Fail    policy.Fail   // default policy.FailOpen
 
 	File string // the file that defined it
 	Line int    // the line of its rate_limit block
@@ -385,7 +336,7 @@ func (l Loader) Load(files map[string][]byte) (*Config, error) {
 	c := &Config{domains: make(map[string]*domainTree)}
 	var p problems
 	for _, name := range names {
-		fp := &fileParser{name: name, loader: &l, cfg: c, probs: &p, budget: l.MaxNodes}
+		fp := &fileParser{name: name, loader: &l, cfg: c, probs: &p, budget: l.MaxNodes, defaults: envoyDefaults}
 		fp.parseFile(files[name])
 	}
 	if err := p.err(); err != nil {

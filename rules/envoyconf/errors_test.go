@@ -81,7 +81,7 @@ descriptors:
 `))
 	want := []string{
 		"many.yaml:5:24: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight' (want second, minute, hour, day, week, month or year)",
-		`many.yaml:7:65: descriptors[1].rate_limit.algorithm: unknown algorithm "bogus" (want fixed_window, sliding_window, token_bucket, leaky_bucket or sliding_log)`,
+		`many.yaml:7:65: descriptors[1].rate_limit.algorithm: unknown algorithm "bogus" (want sliding_window, fixed_window, token_bucket, leaky_bucket or sliding_log)`,
 		"many.yaml:9:9: descriptors[1].descriptors[0].key: descriptor has empty key",
 		`many.yaml:11:9: descriptors[1].descriptors[1].bogus: unknown field "bogus"`,
 		"many.yaml:12:5: descriptors[2]: duplicate descriptor composite key 'd.a' (first at line 4)",
@@ -116,7 +116,7 @@ func TestExtensionErrors(t *testing.T) {
 		{"burst without bucket", "{requests_per_unit: 1, unit: second, burst: 5}", "rate_limit.burst", "applies to token_bucket and leaky_bucket only (algorithm is fixed_window)"},
 		{"burst zero", "{requests_per_unit: 1, unit: second, algorithm: token_bucket, burst: 0}", "rate_limit.burst", "must be between 1 and 4294967295 (got 0)"},
 		{"timeout without block", "{requests_per_unit: 1, unit: second, timeout: 1m}", "rate_limit.timeout", "applies to action block only (action is count)"},
-		{"unknown mode", "{requests_per_unit: 1, unit: second, mode: eventually}", "rate_limit.mode", `unknown mode "eventually" (want sync or async)`},
+		{"unknown mode", "{requests_per_unit: 1, unit: second, mode: eventually}", "rate_limit.mode", `unknown mode "eventually" (want async or sync)`},
 		{"unknown action", "{requests_per_unit: 1, unit: second, action: ban}", "rate_limit.action", `unknown action "ban" (want count, throttle or block)`},
 		{"unknown fail", "{requests_per_unit: 1, unit: second, fail: maybe}", "rate_limit.fail", `unknown fail "maybe" (want open or closed)`},
 		{"extension on unlimited", "{unlimited: true, algorithm: token_bucket}", "rate_limit.algorithm", "has no effect on an unlimited limit"},

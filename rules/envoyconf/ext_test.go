@@ -3,6 +3,8 @@ package envoyconf
 import (
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 func TestExtensions(t *testing.T) {
@@ -11,11 +13,11 @@ func TestExtensions(t *testing.T) {
 		entries []Entry
 		want    Limit
 	}{
-		{es("remote_address", "1.2.3.4"), Limit{RequestsPerUnit: 100, Window: 90 * time.Second, Unit: UnitUnknown, Algorithm: SlidingWindow, Mode: Async}},
-		{es("api_key", "k"), Limit{RequestsPerUnit: 10, Window: time.Second, Unit: Second, Algorithm: TokenBucket, Burst: 50}},
-		{es("login", "u"), Limit{RequestsPerUnit: 5, Window: time.Minute, Unit: Minute, Action: Block, Timeout: 15 * time.Minute, Fail: FailClosed}},
-		{es("report", "r"), Limit{RequestsPerUnit: 3, Window: 36 * time.Hour, Unit: UnitUnknown, Action: Throttle}},
-		{es("tick", "t"), Limit{RequestsPerUnit: 10, Window: 250 * time.Millisecond, Algorithm: LeakyBucket, Burst: 10}},
+		{es("remote_address", "1.2.3.4"), Limit{RequestsPerUnit: 100, Window: 90 * time.Second, Unit: UnitUnknown, Algorithm: policy.SlidingWindow, Mode: policy.Async, Action: policy.Block}},
+		{es("api_key", "k"), Limit{RequestsPerUnit: 10, Window: time.Second, Unit: Second, Algorithm: policy.TokenBucket, Burst: 50, Mode: policy.Sync, Action: policy.Block}},
+		{es("login", "u"), Limit{RequestsPerUnit: 5, Window: time.Minute, Unit: Minute, Algorithm: policy.FixedWindow, Mode: policy.Sync, Action: policy.Block, Timeout: 15 * time.Minute, Fail: policy.FailClosed}},
+		{es("report", "r"), Limit{RequestsPerUnit: 3, Window: 36 * time.Hour, Unit: UnitUnknown, Algorithm: policy.FixedWindow, Mode: policy.Sync, Action: policy.Throttle}},
+		{es("tick", "t"), Limit{RequestsPerUnit: 10, Window: 250 * time.Millisecond, Algorithm: policy.LeakyBucket, Burst: 10, Mode: policy.Sync, Action: policy.Block}},
 	}
 	for _, tt := range tests {
 		m := c.Lookup("edge", tt.entries)
@@ -42,12 +44,12 @@ func TestFileSwitch(t *testing.T) {
 	c := mustLoad(t, "ext/switch.yaml")
 	tests := []struct {
 		entries []Entry
-		alg     Algorithm
+		alg     policy.Algorithm
 		rpu     uint32
 	}{
-		{es("remote_address", "50.0.0.1"), SlidingWindow, 10},
-		{es("remote_address", "50.0.0.5"), SlidingWindow, 0},
-		{es("exact", "x"), FixedWindow, 10},
+		{es("remote_address", "50.0.0.1"), policy.SlidingWindow, 10},
+		{es("remote_address", "50.0.0.5"), policy.SlidingWindow, 0},
+		{es("exact", "x"), policy.FixedWindow, 10},
 	}
 	for _, tt := range tests {
 		m := c.Lookup("switched", tt.entries)
@@ -57,7 +59,7 @@ func TestFileSwitch(t *testing.T) {
 	}
 	// Without the switch every limit is ratelimit's.
 	for _, l := range mustLoad(t, "readme/ex3.yaml").Limits() {
-		if l.Algorithm != FixedWindow || l.Mode != Sync || l.Action != Count || l.Fail != FailOpen || l.Burst != 0 || l.Timeout != 0 {
+		if l.Algorithm != policy.FixedWindow || l.Mode != policy.Sync || l.Action != policy.Block || l.Fail != policy.FailOpen || l.Burst != 0 || l.Timeout != 0 {
 			t.Errorf("limit %s: %+v, want ratelimit's defaults", l.FullKey, l)
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unsafe"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // node is one descriptor of the tree: its children by composite key ("key"
@@ -206,10 +208,10 @@ func (c *Config) Override(domain string, entries []Entry, requestsPerUnit uint32
 		Action:          d.defaults.action,
 		Fail:            d.defaults.fail,
 	}
-	if l.Algorithm.Bucket() {
+	if l.Algorithm.IsBucket() {
 		l.Burst = uint64(requestsPerUnit)
 	}
-	if l.Action == Block {
+	if l.Action == policy.Block && !d.defaults.count {
 		l.Timeout = l.Window
 	}
 	return Match{Limit: l, domain: d.name, entries: entries, override: true}, nil

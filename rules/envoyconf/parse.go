@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/poplimit/poplimit/policy"
 	yaml "go.yaml.in/yaml/v3"
 )
 
@@ -38,11 +39,17 @@ const maxWindow = 366 * 24 * time.Hour
 // fileDefaults is a file's top-level poplimit block: the extension values
 // of its limits that do not set their own.
 type fileDefaults struct {
-	algorithm Algorithm
-	mode      Mode
-	action    Action
-	fail      FailPolicy
+	algorithm policy.Algorithm
+	mode      policy.Mode
+	action    policy.Action
+	count     bool // action "count": policy.Block without a timeout
+	fail      policy.Fail
 }
+
+// envoyDefaults are the defaults of a file without a poplimit block:
+// envoyproxy/ratelimit's behaviour (see Limit).
+var envoyDefaults = fileDefaults{algorithm: policy.FixedWindow, mode: policy.Sync,
+	action: policy.Block, count: true, fail: policy.FailOpen}
 
 // fileParser walks one file's YAML nodes. It reads the YAML as
 // envoyproxy/ratelimit's parser (gopkg.in/yaml.v2, YAML 1.1 scalars) reads
@@ -649,20 +656,20 @@ func (p *fileParser) parseDefaults(f field, path string) {
 		gp := join(path, g.name)
 		switch g.name {
 		case "algorithm":
-			if i, ok := p.enum(g, gp, algorithmNames); ok {
-				p.defaults.algorithm = Algorithm(i)
+			if i, ok := p.enum(g, gp, policy.Names[policy.Algorithm]()); ok {
+				p.defaults.algorithm = policy.Algorithm(i)
 			}
 		case "mode":
-			if i, ok := p.enum(g, gp, modeNames); ok {
-				p.defaults.mode = Mode(i)
+			if i, ok := p.enum(g, gp, policy.Names[policy.Mode]()); ok {
+				p.defaults.mode = policy.Mode(i)
 			}
 		case "action":
 			if i, ok := p.enum(g, gp, actionNames); ok {
-				p.defaults.action = Action(i)
+				p.defaults.action, p.defaults.count = actionOf(i)
 			}
 		case "fail":
-			if i, ok := p.enum(g, gp, failNames); ok {
-				p.defaults.fail = FailPolicy(i)
+			if i, ok := p.enum(g, gp, policy.Names[policy.Fail]()); ok {
+				p.defaults.fail = policy.Fail(i)
 			}
 		default:
 			p.fail(g.key, gp, ErrUnknownField, "unknown field %q (the poplimit block takes algorithm, mode, action, fail)", clip(g.name))
@@ -815,6 +822,7 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 		Algorithm: p.defaults.algorithm, Mode: p.defaults.mode,
 		Action: p.defaults.action, Fail: p.defaults.fail,
 	}
+	count := p.defaults.count
 	var (
 		unitStr           string
 		unitF, rpuF, winF *field
@@ -844,23 +852,23 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 			replacesF = &fields[i]
 		case "algorithm":
 			extSet = append(extSet, g)
-			if i, ok := p.enum(g, gp, algorithmNames); ok {
-				l.Algorithm = Algorithm(i)
+			if i, ok := p.enum(g, gp, policy.Names[policy.Algorithm]()); ok {
+				l.Algorithm = policy.Algorithm(i)
 			}
 		case "mode":
 			extSet = append(extSet, g)
-			if i, ok := p.enum(g, gp, modeNames); ok {
-				l.Mode = Mode(i)
+			if i, ok := p.enum(g, gp, policy.Names[policy.Mode]()); ok {
+				l.Mode = policy.Mode(i)
 			}
 		case "action":
 			extSet = append(extSet, g)
 			if i, ok := p.enum(g, gp, actionNames); ok {
-				l.Action = Action(i)
+				l.Action, count = actionOf(i)
 			}
 		case "fail":
 			extSet = append(extSet, g)
-			if i, ok := p.enum(g, gp, failNames); ok {
-				l.Fail = FailPolicy(i)
+			if i, ok := p.enum(g, gp, policy.Names[policy.Fail]()); ok {
+				l.Fail = policy.Fail(i)
 			}
 		case "window":
 			extSet = append(extSet, g)
@@ -899,7 +907,7 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 		for _, g := range extSet {
 			p.fail(g.key, join(path, g.name), ErrInvalid, "has no effect on an unlimited limit")
 		}
-		l.Algorithm, l.Mode, l.Action, l.Fail = 0, 0, 0, 0
+		l.Algorithm, l.Mode, l.Action, l.Fail = envoyDefaults.algorithm, envoyDefaults.mode, envoyDefaults.action, envoyDefaults.fail
 		return l
 	case winF != nil:
 		if unitStr != "" {
@@ -922,16 +930,20 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 	if rpuF == nil {
 		p.warn(t, join(path, "requests_per_unit"), "missing: the limit is 0 requests and refuses every request (as in ratelimit)")
 	}
-	if burstF != nil && !l.Algorithm.Bucket() {
+	if burstF != nil && !l.Algorithm.IsBucket() {
 		p.fail(burstF.key, join(path, "burst"), ErrInvalid, "applies to token_bucket and leaky_bucket only (algorithm is %s)", l.Algorithm)
 	}
-	if l.Algorithm.Bucket() && l.Burst == 0 {
+	if l.Algorithm.IsBucket() && l.Burst == 0 {
 		l.Burst = uint64(l.RequestsPerUnit)
 	}
-	if timeoutF != nil && l.Action != Block {
-		p.fail(timeoutF.key, join(path, "timeout"), ErrInvalid, "applies to action block only (action is %s)", l.Action)
+	if timeoutF != nil && (l.Action != policy.Block || count) {
+		action := l.Action.String()
+		if count {
+			action = "count"
+		}
+		p.fail(timeoutF.key, join(path, "timeout"), ErrInvalid, "applies to action block only (action is %s)", action)
 	}
-	if l.Action == Block && l.Timeout == 0 {
+	if l.Action == policy.Block && !count && l.Timeout == 0 {
 		l.Timeout = l.Window
 	}
 	return l

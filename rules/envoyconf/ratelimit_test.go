@@ -4,6 +4,8 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // The answers below are those envoyproxy/ratelimit's own tests expect of
@@ -226,7 +228,7 @@ func TestOverride(t *testing.T) {
 		t.Errorf("override with unit UNKNOWN: err = %v, want ErrInvalid", err)
 	}
 	// The file's poplimit defaults apply to its overrides.
-	if m, _ := c.Override("switched", es("x", "y"), 3, Minute); m.Limit.Algorithm != SlidingWindow {
+	if m, _ := c.Override("switched", es("x", "y"), 3, Minute); m.Limit.Algorithm != policy.SlidingWindow {
 		t.Errorf("override in a switched file: algorithm %v, want sliding_window", m.Limit.Algorithm)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 	"go.yaml.in/yaml/v3"
@@ -183,9 +184,9 @@ func (l Loader) LoadRules(files map[string][]byte) (*rules.Rules, error) {
 //     same counters. Its Policy is the limit's: window (the
 //     unit, or the window extension), algorithm (fixed_window unless the
 //     file or the limit says otherwise), mode, fail, burst; action count
-//     runs as window.Block with no Timeout (every hit counted, refused
+//     runs as policy.Block with no Timeout (every hit counted, refused
 //     while over, no refusal outlasting the count), throttle as
-//     window.Throttle, block as window.Block for its timeout. A limit of 0
+//     policy.Throttle, block as policy.Block for its timeout. A limit of 0
 //     is a rule of limit 0 (it refuses every hit, and a check-only
 //     request answers OK until one is counted, as in ratelimit); run as a
 //     fixed window when its algorithm keeps a state rather than counters
@@ -331,28 +332,20 @@ func (x *Index) Override(domain string, entries []Entry, requestsPerUnit uint32,
 
 // limitRuleOf builds the rule of a counted limit, or says why it cannot.
 func limitRuleOf(l *Limit) (*rules.Rule, string) {
-	pol := window.Policy{Limit: uint64(l.RequestsPerUnit), Window: l.Window, Fail: window.FailPolicy(l.Fail)}
-	pol.Algorithm = windowAlgorithm(l.Algorithm)
+	pol := window.Policy{Limit: uint64(l.RequestsPerUnit), Window: l.Window, Fail: l.Fail,
+		Algorithm: l.Algorithm, Action: l.Action, Timeout: l.Timeout} // "count": Block, Timeout 0
 	if l.RequestsPerUnit == 0 && !pol.Algorithm.IsCounter() {
-		pol.Algorithm = window.FixedWindowCounter
+		pol.Algorithm = policy.FixedWindow
 	}
-	pol.Mode = window.Async
-	if l.Mode == Sync && pol.Algorithm.IsCounter() {
-		pol.Mode = window.Sync
-	}
-	switch l.Action {
-	case Count:
-		pol.Action = window.Block // Timeout 0: refused while over, no longer
-	case Throttle:
-		pol.Action = window.Throttle
-	case Block:
-		pol.Action, pol.Timeout = window.Block, l.Timeout
+	pol.Mode = policy.Async
+	if l.Mode == policy.Sync && pol.Algorithm.IsCounter() {
+		pol.Mode = policy.Sync
 	}
 	pol.Burst = pol.Limit
-	if l.Algorithm.Bucket() && pol.Limit > 0 {
+	if l.Algorithm.IsBucket() && pol.Limit > 0 {
 		pol.Burst = l.Burst
 		var err error
-		if pol.Algorithm == window.TokenBucketAlgorithm {
+		if pol.Algorithm == policy.TokenBucket {
 			err = window.TokenBucket{Rate: int64(pol.Limit), Per: pol.Window, Burst: int64(pol.Burst)}.Validate()
 		} else {
 			err = window.LeakyBucket{Rate: int64(pol.Limit), Per: pol.Window, Capacity: int64(pol.Burst)}.Validate()
@@ -368,23 +361,23 @@ func limitRuleOf(l *Limit) (*rules.Rule, string) {
 // overrideDefaults returns the defaults an override rule runs with: the
 // file's, with a shared algorithm and action count.
 func overrideDefaults(d fileDefaults) fileDefaults {
-	if d.algorithm != SlidingWindow {
-		d.algorithm = FixedWindow
+	if d.algorithm != policy.SlidingWindow {
+		d.algorithm = policy.FixedWindow
 	}
-	d.action = Count
+	d.action, d.count = policy.Block, true
 	return d
 }
 
 func overrideRule(d fileDefaults, u Unit) *rules.Rule {
 	name := "override:" + u.String()
-	if d != (fileDefaults{}) {
+	if d != envoyDefaults {
 		name += ":" + d.algorithm.String() + ":" + d.mode.String() + ":" + d.fail.String()
 	}
 	pol := window.Policy{Limit: OverrideCeiling, Window: time.Duration(u.Seconds()) * time.Second,
-		Algorithm: windowAlgorithm(d.algorithm), Action: window.Block, Mode: window.Async, Fail: window.FailPolicy(d.fail)}
+		Algorithm: d.algorithm, Action: policy.Block, Mode: policy.Async, Fail: d.fail}
 	pol.Burst = pol.Limit
-	if d.mode == Sync {
-		pol.Mode = window.Sync
+	if d.mode == policy.Sync {
+		pol.Mode = policy.Sync
 	}
 	return descriptorRule(name, pol, false)
 }
@@ -398,20 +391,6 @@ func descriptorRule(name string, pol window.Policy, shadow bool) *rules.Rule {
 		Shadow:     shadow,
 		Cost:       1, MaxCost: math.MaxUint64,
 	}
-}
-
-func windowAlgorithm(a Algorithm) window.Algorithm {
-	switch a {
-	case SlidingWindow:
-		return window.SlidingWindowCounter
-	case TokenBucket:
-		return window.TokenBucketAlgorithm
-	case LeakyBucket:
-		return window.LeakyBucketAlgorithm
-	case SlidingLog:
-		return window.SlidingLogAlgorithm
-	}
-	return window.FixedWindowCounter
 }
 
 // nameHashLen is ":" and 16 hex digits.

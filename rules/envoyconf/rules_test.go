@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
 )
@@ -91,7 +92,7 @@ func names(rs *rules.Rules) []string {
 // TestRulesPolicy checks each limit's window.Policy.
 func TestRulesPolicy(t *testing.T) {
 	rs, _ := mustRules(t, "readme/ex2.yaml", "readme/ex3.yaml", "readme/ex6.yaml", "ext/extensions.yaml", "ext/switch.yaml")
-	count := window.Policy{Action: window.Block, Mode: window.Sync, Algorithm: window.FixedWindowCounter}
+	count := window.Policy{Action: policy.Block, Mode: policy.Sync, Algorithm: policy.FixedWindow}
 	tests := []struct {
 		rule   string
 		want   window.Policy
@@ -100,15 +101,15 @@ func TestRulesPolicy(t *testing.T) {
 		{"messaging.to_number", with(count, 100, 24*time.Hour), false},
 		{"edge_proxy_per_ip.remote_address_50.0.0.5", with(count, 0, time.Second), false},
 		{"example6.service.user_user-a", with(count, 10, time.Second), true},
-		{"edge.remote_address", window.Policy{Limit: 100, Burst: 100, Window: 90 * time.Second, Algorithm: window.SlidingWindowCounter, Action: window.Block, Mode: window.Async}, false},
-		{"edge.api_key", window.Policy{Limit: 10, Burst: 50, Window: time.Second, Algorithm: window.TokenBucketAlgorithm, Action: window.Block, Mode: window.Async}, false},
-		{"edge.login", window.Policy{Limit: 5, Burst: 5, Window: time.Minute, Algorithm: window.FixedWindowCounter, Action: window.Block, Timeout: 15 * time.Minute, Mode: window.Sync, Fail: window.FailClosed}, false},
-		{"edge.report", window.Policy{Limit: 3, Burst: 3, Window: 36 * time.Hour, Algorithm: window.FixedWindowCounter, Action: window.Throttle, Mode: window.Sync}, false},
-		{"edge.tick", window.Policy{Limit: 10, Burst: 10, Window: 250 * time.Millisecond, Algorithm: window.LeakyBucketAlgorithm, Action: window.Block, Mode: window.Async}, false},
-		{"switched.remote_address", window.Policy{Limit: 10, Burst: 10, Window: time.Second, Algorithm: window.SlidingWindowCounter, Action: window.Block, Mode: window.Sync}, false},
+		{"edge.remote_address", window.Policy{Limit: 100, Burst: 100, Window: 90 * time.Second, Algorithm: policy.SlidingWindow, Action: policy.Block, Mode: policy.Async}, false},
+		{"edge.api_key", window.Policy{Limit: 10, Burst: 50, Window: time.Second, Algorithm: policy.TokenBucket, Action: policy.Block, Mode: policy.Async}, false},
+		{"edge.login", window.Policy{Limit: 5, Burst: 5, Window: time.Minute, Algorithm: policy.FixedWindow, Action: policy.Block, Timeout: 15 * time.Minute, Mode: policy.Sync, Fail: policy.FailClosed}, false},
+		{"edge.report", window.Policy{Limit: 3, Burst: 3, Window: 36 * time.Hour, Algorithm: policy.FixedWindow, Action: policy.Throttle, Mode: policy.Sync}, false},
+		{"edge.tick", window.Policy{Limit: 10, Burst: 10, Window: 250 * time.Millisecond, Algorithm: policy.LeakyBucket, Action: policy.Block, Mode: policy.Async}, false},
+		{"switched.remote_address", window.Policy{Limit: 10, Burst: 10, Window: time.Second, Algorithm: policy.SlidingWindow, Action: policy.Block, Mode: policy.Sync}, false},
 		{"switched.exact", with(count, 10, time.Minute), false},
-		{"override:day", window.Policy{Limit: math.MaxUint32, Burst: math.MaxUint32, Window: 24 * time.Hour, Algorithm: window.FixedWindowCounter, Action: window.Block, Mode: window.Sync}, false},
-		{"override:hour:sliding_window:sync:open", window.Policy{Limit: math.MaxUint32, Burst: math.MaxUint32, Window: time.Hour, Algorithm: window.SlidingWindowCounter, Action: window.Block, Mode: window.Sync}, false},
+		{"override:day", window.Policy{Limit: math.MaxUint32, Burst: math.MaxUint32, Window: 24 * time.Hour, Algorithm: policy.FixedWindow, Action: policy.Block, Mode: policy.Sync}, false},
+		{"override:hour:sliding_window:sync:open", window.Policy{Limit: math.MaxUint32, Burst: math.MaxUint32, Window: time.Hour, Algorithm: policy.SlidingWindow, Action: policy.Block, Mode: policy.Sync}, false},
 	}
 	for _, tt := range tests {
 		r := rs.Lookup(tt.rule)
@@ -141,7 +142,7 @@ func TestRulesZeroBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := rs.Lookup("z.k"); r == nil || r.Algorithm != window.FixedWindowCounter || r.Limit != 0 {
+	if r := rs.Lookup("z.k"); r == nil || r.Algorithm != policy.FixedWindow || r.Limit != 0 {
 		t.Errorf("zero token bucket: rule %+v, want a fixed window of limit 0", r)
 	}
 }

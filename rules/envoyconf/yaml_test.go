@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/policy"
 )
 
 // TestMergeKeys checks merge keys as ratelimit's YAML 1.1 decoder applies
@@ -63,15 +65,15 @@ descriptors:
     rate_limit: {unlimited: true}
 `)
 	k := c.Lookup("d", es("k", "v")).Limit
-	if k.Algorithm != TokenBucket || k.Burst != 6 || k.Mode != Async || k.Action != Block || k.Timeout != k.Window || k.Fail != FailClosed {
+	if k.Algorithm != policy.TokenBucket || k.Burst != 6 || k.Mode != policy.Async || k.Action != policy.Block || k.Timeout != k.Window || k.Fail != policy.FailClosed {
 		t.Errorf("k = %+v, want the file's defaults", k)
 	}
 	j := c.Lookup("d", es("j", "v")).Limit
-	if j.Algorithm != SlidingLog || j.Burst != 0 || j.Mode != Sync || j.Action != Throttle || j.Timeout != 0 || j.Fail != FailClosed {
+	if j.Algorithm != policy.SlidingLog || j.Burst != 0 || j.Mode != policy.Sync || j.Action != policy.Throttle || j.Timeout != 0 || j.Fail != policy.FailClosed {
 		t.Errorf("j = %+v, want its own values over the file's", j)
 	}
 	u := c.Lookup("d", es("u", "v")).Limit
-	if u.Algorithm != FixedWindow || u.Mode != Sync || u.Action != Count || u.Fail != FailOpen {
+	if u.Algorithm != policy.FixedWindow || u.Mode != policy.Sync || u.Action != policy.Block || u.Timeout != 0 || u.Fail != policy.FailOpen {
 		t.Errorf("unlimited u = %+v, want no extension", u)
 	}
 	for _, bad := range []string{"{algorithm: x}", "{mode: x}", "{action: x}", "{fail: x}"} {
@@ -131,12 +133,12 @@ func TestEmptyAndNil(t *testing.T) {
 	if got := Unit(42).String(); got != "unit(42)" {
 		t.Errorf("Unit(42).String() = %q", got)
 	}
-	if got := Algorithm(9).String(); got != "invalid(9)" {
-		t.Errorf("Algorithm(9).String() = %q", got)
-	}
-	for _, s := range []string{Sync.String(), Async.String(), Count.String(), Throttle.String(), Block.String(), FailOpen.String(), FailClosed.String()} {
-		if s == "" || strings.HasPrefix(s, "invalid") {
-			t.Errorf("enum name %q", s)
+	// The action names map to policy's: "count" is Block without a
+	// timeout, "throttle" and "block" are policy's own.
+	for i, name := range actionNames {
+		a, count := actionOf(i)
+		if want := name == "count"; count != want || (!count && a.String() != name) || (count && a != policy.Block) {
+			t.Errorf("action %q: actionOf = %v, count %v", name, a, count)
 		}
 	}
 }
