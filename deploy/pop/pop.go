@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -194,10 +195,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
+	// The keys the decision events and the counts across PoPs are signed
+	// with, as production runs them (deploy/KAFKA.md): forged messages on
+	// either topic are refused.
+	eventsKey, globalKey := filepath.Join(o.dir, "events.key"), filepath.Join(o.dir, "global.key")
+	for _, f := range []string{eventsKey, globalKey} {
+		if err := os.WriteFile(f, []byte(rand.Text()+rand.Text()+"\n"), 0o600); err != nil {
+			return err
+		}
+	}
+	keys := []string{"-events-key-file", eventsKey, "-global-key-file", globalKey}
+
 	// The aggregator and its embedded broker.
-	if err := procs.start(ctx, o.dir, "aggregator", filepath.Join(o.dir, "aggregator"),
+	if err := procs.start(ctx, o.dir, "aggregator", filepath.Join(o.dir, "aggregator"), append([]string{
 		"-listen", o.aggregator, "-embedded-broker", o.broker, "-partitions", "4", "-lateness", "2s",
-		"-top-keys", "1000"); err != nil { // enough wrongly allowed keys listed for each rule's worst
+		"-top-keys", "1000"}, keys...)...); err != nil { // enough wrongly allowed keys listed for each rule's worst
 		return err
 	}
 	if err := waitHTTP(ctx, "http://"+o.aggregator+"/healthz", procs.exited("aggregator")); err != nil {
@@ -224,6 +236,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			args := []string{"-listen", addr, "-admin", admin, "-mode", "proxy", "-upstream", o.origin,
 				"-rules", rulesPath, "-edge-id", strconv.Itoa(id), "-brokers", o.broker,
 				"-trusted-proxies", "127.0.0.0/8", "-log-level", "warn"}
+			args = append(args, keys...)
 			if o.pops > 1 {
 				args = append(args, "-pop", popName(o.pops, k, ""))
 			}
