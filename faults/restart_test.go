@@ -165,6 +165,7 @@ func TestEdgeRestart(t *testing.T) {
 	burst := func(e *edgeProc, n int) (ok int) {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
+		answers := map[string]int{} // by status, or the transport's error
 		for range n {
 			wg.Add(1)
 			go func() {
@@ -172,18 +173,21 @@ func TestEdgeRestart(t *testing.T) {
 				req, _ := http.NewRequest("GET", "http://"+e.addr+"/check/login", nil)
 				req.Header.Set("X-Forwarded-For", burstIP)
 				resp, err := hc.Do(req)
+				mu.Lock()
+				defer mu.Unlock()
 				if err != nil {
+					answers[err.Error()]++
 					return
 				}
 				resp.Body.Close()
+				answers[resp.Status]++
 				if resp.StatusCode == 200 {
-					mu.Lock()
 					ok++
-					mu.Unlock()
 				}
 			}()
 		}
 		wg.Wait()
+		t.Logf("a burst of %d to %s: %v", n, e.addr, answers)
 		return ok
 	}
 	before := burst(third, 30)
