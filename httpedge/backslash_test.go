@@ -99,6 +99,20 @@ func startGoOrigin(t *testing.T) testOrigin {
 // startNginxOrigin runs nginx with a location for /login.
 func startNginxOrigin(t *testing.T) testOrigin {
 	t.Helper()
+	addr := startNginx(t, func(listen string) string {
+		return fmt.Sprintf(`server {
+        listen %s;
+        location /login { return 200 "%s"; }
+        location / { return 404 "other"; }
+    }`, listen, loginHandler)
+	})
+	return testOrigin{"nginx", addr}
+}
+
+// startNginx runs nginx on a free loopback port with the server block
+// server(listen) in an http block of its own, and returns the address.
+func startNginx(t *testing.T, server func(listen string) string) string {
+	t.Helper()
 	bin := testenv.LookBinary(t, "nginx", "nginx")
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {
@@ -116,18 +130,14 @@ http {
     fastcgi_temp_path %[1]s/fastcgi;
     uwsgi_temp_path %[1]s/uwsgi;
     scgi_temp_path %[1]s/scgi;
-    server {
-        listen %[2]s;
-        location /login { return 200 "%[3]s"; }
-        location / { return 404 "other"; }
-    }
+    %[2]s
 }
-`, dir, addr, loginHandler)
+`, dir, server(addr))
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	startGroup(t, addr, bin, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
-	return testOrigin{"nginx", addr}
+	return addr
 }
 
 // startGroup runs bin in a process group of its own (nginx's workers
@@ -249,43 +259,22 @@ func TestBackslashPathsInDecisionMode(t *testing.T) {
 
 	// nginx's auth_request asks the edge, then proxies to Node.
 	node := startNodeOrigin(t)
-	bin := testenv.LookBinary(t, "nginx", "nginx")
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		os.Chmod(d, 0o755)
-	}
-	front := net.JoinHostPort("127.0.0.1", strconv.Itoa(testenv.FreePort(t)))
-	conf := fmt.Sprintf(`worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log stderr notice;
-events { worker_connections 64; }
-http {
-    access_log off;
-    client_body_temp_path %[1]s/body;
-    proxy_temp_path %[1]s/proxy;
-    fastcgi_temp_path %[1]s/fastcgi;
-    uwsgi_temp_path %[1]s/uwsgi;
-    scgi_temp_path %[1]s/scgi;
-    server {
-        listen %[2]s;
+	front := startNginx(t, func(listen string) string {
+		return fmt.Sprintf(`server {
+        listen %s;
         location / {
             auth_request /_poplimit;
-            proxy_pass http://%[3]s;
+            proxy_pass http://%s;
         }
         location = /_poplimit {
             internal;
-            proxy_pass http://%[4]s/check$request_uri;
+            proxy_pass http://%s/check$request_uri;
             proxy_pass_request_body off;
             proxy_set_header Content-Length "";
             proxy_set_header X-Original-URI $request_uri;
         }
-    }
-}
-`, dir, front, node.addr, e.addr)
-	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	startGroup(t, front, bin, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
+    }`, listen, node.addr, e.addr)
+	})
 	if r := exchange(t, front, "GET /login HTTP/1.1\r\nHost: app.example\r\nConnection: close\r\n\r\n"); strings.Contains(string(r.body), loginHandler) {
 		t.Fatalf("/login through nginx with its quota spent: %q %q, want a refusal", r.first, r.body)
 	}
