@@ -375,7 +375,6 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "\n")
 }
 
-
 // The descriptors of rules/envoyconf's basic.yaml (the shapes
 // envoyproxy/ratelimit's config tests load), asked of an edge started
 // from the environment and of one started from flags (-rules DIR
