@@ -439,3 +439,52 @@ func TestEnvoyEnvAnswersAsFiles(t *testing.T) {
 		t.Fatalf("%d requests, want 54", n)
 	}
 }
+
+// With Redis not yet up, Istio's environment starts poplimit all the
+// same (envoyproxy/ratelimit waits for Redis before it serves): calls are
+// answered by the limits' failure policy (open) within the store timeout,
+// /healthcheck says OK, and counting starts once Redis is up.
+func TestEnvoyEnvRedisDownAtStart(t *testing.T) {
+	port := testenv.FreePort(t)
+	root := runtimeDir(t, map[string]string{"config.yaml": istioConfig})
+	env := append(istioEnv("127.0.0.1:"+strconv.Itoa(port), root), loopbackPorts(t)...)
+	env = append(env, "DEBUG_HOST=127.0.0.1")
+	e := startEnvoyEnv(t, env)
+	const ok = rlspb.RateLimitResponse_OK
+	for i := 0; i < 3; i++ {
+		start := time.Now()
+		resp := e.ask(t, request("echo-ratelimit", 1, []string{"PATH", "/"}))
+		if took := time.Since(start); resp.OverallCode != ok || took > 2*time.Second {
+			t.Fatalf("call %d with Redis down: %v after %v, want OK (fail open) within the store timeout", i, resp, took)
+		}
+		t.Logf("call %d with Redis down: %v in %v", i, resp.OverallCode, time.Since(start))
+	}
+	res, err := http.Get("http://" + e.httpAddr + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Errorf("/healthcheck with Redis down: %d, want 200", res.StatusCode)
+	}
+	rd := &testenv.Proc{Name: testenv.LookBinary(t, "redis-server", "redis-server"), Addr: "127.0.0.1:" + strconv.Itoa(port),
+		Args: []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir()}}
+	if err := rd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rd.Kill)
+	// Once connected (the store tries again every second), the limit of
+	// one a minute holds: some call within 10 s is refused.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp := e.ask(t, request("echo-ratelimit", 1, []string{"PATH", "/"}))
+		if resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT {
+			t.Logf("refused %v after Redis started", time.Since(deadline.Add(-10*time.Second)))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis up for 10 s, a limit of 1 a minute still admits: %v\n%s", resp, e.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
