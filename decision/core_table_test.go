@@ -89,10 +89,10 @@ func tableCoreConfig(t *testing.T, cfg CoreConfig, doc string, backend store.Sto
 		t.Fatal(err)
 	}
 	t.Cleanup(blocks.Close)
-	slots := slots.New(slots.Config{}, backend)
+	sl := slots.New(slots.Config{}, backend)
 	cfg.Wait = func(time.Duration) {}
 	c, err := NewCore(cfg, rs,
-		CoreDeps{Limiter: lim, Blocks: blocks, Slots: slots, Registerer: prometheus.NewRegistry()})
+		CoreDeps{Limiter: lim, Blocks: blocks, Slots: sl, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

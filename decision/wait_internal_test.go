@@ -52,13 +52,13 @@ func newSteppedClock() *steppedClock {
 
 // waitCore returns a core deciding by the rules in doc over store, its
 // limiter's clock clk, with its metrics in a registry of its own.
-func waitCore(t *testing.T, doc string, store store.Store, clk store.Clock) *Core {
+func waitCore(t *testing.T, doc string, backend store.Store, clk store.Clock) *Core {
 	t.Helper()
 	rs, err := rules.ParseRules([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := window.New(window.Config{Clock: clk}, store)
+	lim, err := window.New(window.Config{Clock: clk}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,9 +133,9 @@ func TestWaitSleepsUntilTheExactRelease(t *testing.T) {
 func TestWaitAsksAgainWhenAnotherProcessTookTheRoom(t *testing.T) {
 	const rule = "rules: [{name: r, limit: 1, window: 1s, burst: 1, algorithm: token_bucket, mode: sync}]"
 	clk := newSteppedClock()
-	store := store.NewMemStore(clk)
-	c := waitCore(t, rule, store, clk)
-	other := waitCore(t, rule, store, clk)
+	backend := store.NewMemStore(clk)
+	c := waitCore(t, rule, backend, clk)
+	other := waitCore(t, rule, backend, clk)
 	if err := c.wait(context.Background(), clk, "r", []byte("k"), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -476,14 +476,14 @@ func TestWaitStopsWhenTheStoreFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	store, err := memcachestore.New(client, nil)
+	backend, err := memcachestore.New(client, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := waitCore(t, `rules:
   - {name: open, limit: 10, window: 1s, mode: sync}
   - {name: closed, limit: 10, window: 1s, mode: sync, fail: closed}
-  - {name: tb, limit: 10, window: 1s, algorithm: token_bucket, mode: sync}`, store, nil)
+  - {name: tb, limit: 10, window: 1s, algorithm: token_bucket, mode: sync}`, backend, nil)
 	for _, rule := range []string{"open", "closed", "tb"} {
 		if err := c.Wait(context.Background(), rule, []byte("k"), 1); !errors.Is(err, ErrStoreFailed) {
 			t.Errorf("Wait(%s) with the store down = %v, want ErrStoreFailed", rule, err)

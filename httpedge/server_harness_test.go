@@ -100,16 +100,16 @@ func newEdge(t testing.TB, o edgeOpts) *testEdge {
 	}
 	lim.Start()
 	t.Cleanup(func() { lim.Close(context.Background()) })
-	slots := slots.New(slots.Config{StoreTimeout: 50 * time.Millisecond}, backend)
-	slots.Start(0, nil)
-	t.Cleanup(slots.Close)
+	sl := slots.New(slots.Config{StoreTimeout: 50 * time.Millisecond}, backend)
+	sl.Start(0, nil)
+	t.Cleanup(sl.Close)
 	blocks, err := blockcache.New(blockcache.Config{MaxEntries: 1 << 14}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(blocks.Close)
 	core, err := decision.NewCore(decision.CoreConfig{Upstream: o.cfg.Mode == httpedge.Proxy, RetryJitter: -1}, rs,
-		decision.CoreDeps{Limiter: lim, Blocks: blocks, Slots: slots, Registerer: reg})
+		decision.CoreDeps{Limiter: lim, Blocks: blocks, Slots: sl, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
