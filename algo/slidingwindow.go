@@ -62,8 +62,8 @@ func (s SlidingWindow) Decide(now int64, prev, curr, cost uint64) Conformance {
 // once it is the previous one, for a release past it.
 type Spans struct{ Prev, Next int64 }
 
-// ClampSpan is span within (0, w].
-func ClampSpan(span, w int64) int64 { return min(max(span, 1), w) }
+// clampSpan is span within (0, w].
+func clampSpan(span, w int64) int64 { return min(max(span, 1), w) }
 
 // Even is the Spans of units spread over the whole windows.
 func (s SlidingWindow) Even() Spans { return Spans{int64(s.Window), int64(s.Window)} }
@@ -75,7 +75,7 @@ func (s SlidingWindow) Even() Spans { return Spans{int64(s.Window), int64(s.Wind
 func (s SlidingWindow) DecideSpans(v *Conformance, now int64, prev, curr, cost uint64, sp Spans) {
 	w := int64(s.Window)
 	start := WindowStart(now, w)
-	span := ClampSpan(sp.Prev, w)
+	span := clampSpan(sp.Prev, w)
 	left := uint64(min(w-(now-start), span)) // the previous window's weight × span
 	est := float64(prev)*float64(left)/float64(span) + float64(curr)
 	v.Estimate, v.ResetAt = est, start+w
@@ -116,11 +116,11 @@ func (s SlidingWindow) ReleaseSpans(now int64, prev, curr, cost uint64, sp Spans
 			return now
 		}
 		// prev×min(span, W−e) ≤ (room−curr)×span  ⇔  e ≥ W − ⌊(room−curr)×span / prev⌋
-		span := ClampSpan(sp.Prev, w)
+		span := clampSpan(sp.Prev, w)
 		return max(now, start+w-int64(min(wide.Div(wide.Mul(room-curr, uint64(span)), prev), uint64(span))))
 	}
 	// Next window: curr×min(span, W−e) ≤ room×span  ⇔  e ≥ W − ⌊room×span / curr⌋
-	span := ClampSpan(sp.Next, w)
+	span := clampSpan(sp.Next, w)
 	return start + 2*w - int64(wide.Div(wide.Mul(room, uint64(span)), curr))
 }
 
