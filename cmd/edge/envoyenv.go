@@ -83,15 +83,15 @@ var envoyVars = []envoyVar{
 	{"CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000", envMapped, []string{"rls-xds"}, ""},
 	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", envLogged, nil, "the xDS client reconnects with its own backoff"},
 	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", envDefaultOnly, nil, "poplimit's xDS client sends no extra headers"},
-	{"CONFIG_GRPC_XDS_SERVER_USE_TLS", "false", envMapped, []string{"rls-xds-tls-ca"}, ""},
+	{"CONFIG_GRPC_XDS_SERVER_USE_TLS", "false", envMapped, []string{"rls-xds-tls"}, ""},
 	{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "", envMapped, []string{"rls-xds-tls-cert"}, ""},
 	{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "", envMapped, []string{"rls-xds-tls-key"}, ""},
 	{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "", envMapped, []string{"rls-xds-tls-ca"}, ""},
-	{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "", envMapped, []string{"rls-xds-tls-san"}, ""},
-	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s", envLogged, nil, "the xDS client reconnects with its own backoff"},
-	{"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s", envLogged, nil, "the xDS client reconnects with its own backoff"},
-	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5", envLogged, nil, "the xDS client reconnects with its own backoff"},
-	{"XDS_CLIENT_BACKOFF_JITTER", "true", envLogged, nil, "the xDS client reconnects with its own backoff"},
+	{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "", envMapped, []string{"rls-xds-tls-server-name"}, ""},
+	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s", envMapped, []string{"rls-xds-backoff-initial"}, ""},
+	{"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s", envMapped, []string{"rls-xds-backoff-max"}, ""},
+	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5", envLogged, nil, "the xDS client doubles its wait, jittered"},
+	{"XDS_CLIENT_BACKOFF_JITTER", "true", envLogged, nil, "the xDS client always jitters its wait"},
 	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", envLogged, nil, "the xDS client takes gRPC's default message size"},
 
 	// Statistics.
@@ -436,20 +436,30 @@ func (e *envoyEnv) config() {
 		e.flag("rls-xds", e.get("CONFIG_GRPC_XDS_SERVER_URL"), xds...)
 		e.flag("rls-xds-node-id", e.get("CONFIG_GRPC_XDS_NODE_ID"), "CONFIG_GRPC_XDS_NODE_ID")
 		if e.set("CONFIG_GRPC_XDS_NODE_METADATA") {
-			e.flag("rls-xds-node-metadata", e.get("CONFIG_GRPC_XDS_NODE_METADATA"), "CONFIG_GRPC_XDS_NODE_METADATA")
+			// key=value entries, comma-separated; ratelimit skips an entry
+			// without "=", and so does this, logging it.
+			var kept []string
+			for _, entry := range strings.Split(e.get("CONFIG_GRPC_XDS_NODE_METADATA"), ",") {
+				if strings.Contains(entry, "=") {
+					kept = append(kept, entry)
+				} else {
+					e.notes = append(e.notes, fmt.Sprintf("CONFIG_GRPC_XDS_NODE_METADATA: entry %q has no '=': skipped, as envoyproxy/ratelimit skips it", entry))
+				}
+			}
+			e.flag("rls-xds-node-metadata", strings.Join(kept, ","), "CONFIG_GRPC_XDS_NODE_METADATA")
 		}
+		e.flag("rls-xds-backoff-initial", e.duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL").String(), "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")
+		e.flag("rls-xds-backoff-max", e.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL").String(), "XDS_CLIENT_BACKOFF_MAX_INTERVAL")
 		if e.bool("FORCE_START_WITHOUT_INITIAL_CONFIG") {
 			e.flag("rls-xds-force-start", "true", "FORCE_START_WITHOUT_INITIAL_CONFIG")
 		}
 		if e.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
+			e.flag("rls-xds-tls", "true", "CONFIG_GRPC_XDS_SERVER_USE_TLS")
 			for _, m := range [][2]string{{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "rls-xds-tls-ca"}, {"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "rls-xds-tls-cert"},
-				{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "rls-xds-tls-key"}, {"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "rls-xds-tls-san"}} {
+				{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "rls-xds-tls-key"}, {"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "rls-xds-tls-server-name"}} {
 				if e.set(m[0]) {
-					e.flag(m[1], e.get(m[0]), m[0], "CONFIG_GRPC_XDS_SERVER_USE_TLS")
+					e.flag(m[1], e.get(m[0]), m[0])
 				}
-			}
-			if !e.set("CONFIG_GRPC_XDS_SERVER_TLS_CACERT") {
-				e.flag("rls-xds-tls", "true", "CONFIG_GRPC_XDS_SERVER_USE_TLS")
 			}
 		}
 	default:

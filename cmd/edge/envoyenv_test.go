@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"flag"
 	"context"
 	"io"
 	"os"
@@ -297,3 +298,76 @@ func TestEnvoyEnvRuntimeDir(t *testing.T) {
 type edgeOptions = edge.Options
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// The xDS and Sentinel variables set the flags of -rls-xds and -redis-mode
+// sentinel, by name, with ratelimit's defaults; a build without those
+// flags refuses the variables, naming them.
+func TestEnvoyEnvXDSAndSentinelFlags(t *testing.T) {
+	root := runtimeDir(t, map[string]string{"config.yaml": oneRule})
+	base := istioEnv("127.0.0.1:1", root)
+	names := []string{"rls-xds", "rls-xds-node-id", "rls-xds-node-metadata", "rls-xds-force-start", "rls-xds-tls", "rls-xds-tls-ca",
+		"rls-xds-tls-cert", "rls-xds-tls-key", "rls-xds-tls-server-name", "rls-xds-backoff-initial", "rls-xds-backoff-max",
+		"redis-mode", "redis", "redis-sentinel-master", "redis-sentinel-password-file"}
+	tests := []struct {
+		env  []string
+		want map[string]string
+	}{
+		{[]string{"CONFIG_TYPE=GRPC_XDS_SOTW"}, map[string]string{"rls-xds": "localhost:18000", "rls-xds-node-id": "default",
+			"rls-xds-backoff-initial": "10s", "rls-xds-backoff-max": "1m0s", "redis-mode": "standalone", "redis": "127.0.0.1:1"}},
+		{[]string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=127.0.0.1:18001", "CONFIG_GRPC_XDS_NODE_ID=ratelimit-1",
+			"CONFIG_GRPC_XDS_NODE_METADATA=a=1,b:2,c=3", "FORCE_START_WITHOUT_INITIAL_CONFIG=true", "CONFIG_GRPC_XDS_SERVER_USE_TLS=true",
+			"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=/ca.pem", "CONFIG_GRPC_XDS_SERVER_TLS_SAN=xds.example", "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL=1s"},
+			map[string]string{"rls-xds": "127.0.0.1:18001", "rls-xds-node-id": "ratelimit-1", "rls-xds-node-metadata": "a=1,c=3",
+				"rls-xds-force-start": "true", "rls-xds-tls": "true", "rls-xds-tls-ca": "/ca.pem", "rls-xds-tls-server-name": "xds.example",
+				"rls-xds-backoff-initial": "1s", "rls-xds-backoff-max": "1m0s", "redis-mode": "standalone", "redis": "127.0.0.1:1"}},
+		{[]string{"REDIS_TYPE=sentinel", "REDIS_URL=mymaster,127.0.0.1:26394,127.0.0.1:26395", "REDIS_AUTH=password123"},
+			map[string]string{"redis-mode": "sentinel", "redis-sentinel-master": "mymaster", "redis": "127.0.0.1:26394,127.0.0.1:26395"}},
+	}
+	for _, tt := range tests {
+		env := append(append([]string{}, base...), tt.env...)
+		// A flag set with those flags, recording what they are set to.
+		fs := flag.NewFlagSet("edge", flag.ContinueOnError)
+		got := map[string]string{}
+		for _, n := range names {
+			fs.Func(n, "", func(v string) error { got[n] = v; return nil })
+		}
+		envoyFlags(fs, &edge.Options{}, &flagExtras{})
+		for _, n := range []string{"admin", "rls-listen", "log-level", "rules", "store-timeout", "block-cache-entries", "rls-headers"} {
+			fs.String(n, "", "")
+		}
+		o := edge.Options{}
+		if _, err := applyEnvoyEnv(env, fs, map[string]bool{}, &o, &flagExtras{}); err != nil {
+			t.Fatalf("%v: %v", tt.env, err)
+		}
+		for _, n := range names {
+			if got[n] != tt.want[n] {
+				t.Errorf("%v: -%s %q, want %q", tt.env, n, got[n], tt.want[n])
+			}
+		}
+		if tt.want["redis-mode"] == "sentinel" && o.Redis.Password != "password123" {
+			t.Errorf("%v: the master's password %q, want REDIS_AUTH's", tt.env, o.Redis.Password)
+		}
+		if strings.Contains(strings.Join(tt.env, " "), "b:2") {
+			// The entry without "=" is logged.
+			notes, _ := applyEnvoyEnv(env, fs, map[string]bool{}, &o, &flagExtras{})
+			if !strings.Contains(strings.Join(notes, "\n"), `entry "b:2" has no '='`) {
+				t.Errorf("notes %q: want the skipped entry logged", notes)
+			}
+		}
+	}
+	// Without the flags, the variables are refused by name.
+	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
+	envoyFlags(fs, &edge.Options{}, &flagExtras{})
+	for _, n := range []string{"admin", "rls-listen", "log-level", "rules", "store-timeout", "block-cache-entries", "rls-headers", "redis", "redis-mode"} {
+		fs.String(n, "", "")
+	}
+	for env, want := range map[string]string{
+		"CONFIG_TYPE=GRPC_XDS_SOTW": "CONFIG_TYPE, CONFIG_GRPC_XDS_SERVER_URL: needs -rls-xds",
+		"REDIS_TYPE=sentinel":       `REDIS_TYPE="sentinel": Redis Sentinel needs -redis-mode sentinel and -redis-sentinel-master`,
+	} {
+		e := append(append([]string{}, base...), env, "REDIS_URL=m,127.0.0.1:1")
+		if _, err := applyEnvoyEnv(e, fs, map[string]bool{}, &edge.Options{}, &flagExtras{}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s without the flags: %v, want %q", env, err, want)
+		}
+	}
+}
