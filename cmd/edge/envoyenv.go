@@ -631,7 +631,7 @@ func (e *envoyEnv) memcache() {
 	case hosts != "" && srv != "":
 		e.refuse("MEMCACHE_SRV", "set MEMCACHE_HOST_PORT or MEMCACHE_SRV, not both")
 	case srv != "":
-		servers, err := lookupMemcacheSRV(context.Background(), net.DefaultResolver, srv)
+		servers, err := lookupMemcacheSRV(context.Background(), memcacheResolver, srv)
 		if err != nil {
 			e.refuse("MEMCACHE_SRV", "%v", err)
 			return
@@ -644,6 +644,10 @@ func (e *envoyEnv) memcache() {
 		e.refuse("BACKEND_TYPE", "memcache needs MEMCACHE_HOST_PORT or MEMCACHE_SRV")
 	}
 }
+
+// memcacheResolver resolves MEMCACHE_SRV: the system's resolver, a test's
+// own DNS server.
+var memcacheResolver = net.DefaultResolver
 
 // lookupMemcacheSRV resolves an SRV name ("_memcache._tcp.example.com", or
 // any name, looked up as is) to host:port,... in the order DNS gives them
