@@ -190,6 +190,40 @@ var envoyVars = []envoyVar{
 	{"TRACING_SAMPLING_RATE", "1", envLogged, nil, "poplimit exports no traces"},
 }
 
+// envoyScope names the variables ratelimit reads only in some
+// configurations: refused there, logged elsewhere (REDIS_PIPELINE_WINDOW
+// changes nothing with BACKEND_TYPE=memcache).
+var envoyScope = map[string]string{
+	"REDIS_PIPELINE_WINDOW":                     "redis",
+	"REDIS_PERSECOND":                           "redis",
+	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":      "redis",
+	"MEMCACHE_TLS":                              "memcache",
+	"MEMCACHE_SRV_REFRESH":                      "memcache",
+	"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "xds",
+	"PROMETHEUS_PATH":                           "prometheus",
+	"USE_STATSD":                                "stats",
+	"USE_DOG_STATSD":                            "stats",
+}
+
+// inScope says whether ratelimit reads the variable in this environment,
+// and if not, why.
+func (e *envoyEnv) inScope(name string) (bool, string) {
+	b := func(v string) bool { x, _ := strconv.ParseBool(e.get(v)); return x }
+	switch envoyScope[name] {
+	case "redis":
+		return e.get("BACKEND_TYPE") == "redis" || e.get("BACKEND_TYPE") == "", "BACKEND_TYPE is not redis"
+	case "memcache":
+		return e.get("BACKEND_TYPE") == "memcache", "BACKEND_TYPE is not memcache"
+	case "xds":
+		return strings.EqualFold(e.get("CONFIG_TYPE"), "GRPC_XDS_SOTW"), "CONFIG_TYPE is not GRPC_XDS_SOTW"
+	case "prometheus":
+		return b("USE_PROMETHEUS"), "USE_PROMETHEUS is not true"
+	case "stats":
+		return !b("DISABLE_STATS"), "DISABLE_STATS is true"
+	}
+	return true, ""
+}
+
 // envoyPrefixes are the prefixes of envoyproxy/ratelimit's variables: a
 // variable with one of them that is none of envoyVars is logged once by
 // name (Kubernetes, for one, sets REDIS_PORT and REDIS_SERVICE_HOST for a
@@ -310,6 +344,10 @@ func applyEnvoyEnv(env []string, fs *flag.FlagSet, explicit map[string]bool, o *
 	// or logged.
 	for _, v := range envoyVars {
 		if !e.set(v.name) {
+			continue
+		}
+		if in, why := e.inScope(v.name); !in {
+			e.notes = append(e.notes, fmt.Sprintf("%s set: not read (%s)", v.name, why))
 			continue
 		}
 		switch v.how {

@@ -219,14 +219,16 @@ func (optionsView) wantBool(t *testing.T, what string, got, want bool) {
 // cannot honour (a unix socket to Redis) are named the same way.
 func TestEnvoyEnvRefusals(t *testing.T) {
 	root := runtimeDir(t, map[string]string{"config.yaml": oneRule})
-	base := istioEnv("127.0.0.1:1", root)
+	// Loopback, any port: an edge that starts where it should not binds
+	// nothing beyond.
+	base := append(istioEnv("127.0.0.1:1", root), "HOST=127.0.0.1", "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1", "PORT=0", "GRPC_PORT=0", "DEBUG_PORT=0")
 	tests := []struct {
 		env  []string
 		want string
 	}{
 		{[]string{"REDIS_PIPELINE_WINDOW=150us"}, `REDIS_PIPELINE_WINDOW="150us": poplimit pipelines every Redis call itself`},
 		{[]string{"REDIS_PERSECOND=true", "REDIS_PERSECOND_URL=127.0.0.1:2"}, `REDIS_PERSECOND="true": poplimit keeps every limit in one store`},
-		{[]string{"USE_STATSD=true"}, `USE_STATSD="true": poplimit exports no statsd: its metrics are Prometheus's, at /metrics on the debug port (DEBUG_HOST:DEBUG_PORT, -admin); set USE_STATSD=false; the endpoint: http://0.0.0.0:6070/metrics`},
+		{[]string{"USE_STATSD=true"}, `USE_STATSD="true": poplimit exports no statsd: its metrics are Prometheus's, at /metrics on the debug port (DEBUG_HOST:DEBUG_PORT, -admin); set USE_STATSD=false; the endpoint: http://127.0.0.1:0/metrics`},
 		{[]string{"USE_DOG_STATSD=true"}, `USE_DOG_STATSD="true"`},
 		{[]string{"CACHE_KEY_PREFIX=prefix:"}, `CACHE_KEY_PREFIX="prefix:"`},
 		{[]string{"GRPC_UDS=/tmp/rl.sock"}, `GRPC_UDS="/tmp/rl.sock": poplimit serves gRPC on TCP only`},
@@ -236,7 +238,7 @@ func TestEnvoyEnvRefusals(t *testing.T) {
 		{[]string{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true"}, `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION="true"`},
 		{[]string{"MEMCACHE_TLS=true", "BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=127.0.0.1:1"}, `MEMCACHE_TLS="true"`},
 		{[]string{"MEMCACHE_SRV_REFRESH=10s", "BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=127.0.0.1:1"}, `MEMCACHE_SRV_REFRESH="10s"`},
-		{[]string{"PROMETHEUS_PATH=/stats"}, `PROMETHEUS_PATH="/stats"`},
+		{[]string{"PROMETHEUS_PATH=/stats", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:0"}, `PROMETHEUS_PATH="/stats"`},
 		{[]string{"REDIS_SOCKET_TYPE=unix", "REDIS_URL=/var/run/nutcracker/ratelimit.sock"}, `REDIS_SOCKET_TYPE="unix": poplimit talks to Redis over TCP only`},
 		{[]string{"REDIS_SOCKET_TYPE="}, `REDIS_SOCKET_TYPE="unix"`}, // the default
 		{[]string{"BACKEND_TYPE=dynamodb"}, `BACKEND_TYPE="dynamodb": must be redis or memcache`},
@@ -260,6 +262,37 @@ func TestEnvoyEnvRefusals(t *testing.T) {
 				t.Fatalf("run: %v\nwant an error containing %s", err, tt.want)
 			}
 		})
+	}
+}
+
+// A variable ratelimit reads only in some configurations is refused only
+// there: REDIS_PIPELINE_WINDOW with Redis, not with memcached.
+func TestEnvoyEnvScope(t *testing.T) {
+	root := runtimeDir(t, map[string]string{"config.yaml": oneRule})
+	base := istioEnv("127.0.0.1:1", root)
+	for _, tt := range []struct {
+		env     []string
+		refused string // "": started, the variable logged
+	}{
+		{[]string{"REDIS_PIPELINE_WINDOW=150us"}, "REDIS_PIPELINE_WINDOW"},
+		{[]string{"REDIS_PIPELINE_WINDOW=150us", "BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=127.0.0.1:1"}, ""},
+		{[]string{"MEMCACHE_TLS=true"}, ""},
+		{[]string{"PROMETHEUS_PATH=/stats"}, ""},
+		{[]string{"PROMETHEUS_PATH=/stats", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:9090"}, "PROMETHEUS_PATH"},
+		{[]string{"USE_STATSD=true", "DISABLE_STATS=true"}, ""},
+		{[]string{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS=a:b"}, ""},
+	} {
+		env := append(append([]string{}, base...), tt.env...)
+		_, ex, err := parseFlagsEnv([]string{"-envoy-env"}, io.Discard, env)
+		name, _, _ := strings.Cut(tt.env[0], "=")
+		switch {
+		case tt.refused != "" && (err == nil || !strings.Contains(err.Error(), tt.refused+"=")):
+			t.Errorf("%v: %v, want %s refused", tt.env, err, tt.refused)
+		case tt.refused == "" && err != nil:
+			t.Errorf("%v: %v, want it started", tt.env, err)
+		case tt.refused == "" && !strings.Contains(strings.Join(ex.envNotes, "\n"), name+" set: not read"):
+			t.Errorf("%v: notes %q, want %s logged", tt.env, ex.envNotes, name)
+		}
 	}
 }
 
