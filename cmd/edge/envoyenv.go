@@ -524,7 +524,11 @@ func (e *envoyEnv) runtimeDir() {
 	for _, d := range ents {
 		name := d.Name()
 		if strings.HasPrefix(name, "..") {
-			continue // a Kubernetes volume's own (..data, ..2024_...): ratelimit's loader skips them too
+			// A Kubernetes volume's own (..data, ..2026_01_01_...): the
+			// same files again. ratelimit reads the timestamped directory
+			// too without RUNTIME_IGNOREDOTFILES, and then refuses the
+			// domains it finds twice; poplimit reads the files once.
+			continue
 		}
 		dot := strings.HasPrefix(name, ".")
 		if dot && ignoreDot {
