@@ -268,8 +268,15 @@ func (e *envoyEnv) get(name string) string {
 	return v.def
 }
 
+// refuse records why the variable's value ends start-up, once.
 func (e *envoyEnv) refuse(name, format string, args ...any) {
-	e.errs = append(e.errs, fmt.Errorf("edge: -envoy-env: %s=%q: %s", name, e.get(name), fmt.Sprintf(format, args...)))
+	err := fmt.Errorf("edge: -envoy-env: %s=%q: %s", name, e.get(name), fmt.Sprintf(format, args...))
+	for _, r := range e.errs {
+		if r.Error() == err.Error() {
+			return
+		}
+	}
+	e.errs = append(e.errs, err)
 }
 
 func (e *envoyEnv) bool(name string) bool {
@@ -289,11 +296,8 @@ func (e *envoyEnv) int(name string) int {
 }
 
 func (e *envoyEnv) duration(name string) time.Duration {
-	d, err := time.ParseDuration(e.get(name))
+	d, err := time.ParseDuration(e.get(name)) // as envconfig reads a time.Duration
 	if err != nil {
-		if n, err2 := strconv.ParseInt(e.get(name), 10, 64); err2 == nil {
-			return time.Duration(n) // envconfig reads a bare number as nanoseconds
-		}
 		e.refuse(name, "not a duration (such as 150us, 10s, 1h)")
 	}
 	return d
