@@ -559,8 +559,9 @@ func isYAMLName(n string) bool { return strings.HasSuffix(n, ".yaml") || strings
 
 func (e *envoyEnv) backend() {
 	if n := e.int("LOCAL_CACHE_SIZE_IN_BYTES"); n > 0 {
-		// A blocked key takes about 180 to 260 bytes of the block cache.
-		e.flag("block-cache-entries", strconv.Itoa(max(1, n/256)), "LOCAL_CACHE_SIZE_IN_BYTES")
+		// ratelimit's cache (freecache) takes 512 KiB at least; a blocked
+		// key takes about 180 to 260 bytes of the block cache.
+		e.flag("block-cache-entries", strconv.Itoa(max(n, 512<<10)/256), "LOCAL_CACHE_SIZE_IN_BYTES")
 	} else if n < 0 {
 		e.refuse("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative")
 	}

@@ -158,9 +158,10 @@ func TestEnvoyEnvMapping(t *testing.T) {
 			o.want(t, "store-timeout", o.Limiter.StoreTimeout.String(), "250ms")
 			o.want(t, "block-cache-entries", itoa(o.BlockCache.MaxEntries), "4096")
 		}},
-		{"a password alone", []string{"REDIS_AUTH=password123"}, nil, func(t *testing.T, o optionsView) {
+		{"a password alone, a small local cache", []string{"REDIS_AUTH=password123", "LOCAL_CACHE_SIZE_IN_BYTES=1000"}, nil, func(t *testing.T, o optionsView) {
 			o.want(t, "redis-user", o.Redis.Username, "")
 			o.want(t, "redis password", o.Redis.Password, "password123")
+			o.want(t, "block-cache-entries", itoa(o.BlockCache.MaxEntries), "2048") // freecache's 512 KiB at least
 		}},
 		{"memcached", []string{"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=127.0.0.1:11211,127.0.0.1:11212"}, nil, func(t *testing.T, o optionsView) {
 			o.want(t, "memcache", o.Memcache.Servers[0].Addr+","+o.Memcache.Servers[1].Addr, "127.0.0.1:11211,127.0.0.1:11212")
