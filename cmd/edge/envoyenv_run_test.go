@@ -155,6 +155,21 @@ func wantResp(t *testing.T, what string, got *rlspb.RateLimitResponse, overall r
 	if !proto.Equal(want, got) {
 		t.Fatalf("%s:\n got %v\nwant %v", what, got, want)
 	}
+	// The duration until reset, copied above as ratelimit's tests copy
+	// it, is the time to the end of the window aligned on the Unix epoch,
+	// in whole seconds (one second of slack for the call).
+	for i, s := range got.Statuses {
+		unit := map[rlspb.RateLimitResponse_RateLimit_Unit]time.Duration{rlspb.RateLimitResponse_RateLimit_SECOND: time.Second,
+			rlspb.RateLimitResponse_RateLimit_MINUTE: time.Minute, rlspb.RateLimitResponse_RateLimit_HOUR: time.Hour,
+			rlspb.RateLimitResponse_RateLimit_DAY: 24 * time.Hour}[s.GetCurrentLimit().GetUnit()]
+		if unit == 0 {
+			continue
+		}
+		left := unit - time.Duration(time.Now().UnixNano())%unit
+		if d := s.GetDurationUntilReset().AsDuration(); d > left+time.Second || d < left-2*time.Second {
+			t.Fatalf("%s: status %d: duration until reset %v, the window ends in %v", what, i, d, left)
+		}
+	}
 }
 
 // awayFromEdge waits, when a window of length w ends within the next 3 s,
