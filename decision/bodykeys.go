@@ -90,8 +90,11 @@ func bodyPart(f Fields, r *rules.Rule, p rules.KeyPart, bound int) (first, last 
 		return nil, nil, 0, BodyContentType
 	}
 	b, whole := bf.Body()
-	if !whole || len(b) > bound {
+	switch {
+	case !whole || len(b) > bound:
 		return nil, nil, 0, BodyTooLarge
+	case len(b) == 0:
+		return nil, nil, 0, BodyAbsent
 	}
 	if p.Source == rules.KeyForm {
 		first, last, n, why = ScanForm(b, p.Name, r.DuplicateKey == rules.DuplicateKeyFirst)
@@ -601,14 +604,15 @@ var foldPool = sync.Pool{New: func() any { c := cases.Fold(); return &c }}
 // capacity.
 func appendFolded(dst, v []byte) []byte {
 	start := len(dst)
-	dst = norm.NFKC.Append(dst, v...) // dst[start:p1]
-	p1 := len(dst)
+	dst = append(dst, v...)
+	dst = appendTransform(dst, start, len(dst), norm.NFKC) // dst[p1:p2]; never composed with what precedes v
+	p1, p2 := start+len(v), len(dst)
 	c := foldPool.Get().(*cases.Caser)
-	dst = appendTransform(dst, start, p1, c) // dst[p1:p2]
+	dst = appendTransform(dst, p1, p2, c) // dst[p2:p3]
 	foldPool.Put(c)
-	p2 := len(dst)
-	dst = norm.NFKC.Append(dst, dst[p1:p2]...) // dst[p2:]
-	n := copy(dst[start:], dst[p2:])
+	p3 := len(dst)
+	dst = appendTransform(dst, p2, p3, norm.NFKC) // dst[p3:]
+	n := copy(dst[start:], dst[p3:])
 	return dst[:start+n]
 }
 
