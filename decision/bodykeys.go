@@ -616,6 +616,18 @@ func appendFolded(dst, v []byte) []byte {
 	return dst[:start+n]
 }
 
+// appendFoldedKey appends key trimmed of Unicode blanks and folded
+// (appendFolded), or key as it is when nothing is left of it.
+func appendFoldedKey(dst, key []byte) []byte {
+	start := len(dst)
+	dst = appendFolded(dst, TrimKey(key))
+	if v := TrimKey(dst[start:]); len(v) > 0 {
+		n := copy(dst[start:], v)
+		return dst[:start+n]
+	}
+	return append(dst[:start], key...)
+}
+
 // appendTransform appends t applied to dst[from:end] to dst (end is
 // len(dst)).
 func appendTransform(dst []byte, from, end int, t transform.Transformer) []byte {
