@@ -369,15 +369,18 @@ func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 		err = fmt.Errorf("loadtest replay: -results %s: %s", *resultsPath, rep.ResultsError)
 	}
 	if *htmlPath != "" {
-		if herr := writePage(*htmlPath, rep, cfg.Timeline.Timeline()); err == nil {
+		if herr := writePage(*htmlPath, rep, cfg.Timeline.Timeline, stderr); err == nil {
 			err = herr
 		}
 	}
 	return err
 }
 
-// writePage writes the replay's HTML page to path.
-func writePage(path string, rep *loadtest.Report, tl *loadtest.Timeline) error {
+// writePage writes the replay's HTML page to path and says on stderr how
+// big it is and how long it took (the timeline's summing included).
+func writePage(path string, rep *loadtest.Report, timeline func() *loadtest.Timeline, stderr io.Writer) error {
+	t0 := time.Now()
+	tl := timeline()
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("loadtest: -html: %w", err)
@@ -386,9 +389,14 @@ func writePage(path string, rep *loadtest.Report, tl *loadtest.Timeline) error {
 		f.Close()
 		return fmt.Errorf("loadtest: -html %s: %w", path, err)
 	}
-	if err := f.Close(); err != nil {
+	st, err := f.Stat()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("loadtest: -html: %w", err)
 	}
+	fmt.Fprintf(stderr, "loadtest: wrote %s (%d bytes) in %s\n", path, st.Size(), time.Since(t0).Round(time.Millisecond))
 	return nil
 }
 
@@ -423,7 +431,7 @@ func runReport(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *htmlPath != "" {
-		return writePage(*htmlPath, rep, tl)
+		return writePage(*htmlPath, rep, func() *loadtest.Timeline { return tl }, stderr)
 	}
 	return nil
 }
