@@ -95,20 +95,13 @@ func WritePage(w io.Writer, r *Report, tl *Timeline) error {
 	}
 
 	// Totals, as the text report gives them.
-	totals := plotpage.Table{ID: "totals", Head: []string{"", "count"}}
-	add := func(name, v string) { totals.Rows = append(totals.Rows, []string{name, v}) }
-	add("requests due", itoa(tot.Scheduled))
-	add("sent", itoa(tot.Sent))
-	add("completed", itoa(tot.Completed))
-	add("allowed (2xx)", itoa(tot.Allowed))
-	add("limited (429)", itoa(tot.Limited))
-	add("other statuses", itoa(tot.OtherStatus))
-	add("transport errors", itoa(tot.Errors))
-	add("not sent (outstanding bound)", itoa(tot.NotSent))
-	add("latency", r.Latency.text())
-	add("send lag", r.SendLag.text())
-	add("throughput", fmt.Sprintf("scheduled %.1f/s  sent %.1f/s  completed %.1f/s", r.ScheduledRate, r.SentRate, r.CompletedRate))
-	summary := plotpage.Section{Heading: "Requests", Tables: []plotpage.Table{totals}}
+	totals := plotpage.Table{ID: "totals",
+		Head: []string{"requests due", "sent", "completed", "allowed (2xx)", "limited (429)", "other statuses", "transport errors", "not sent (outstanding bound)"},
+		Rows: [][]string{{itoa(tot.Scheduled), itoa(tot.Sent), itoa(tot.Completed), itoa(tot.Allowed), itoa(tot.Limited), itoa(tot.OtherStatus), itoa(tot.Errors), itoa(tot.NotSent)}}}
+	summary := plotpage.Section{Heading: "Requests", Tables: []plotpage.Table{totals}, Text: []string{
+		"Latency " + r.Latency.text() + " (from the scheduled send time); send lag " + r.SendLag.text() + ".",
+		fmt.Sprintf("Throughput: scheduled %.1f/s, sent %.1f/s, completed %.1f/s.", r.ScheduledRate, r.SentRate, r.CompletedRate),
+	}}
 
 	step := tl.StepSeconds
 	xs := make([]float64, len(tl.Steps))
@@ -200,7 +193,7 @@ func rulesSection(r *Report, tl *Timeline, acc *pageAccuracy) plotpage.Section {
 		limit := "-"
 		for _, rt := range tl.Rules {
 			if rt.Rule == rc.Rule && rt.Limit >= 0 && rt.WindowSeconds > 0 {
-				limit = fmt.Sprintf("%d per %s", rt.Limit, time.Duration(rt.WindowSeconds)*time.Second)
+				limit = fmt.Sprintf("%d per %s", rt.Limit, windowText(rt.WindowSeconds))
 			}
 		}
 		row := []string{name, limit, itoa(rc.Allowed), itoa(rc.Limited), fmt.Sprintf("%.2f", pct(rc.Limited, rc.Allowed+rc.Limited)), "-", "-", "-"}
@@ -244,11 +237,12 @@ func keysSection(r *Report, tl *Timeline, rt *RuleTimeline) (plotpage.Section, b
 		return plotpage.Section{}, false
 	}
 	win := time.Duration(rt.WindowSeconds) * time.Second
-	s := plotpage.Section{Heading: fmt.Sprintf("Rule %s: the worst keys in every trailing %s window", rt.Rule, win)}
-	c := plotpage.Chart{ID: "keys-" + plotpage.AttrName(rt.Rule), Title: fmt.Sprintf("%s: admitted in the trailing %s, worst %d keys", rt.Rule, win, len(rt.Keys)),
+	wt := windowText(rt.WindowSeconds)
+	s := plotpage.Section{Heading: fmt.Sprintf("Rule %s: the worst keys in every trailing %s window", rt.Rule, wt)}
+	c := plotpage.Chart{ID: "keys-" + plotpage.AttrName(rt.Rule), Title: fmt.Sprintf("%s: admitted in the trailing %s, worst %d keys", rt.Rule, wt, len(rt.Keys)),
 		XLabel: "seconds since the start", YLabel: "admitted in the window", YZero: true,
 		Data:    map[string]string{"rule": rt.Rule, "limit": itoa(rt.Limit), "window-seconds": itoa(rt.WindowSeconds)},
-		Caption: fmt.Sprintf("Requests the rule allowed, by the time they were sent, within the %s ending at each instant; the dashed line is the limit, the grey lines the window grid (multiples of %s since the Unix epoch).", win, win)}
+		Caption: fmt.Sprintf("Requests the rule allowed, by the time they were sent, within the %s ending at each instant; the dashed line is the limit, the grey lines the window grid (multiples of %s since the Unix epoch).", wt, wt)}
 	if rt.Limit >= 0 {
 		c.HLines = []plotpage.Marker{{At: float64(rt.Limit), Label: fmt.Sprintf("limit %d", rt.Limit), Color: 3}}
 	}
@@ -299,7 +293,7 @@ func rulesText(tl *Timeline) string {
 			continue
 		}
 		if rt.Limit >= 0 && rt.WindowSeconds > 0 {
-			parts = append(parts, fmt.Sprintf("%s: %d per %s", rt.Rule, rt.Limit, time.Duration(rt.WindowSeconds)*time.Second))
+			parts = append(parts, fmt.Sprintf("%s: %d per %s", rt.Rule, rt.Limit, windowText(rt.WindowSeconds)))
 		} else {
 			parts = append(parts, rt.Rule+": quota not in the responses")
 		}
@@ -308,6 +302,18 @@ func rulesText(tl *Timeline) string {
 		return "none named in the responses"
 	}
 	return strings.Join(parts, "; ") + " (from the responses' RateLimit-Policy fields)"
+}
+
+// windowText is a window of sec seconds as a rules file writes it: 10s,
+// 1m, 1h.
+func windowText(sec int64) string {
+	switch {
+	case sec >= 3600 && sec%3600 == 0:
+		return itoa(sec/3600) + "h"
+	case sec >= 60 && sec%60 == 0:
+		return itoa(sec/60) + "m"
+	}
+	return itoa(sec) + "s"
 }
 
 func orUnknown(s string) string {

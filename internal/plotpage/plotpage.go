@@ -129,6 +129,7 @@ func (c *Chart) SVG() ([]byte, error) {
 	p.Legend.Left = true
 	p.Legend.TextStyle.Font.Size = 9
 	p.Add(plotter.NewGrid())
+	p.X.Tick.Marker, p.Y.Tick.Marker = trimmedTicks{}, trimmedTicks{}
 	if c.Bars != nil {
 		if err := c.addBars(p); err != nil {
 			return nil, err
@@ -162,6 +163,20 @@ func sans(p *plot.Plot) {
 		&p.X.Tick.Label.Font, &p.Y.Tick.Label.Font, &p.Legend.TextStyle.Font} {
 		f.Typeface, f.Variant = "Liberation", "Sans"
 	}
+}
+
+// trimmedTicks are plot's default ticks, labelled without trailing zeros
+// (500, not 500.00).
+type trimmedTicks struct{}
+
+func (trimmedTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if l := ts[i].Label; strings.Contains(l, ".") && !strings.ContainsAny(l, "eE") {
+			ts[i].Label = strings.TrimSuffix(strings.TrimRight(l, "0"), ".")
+		}
+	}
+	return ts
 }
 
 var svgSize = regexp.MustCompile(`^<svg width="([0-9.]+)pt" height="([0-9.]+)pt"`)
