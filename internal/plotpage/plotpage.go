@@ -290,12 +290,12 @@ func (c *Chart) addLines(p *plot.Plot) error {
 		return nil
 	}
 	for _, m := range c.HLines {
-		if err := marker(m, plotter.XYs{{X: xmin, Y: m.At}, {X: xmax, Y: m.At}}, plotter.XY{X: xmin + (xmax-xmin)*0.75, Y: m.At}); err != nil {
+		if err := marker(m, plotter.XYs{{X: xmin, Y: m.At}, {X: xmax, Y: m.At}}, plotter.XY{X: xmin + (xmax-xmin)*0.4, Y: m.At}); err != nil {
 			return err
 		}
 	}
 	for _, m := range c.VLines {
-		if err := marker(m, plotter.XYs{{X: m.At, Y: ymin}, {X: m.At, Y: ymax}}, plotter.XY{X: m.At, Y: ymin + (ymax-ymin)*0.8}); err != nil {
+		if err := marker(m, plotter.XYs{{X: m.At, Y: ymin}, {X: m.At, Y: ymax}}, plotter.XY{X: m.At, Y: ymin + (ymax-ymin)*0.02}); err != nil {
 			return err
 		}
 	}

@@ -170,6 +170,18 @@ func (b *Browser) Attr(selector, name string) string {
 	return v
 }
 
+// FullScreenshot returns a PNG of the whole page, beyond the window.
+func (b *Browser) FullScreenshot() []byte {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // 100: PNG
+	if err != nil {
+		b.t.Fatalf("chromium: screenshot: %v", err)
+	}
+	return png
+}
+
 // Screenshot returns a PNG of the window (the top of the page).
 func (b *Browser) Screenshot() []byte {
 	b.t.Helper()
