@@ -58,6 +58,9 @@ func (r *Report) Totals() Totals {
 // trailing window against the limit, on the window grid. tl is the
 // replay's Timeline (ReplayConfig.Timeline or ReadResults).
 func WritePage(w io.Writer, r *Report, tl *Timeline) error {
+	if tl == nil {
+		tl = &Timeline{Start: r.Start, StepSeconds: 1}
+	}
 	tot := r.Totals()
 	var acc *pageAccuracy
 	if len(r.Aggregator) > 0 {
