@@ -77,7 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 		o.Redis.Addrs = strings.Split(s, ",")
 		return nil
 	})
-	fs.Var(textVar[redisstore.Mode]{&o.Redis.Mode}, "redis-mode", `"" (ask the servers), "standalone" or "cluster"`)
+	fs.Var(textVar[redisstore.Mode]{&o.Redis.Mode}, "redis-mode", `"" (ask the servers), "standalone", "cluster" or "sentinel" (-redis names the sentinels)`)
 	fs.StringVar(&o.Redis.Username, "redis-user", "", "Redis ACL user")
 	fs.Func("redis-password-file", "file holding the Redis password", func(f string) (err error) {
 		o.Redis.Password, err = readToken(f)
@@ -94,6 +94,13 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 		}
 		o.Redis.TLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 		return nil
+	})
+	// Redis Sentinel: with -redis-mode sentinel, -redis names the sentinels.
+	fs.StringVar(&o.Redis.SentinelMaster, "redis-sentinel-master", "", "with -redis-mode sentinel: the master set's name the sentinels watch (their sentinel monitor NAME)")
+	fs.StringVar(&o.Redis.SentinelUsername, "redis-sentinel-user", "", "ACL user of the sentinels (-redis-user is the master's)")
+	fs.Func("redis-sentinel-password-file", "file holding the sentinels' password (-redis-password-file is the master's)", func(f string) (err error) {
+		o.Redis.SentinelPassword, err = readToken(f)
+		return err
 	})
 	fs.DurationVar(&o.Limiter.StoreTimeout, "store-timeout", o.Limiter.StoreTimeout, "timeout of one store operation")
 	fs.DurationVar(&o.Limiter.FlushInterval, "flush-interval", o.Limiter.FlushInterval, "how often coalesced increments go to the store")
