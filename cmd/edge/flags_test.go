@@ -9,6 +9,7 @@ import (
 
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/redisstore"
+	"github.com/poplimit/poplimit/rls/xds"
 )
 
 // The body and connection limits have their flags, whose defaults are
@@ -58,5 +59,23 @@ func TestRedisSentinelFlags(t *testing.T) {
 	}
 	if err := o.Redis.Validate(); err == nil || !strings.Contains(err.Error(), "SentinelMaster: empty") {
 		t.Errorf("sentinel mode without a master: %v, want SentinelMaster named", err)
+	}
+}
+
+// The -rls-xds flags fill edge.Options.XDS; the node id defaults to
+// envoyproxy/ratelimit's "default".
+func TestRLSXDSFlags(t *testing.T) {
+	o, _, err := parseFlags([]string{"-rls-xds", "127.0.0.1:18000", "-rls-xds-node-metadata", "zone=a,role=rls",
+		"-rls-xds-force-start", "-rls-xds-tls-server-name", "xds.internal"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := o.XDS
+	if x.Server != "127.0.0.1:18000" || x.NodeID != xds.DefaultNodeID || x.NodeMetadata["zone"] != "a" || x.NodeMetadata["role"] != "rls" ||
+		!x.ForceStart || x.ServerName != "xds.internal" {
+		t.Errorf("XDS %+v", x)
+	}
+	if _, _, err := parseFlags([]string{"-rls-xds-node-metadata", "zone"}, io.Discard); err == nil || !strings.Contains(err.Error(), `"zone": want key=value`) {
+		t.Errorf("metadata without '=': %v", err)
 	}
 }
