@@ -55,6 +55,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if err := e.WaitConfig(ctx); err != nil {
 		e.Close(context.Background())
+		if ctx.Err() != nil {
+			return nil // stopped while waiting: a clean exit
+		}
 		return err
 	}
 	if err := e.Listen(); err != nil {
