@@ -30,13 +30,12 @@ func modeMetrics(t *testing.T) []string {
 	o := edge.Options{Registry: rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	o.Redis.Addrs = []string{"127.0.0.1:1"}
 	o.RLSListen = "127.0.0.1:0"
-	o.XDS.Server = "127.0.0.1:1" // refused: the subscription's metrics only
 	o.Server.Mode = "proxy"
 	o.Server.Upstream = "127.0.0.1:1"
 	o.Server.UpstreamHealthPath = "/healthz"
 	e, err := edge.Build(o)
 	if err != nil {
-		t.Fatalf("building an edge with Redis, RLS over xDS and proxy mode: %v", err)
+		t.Fatalf("building an edge with Redis, RLS and proxy mode: %v", err)
 	}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
