@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // TestSentinelAuth runs the Store against a master found through a
@@ -56,7 +56,7 @@ func TestSentinelAuth(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s, _ := newStore(t, Config{Addrs: []string{sentinel.Addr}, Mode: ModeSentinel, SentinelMaster: "m",
 				SentinelPassword: tt.sentinelPW, Password: "masterpw", ReconnectInterval: time.Hour})
-			ops := []window.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
+			ops := []store.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
 			s.Do(ctx, ops)
 			if tt.ok && ops[0].Err != nil {
 				t.Fatalf("Do: got %v, want it to work", ops[0].Err)
