@@ -150,7 +150,7 @@ var envoyVars = []envoyVar{
 	{"REDIS_PERSECOND_POOL_SIZE", "10", envLogged, nil, "used only with REDIS_PERSECOND=true, which poplimit refuses"},
 	{"REDIS_PERSECOND_AUTH", "", envLogged, nil, "used only with REDIS_PERSECOND=true, which poplimit refuses"},
 	{"REDIS_PERSECOND_TLS", "false", envLogged, nil, "used only with REDIS_PERSECOND=true, which poplimit refuses"},
-	{"REDIS_SENTINEL_AUTH", "", envMapped, []string{"redis-sentinel-password-file"}, ""},
+	{"REDIS_SENTINEL_AUTH", "", envMapped, []string{"redis-sentinel-user", "redis-sentinel-password-file"}, ""},
 	{"REDIS_PERSECOND_SENTINEL_AUTH", "", envLogged, nil, "used only with REDIS_PERSECOND=true, which poplimit refuses"},
 	{"REDIS_PERSECOND_PIPELINE_WINDOW", "0", envLogged, nil, "used only with REDIS_PERSECOND=true, which poplimit refuses"},
 	{"REDIS_PERSECOND_PIPELINE_LIMIT", "0", envLogged, nil, "used only with REDIS_PERSECOND=true, which poplimit refuses"},
@@ -614,7 +614,7 @@ func (e *envoyEnv) redis() {
 		e.flag("redis-mode", "sentinel", "REDIS_TYPE")
 		e.flag("redis-sentinel-master", master, "REDIS_URL")
 		e.flag("redis", sentinels, "REDIS_URL")
-		if e.set("REDIS_SENTINEL_AUTH") && !e.given([]string{"redis-sentinel-password-file"}, "REDIS_SENTINEL_AUTH") {
+		if e.set("REDIS_SENTINEL_AUTH") && !e.given([]string{"redis-sentinel-user", "redis-sentinel-password-file"}, "REDIS_SENTINEL_AUTH") {
 			e.sentinelAuth()
 		}
 	default:
@@ -627,16 +627,23 @@ func (e *envoyEnv) redis() {
 	e.redisSecurity()
 }
 
-// sentinelAuth hands REDIS_SENTINEL_AUTH to -redis-sentinel-password-file
-// through a file only this process can read, removed once read.
+// sentinelAuth hands REDIS_SENTINEL_AUTH, "user:password" or a password
+// alone as ratelimit reads it, to -redis-sentinel-user and
+// -redis-sentinel-password-file, the password through a file only this
+// process can read, removed once read.
 func (e *envoyEnv) sentinelAuth() {
+	pass := e.get("REDIS_SENTINEL_AUTH")
+	if user, p, ok := strings.Cut(pass, ":"); ok {
+		e.flag("redis-sentinel-user", user, "REDIS_SENTINEL_AUTH")
+		pass = p
+	}
 	f, err := os.CreateTemp("", "poplimit-sentinel-auth-")
 	if err != nil {
 		e.refuse("REDIS_SENTINEL_AUTH", "%v", err)
 		return
 	}
 	defer os.Remove(f.Name())
-	_, err = f.WriteString(e.get("REDIS_SENTINEL_AUTH"))
+	_, err = f.WriteString(pass)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -341,7 +341,7 @@ func TestEnvoyEnvXDSAndSentinelFlags(t *testing.T) {
 	base := istioEnv("127.0.0.1:1", root)
 	names := []string{"rls-xds", "rls-xds-node-id", "rls-xds-node-metadata", "rls-xds-force-start", "rls-xds-tls", "rls-xds-tls-ca",
 		"rls-xds-tls-cert", "rls-xds-tls-key", "rls-xds-tls-server-name", "rls-xds-backoff-initial", "rls-xds-backoff-max",
-		"redis-mode", "redis", "redis-sentinel-master", "redis-sentinel-password-file"}
+		"redis-mode", "redis", "redis-sentinel-master", "redis-sentinel-user", "redis-sentinel-password-file"}
 	tests := []struct {
 		env  []string
 		want map[string]string
@@ -356,6 +356,9 @@ func TestEnvoyEnvXDSAndSentinelFlags(t *testing.T) {
 				"rls-xds-backoff-initial": "1s", "rls-xds-backoff-max": "1m0s", "redis-mode": "standalone", "redis": "127.0.0.1:1"}},
 		{[]string{"REDIS_TYPE=sentinel", "REDIS_URL=mymaster,127.0.0.1:26394,127.0.0.1:26395", "REDIS_AUTH=password123"},
 			map[string]string{"redis-mode": "sentinel", "redis-sentinel-master": "mymaster", "redis": "127.0.0.1:26394,127.0.0.1:26395"}},
+		{[]string{"REDIS_TYPE=sentinel", "REDIS_URL=m,127.0.0.1:26394", "REDIS_SENTINEL_AUTH=sam:s3cret"},
+			map[string]string{"redis-mode": "sentinel", "redis-sentinel-master": "m", "redis": "127.0.0.1:26394", "redis-sentinel-user": "sam",
+				"redis-sentinel-password-file": "(a file holding s3cret)"}},
 	}
 	for _, tt := range tests {
 		env := append(append([]string{}, base...), tt.env...)
@@ -363,7 +366,17 @@ func TestEnvoyEnvXDSAndSentinelFlags(t *testing.T) {
 		fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 		got := map[string]string{}
 		for _, n := range names {
-			fs.Func(n, "", func(v string) error { got[n] = v; return nil })
+			fs.Func(n, "", func(v string) error {
+				if n == "redis-sentinel-password-file" { // read now: the file goes once read
+					b, err := os.ReadFile(v)
+					v = "(a file holding " + string(b) + ")"
+					if err != nil {
+						return err
+					}
+				}
+				got[n] = v
+				return nil
+			})
 		}
 		envoyFlags(fs, &edge.Options{}, &flagExtras{})
 		for _, n := range []string{"admin", "rls-listen", "log-level", "rules", "store-timeout", "block-cache-entries", "rls-headers"} {
@@ -378,7 +391,7 @@ func TestEnvoyEnvXDSAndSentinelFlags(t *testing.T) {
 				t.Errorf("%v: -%s %q, want %q", tt.env, n, got[n], tt.want[n])
 			}
 		}
-		if tt.want["redis-mode"] == "sentinel" && o.Redis.Password != "password123" {
+		if strings.Contains(strings.Join(tt.env, " "), "REDIS_AUTH=password123") && o.Redis.Password != "password123" {
 			t.Errorf("%v: the master's password %q, want REDIS_AUTH's", tt.env, o.Redis.Password)
 		}
 		if strings.Contains(strings.Join(tt.env, " "), "b:2") {
