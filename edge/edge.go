@@ -57,6 +57,10 @@ type Options struct {
 	// from envoyproxy/ratelimit files. Default off.
 	RLSListen string
 	RLS       rls.Config
+	// RLSHTTPListen, with RLSListen, serves envoyproxy/ratelimit's HTTP
+	// port there: POST /json and /healthcheck (rls.Service.HTTPHandler).
+	// Default off.
+	RLSHTTPListen string
 
 	// EdgeID names this edge in decision events (0 to 65535).
 	EdgeID int // default 0
@@ -306,6 +310,8 @@ type Edge struct {
 	closers  []func(context.Context) error
 	ln, aln  net.Listener
 	rln      net.Listener // RLS
+	hln      net.Listener // RLS's HTTP port
+	rlsHTTP  *http.Server
 	admin    *http.Server
 
 	// adminRefused counts the admin connections closed over AdminMaxConns.
@@ -489,6 +495,15 @@ func (e *Edge) Listen() error {
 			e.aln.Close()
 			return fmt.Errorf("edge: RLS listen %s: %w", e.Options.RLSListen, err)
 		}
+		if e.Options.RLSHTTPListen != "" {
+			if e.hln, err = net.Listen("tcp", e.Options.RLSHTTPListen); err != nil {
+				e.ln.Close()
+				e.aln.Close()
+				e.rln.Close()
+				return fmt.Errorf("edge: RLS HTTP listen %s: %w", e.Options.RLSHTTPListen, err)
+			}
+			e.rlsHTTP = &http.Server{Handler: e.RLS.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+		}
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", e.adminHandler())
@@ -513,6 +528,15 @@ func (e *Edge) RLSAddr() string {
 	return e.rln.Addr().String()
 }
 
+// RLSHTTPAddr is the address of the rate limit service's HTTP port
+// (/json, /healthcheck) after Listen, "" when off.
+func (e *Edge) RLSHTTPAddr() string {
+	if e.hln == nil {
+		return ""
+	}
+	return e.hln.Addr().String()
+}
+
 // Serve serves traffic and the admin listener, reloads the rule files when
 // they change or on SIGHUP, until ctx ends; then it finishes the requests
 // in flight and closes the edge within ShutdownTimeout.
@@ -531,12 +555,19 @@ func (e *Edge) Serve(ctx context.Context) error {
 		defer signal.Stop(hup)
 		go e.watchFiles(wctx, hup)
 	}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- e.Server.Serve(e.ln) }()
 	if e.RLS != nil {
 		go func() {
 			if err := e.RLS.Serve(e.rln); err != nil {
 				errc <- fmt.Errorf("RLS: %w", err)
+			}
+		}()
+	}
+	if e.rlsHTTP != nil {
+		go func() {
+			if err := e.rlsHTTP.Serve(e.hln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("RLS HTTP: %w", err)
 			}
 		}()
 	}
@@ -569,6 +600,13 @@ func (e *Edge) close(ctx context.Context) error {
 		if err := e.RLS.Stop(ctx); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if e.rlsHTTP != nil {
+		if err := e.rlsHTTP.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else if e.hln != nil {
+		e.hln.Close()
 	}
 	if e.Server != nil && e.ln != nil {
 		if err := e.Server.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -611,7 +649,7 @@ func (e *Edge) LogStart() {
 	} else if rulesFrom == "" {
 		rulesFrom = "built-in: default-per-client, 100 per 1m per client IP"
 	}
-	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "rls", cmp.Or(e.RLSAddr(), "off (pass -rls-listen)"), "mode", string(o.Server.Mode),
+	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "rls", cmp.Or(e.RLSAddr(), "off (pass -rls-listen)"), "rls_http", cmp.Or(e.RLSHTTPAddr(), "off"), "mode", string(o.Server.Mode),
 		"rules", rulesFrom, "store", store, "events", events, "flush_interval", o.Limiter.FlushInterval,
 		"store_timeout", o.Limiter.StoreTimeout, "edge_id", o.EdgeID, "edge_id_derived", o.EdgeIDDerived,
 		"concurrency", o.Server.Concurrency, "max_conns", connCap(o.Server.MaxConns), "max_conns_per_client", connCap(o.Server.MaxConnsPerClient),

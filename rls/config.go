@@ -1,8 +1,10 @@
 package rls
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -52,6 +54,21 @@ type Config struct {
 	HealthInterval time.Duration
 	// The service reads the time and the Retry-After jitter from its core
 	// (decision.Core.Now, RetryJitter), as every front end does.
+
+	// LimitHeader, RemainingHeader and ResetHeader name the headers of
+	// Headers "ratelimit" (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER,
+	// LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER). Default
+	// RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset.
+	LimitHeader, RemainingHeader, ResetHeader string
+	// TLS, when set, serves gRPC over TLS with it (client certificates
+	// required when it says so). Default: plaintext.
+	TLS *tls.Config
+	// MaxConnectionAge and MaxConnectionAgeGrace close a client's
+	// connection (GOAWAY) once it is this old, and force it closed the
+	// grace later, so that clients spread over new servers
+	// (envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE, _GRACE). Default 0:
+	// connections live as long as their clients keep them.
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -66,6 +83,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = time.Second
+	}
+	if c.LimitHeader == "" {
+		c.LimitHeader = hdrRLLimit
+	}
+	if c.RemainingHeader == "" {
+		c.RemainingHeader = hdrRLRemain
+	}
+	if c.ResetHeader == "" {
+		c.ResetHeader = hdrRLReset
 	}
 }
 
@@ -82,5 +108,30 @@ func (c Config) validate() error {
 	if c.HealthInterval < 0 || c.HealthInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("rls: Config.HealthInterval %v: must be between 0 (default 1s) and 1m", c.HealthInterval))
 	}
+	for _, h := range []struct{ field, v string }{{"LimitHeader", c.LimitHeader}, {"RemainingHeader", c.RemainingHeader}, {"ResetHeader", c.ResetHeader}} {
+		if h.v != "" && !validHeaderName(h.v) {
+			errs = append(errs, fmt.Errorf("rls: Config.%s %q: not an HTTP header name (RFC 9110 token)", h.field, h.v))
+		}
+	}
+	if c.MaxConnectionAge < 0 || c.MaxConnectionAgeGrace < 0 {
+		errs = append(errs, fmt.Errorf("rls: Config.MaxConnectionAge %v, MaxConnectionAgeGrace %v: must not be negative", c.MaxConnectionAge, c.MaxConnectionAgeGrace))
+	}
 	return errors.Join(errs...)
+}
+
+// validHeaderName says whether s is an RFC 9110 token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -30,7 +30,7 @@ func (s *Service) headers(sc *rlsScratch, ds *rlsDesc, over bool, retryAt int64,
 	t := decision.Seconds(ds.reset)
 	var keys [4]string
 	if s.cfg.Headers == HeadersRatelimit {
-		keys = [4]string{hdrRLLimit, hdrRLRemain, hdrRLReset}
+		keys = [4]string{s.cfg.LimitHeader, s.cfg.RemainingHeader, s.cfg.ResetHeader}
 		st := len(b)
 		b = strconv.AppendUint(b, uint64(ds.m.RequestsPerUnit), 10)
 		mark(st)

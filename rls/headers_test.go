@@ -51,14 +51,19 @@ descriptors:
 		resp = h.ask(t, "h", 0, desc("big", "a"), withHits(desc("k", "a"), 5))
 		wantHeaders(t, "refused", resp, map[string]string{"RateLimit-Limit": "5", "RateLimit-Remaining": "0", "RateLimit-Reset": "50"})
 	})
+	t.Run("ratelimit, its header names", func(t *testing.T) {
+		h := startRLS(t, files, rls.Config{Headers: rls.HeadersRatelimit, LimitHeader: "X-Limit", RemainingHeader: "X-Left", ResetHeader: "X-Reset"}, edge.Options{})
+		resp := h.ask(t, "h", 0, desc("k", "a"))
+		wantHeaders(t, "allowed", resp, map[string]string{"X-Limit": "5", "X-Left": "4", "X-Reset": "50"})
+	})
 	t.Run("none", func(t *testing.T) {
 		h := startRLS(t, files, rls.Config{Headers: rls.HeadersNone}, edge.Options{})
 		if resp := h.ask(t, "h", 9, desc("k", "a")); len(resp.ResponseHeadersToAdd) != 0 || resp.OverallCode != over {
 			t.Errorf("none: headers %v, overall %v; want none, OVER_LIMIT", resp.ResponseHeadersToAdd, resp.OverallCode)
 		}
 	})
-	if _, err := rls.New(edgetest.New(t, placeholderRules, edge.Options{}).Core, rls.Config{Headers: "x-ratelimit", MaxDescriptors: -1}, nil, nil); err == nil ||
-		!strings.Contains(err.Error(), `Headers "x-ratelimit"`) || !strings.Contains(err.Error(), "MaxDescriptors -1") {
+	if _, err := rls.New(edgetest.New(t, placeholderRules, edge.Options{}).Core, rls.Config{Headers: "x-ratelimit", MaxDescriptors: -1, ResetHeader: "X Reset"}, nil, nil); err == nil ||
+		!strings.Contains(err.Error(), `Headers "x-ratelimit"`) || !strings.Contains(err.Error(), "MaxDescriptors -1") || !strings.Contains(err.Error(), `ResetHeader "X Reset"`) {
 		t.Errorf("NewRLS(bad config) = %v, want both bad fields named with their values", err)
 	}
 }

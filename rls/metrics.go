@@ -2,6 +2,7 @@ package rls
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -16,6 +17,13 @@ type rlsMetrics struct {
 	unknownDomain, globalShadow                   prometheus.Counter
 	uncountedHits, uncountedZero                  prometheus.Counter
 	duration                                      prometheus.Histogram
+	http                                          *prometheus.CounterVec // path, code
+}
+
+// httpAnswer counts an answer of HTTPHandler (path and code are bounded:
+// two paths, five codes).
+func (m *rlsMetrics) httpAnswer(path string, code int) {
+	m.http.WithLabelValues(path, strconv.Itoa(code)).Inc()
 }
 
 func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
@@ -32,6 +40,8 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 			"above what the limit admits in a window, or above a bucket's capacity; zero_limit: a limit of 0, which refuses every hit)."},
 		[]string{"reason"})
 	m := &rlsMetrics{
+		http: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "http_requests_total",
+			Help: "Answers of envoyproxy/ratelimit's HTTP port, by path (json, healthcheck) and status code."}, []string{"path", "code"}),
 		respOK: reqs.WithLabelValues("ok"), respOver: reqs.WithLabelValues("over_limit"),
 		descOK: descs.WithLabelValues("ok"), descOver: descs.WithLabelValues("over_limit"),
 		descNone: descs.WithLabelValues("no_limit"), descUnlimited: descs.WithLabelValues("unlimited"),
@@ -51,7 +61,7 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{reqs, descs, errs, uncounted, m.unknownDomain, m.globalShadow, m.duration} {
+	for _, c := range []prometheus.Collector{reqs, descs, errs, uncounted, m.unknownDomain, m.globalShadow, m.duration, m.http} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rls: metrics: %w", err)
 		}

@@ -13,10 +13,12 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec RLS wraps
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/reflection"
 
@@ -80,7 +82,14 @@ func New(core *decision.Core, cfg Config, log *slog.Logger, reg prometheus.Regis
 	if s.m, err = newRLSMetrics(reg); err != nil {
 		return nil, err
 	}
-	s.srv = grpc.NewServer(grpc.ForceServerCodecV2(rlsCodec{base: encoding.GetCodecV2("proto"), rls: s}))
+	opts := []grpc.ServerOption{grpc.ForceServerCodecV2(rlsCodec{base: encoding.GetCodecV2("proto"), rls: s})}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	if cfg.MaxConnectionAge > 0 || cfg.MaxConnectionAgeGrace > 0 {
+		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: cfg.MaxConnectionAge, MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace}))
+	}
+	s.srv = grpc.NewServer(opts...)
 	rlspb.RegisterRateLimitServiceServer(s.srv, s)
 	healthpb.RegisterHealthServer(s.srv, s.health)
 	if cfg.Reflection {

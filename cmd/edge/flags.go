@@ -24,8 +24,27 @@ import (
 	"github.com/poplimit/poplimit/shardproxy"
 )
 
-// parseFlags turns the command line into edge.Options.
+// parseFlags turns the command line into edge.Options, with -envoy-env
+// reading the process's environment.
 func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
+	o, ex, err := parseFlagsEnv(args, stderr, os.Environ())
+	return o, ex.logLevel, err
+}
+
+// flagExtras are the settings of the command line that are not
+// edge.Options: the log's, -envoy-env's, and files read once parsed.
+type flagExtras struct {
+	logLevel, logFormat string
+	envoyEnv            bool
+	envNotes            []string // -envoy-env's lines to log at start
+	rlsTLS              rlsTLSFlags
+	redisTLS            redisTLSFlags
+}
+
+// parseFlagsEnv turns the command line into edge.Options; with
+// -envoy-env, env (NAME=value lines) sets what no flag given does.
+func parseFlagsEnv(args []string, stderr io.Writer, env []string) (edge.Options, flagExtras, error) {
+	var ex flagExtras
 	o := edge.DefaultOptions()
 	var ka kafkaauth.Flags
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
@@ -149,7 +168,7 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.Float64Var(&o.GlobalShare, "global-share", o.GlobalShare, "part of a global rule's limit this PoP admits while cut off from the other PoPs' counts (0-1]")
 	fs.StringVar(&o.GlobalKeyFile, "global-key-file", o.GlobalKeyFile, "file of the secret (at least 32 bytes) the aggregators sign the global topic with; messages not signed with it are dropped (default: unsigned taken, with a warning; production needs it)")
 	fs.DurationVar(&o.GlobalMaxSkew, "global-max-skew", o.GlobalMaxSkew, "global topic messages stamped, or counts dated, further ahead of this edge's clock are dropped")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&ex.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.ClockSkew, "clock-skew", 0, "add this to the clock: a fault-test hook, at most ±1m")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate of the traffic listener (with -tls-key): TLS 1.2+, reloaded on change")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of -tls-cert")
@@ -163,23 +182,32 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	})
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "time to finish requests and flush on SIGTERM")
 	fs.BoolVar(&o.Pprof, "pprof", false, "serve /debug/pprof/ on the admin listener")
+	envoyFlags(fs, &o, &ex) // envoyproxy/ratelimit's settings (envoyflags.go)
 	if err := fs.Parse(args); err != nil {
-		return o, "", err
+		return o, ex, err
 	}
 	var err error
 	if o.KafkaTLS, o.KafkaSASL, err = ka.Build(); err != nil {
-		return o, "", fmt.Errorf("edge: %w", err)
+		return o, ex, fmt.Errorf("edge: %w", err)
 	}
 	if fs.NArg() > 0 {
-		return o, "", fmt.Errorf("edge: unexpected arguments %q", fs.Args())
+		return o, ex, fmt.Errorf("edge: unexpected arguments %q", fs.Args())
 	}
-	explicit := false
-	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "edge-id" })
-	if !explicit {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if ex.envoyEnv {
+		if ex.envNotes, err = applyEnvoyEnv(env, fs, given, &o, &ex); err != nil {
+			return o, ex, err
+		}
+	}
+	if err := ex.build(&o); err != nil {
+		return o, ex, err
+	}
+	if !given["edge-id"] {
 		host, _ := os.Hostname()
 		o.EdgeID, o.EdgeIDDerived = defaultEdgeID(host, o.Listen, o.Pop, os.Getpid()), true
 	}
-	return o, *logLevel, nil
+	return o, ex, nil
 }
 
 // defaultEdgeID is an edge's id when -edge-id is not given: 1 to 65535,

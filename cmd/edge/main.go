@@ -29,17 +29,31 @@ func main() {
 	}
 }
 
-// run builds the edge from args and serves until ctx ends.
+// run builds the edge from args (and, with -envoy-env, the process's
+// environment) and serves until ctx ends.
 func run(ctx context.Context, args []string, stderr io.Writer) error {
-	o, logLevel, err := parseFlags(args, stderr)
+	return runEnv(ctx, args, stderr, os.Environ())
+}
+
+// runEnv is run with env (NAME=value lines) as the environment.
+func runEnv(ctx context.Context, args []string, stderr io.Writer, env []string) error {
+	o, ex, err := parseFlagsEnv(args, stderr, env)
 	if err != nil {
 		return err
 	}
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-		return fmt.Errorf("edge: -log-level %q: %w", logLevel, err)
+	if err := level.UnmarshalText([]byte(ex.logLevel)); err != nil {
+		return fmt.Errorf("edge: -log-level %q: %w", ex.logLevel, err)
 	}
-	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ho := &slog.HandlerOptions{Level: level}
+	if ex.logFormat == "json" {
+		o.Logger = slog.New(slog.NewJSONHandler(stderr, ho))
+	} else {
+		o.Logger = slog.New(slog.NewTextHandler(stderr, ho))
+	}
+	for _, n := range ex.envNotes {
+		o.Logger.Warn("edge: -envoy-env: " + n)
+	}
 	if o.EdgeIDDerived {
 		host, _ := os.Hostname()
 		o.Logger.Info("edge: -edge-id not set: the id is derived from the host name, -listen and -pop", "edge_id", o.EdgeID,

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/poplimit/poplimit/internal/testenv"
+)
+
+// testCA issues certificates into a directory.
+type testCA struct {
+	dir  string
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	file string // ca.pem
+	n    int64
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "envoyenv test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &testCA{dir: t.TempDir(), key: key, n: 1}
+	ca.cert, _ = x509.ParseCertificate(der)
+	ca.file = filepath.Join(ca.dir, "ca.pem")
+	if err := os.WriteFile(ca.file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// issue writes name.pem and name-key.pem, a certificate for dns and ips
+// with the usage given.
+func (ca *testCA) issue(t *testing.T, name string, usage x509.ExtKeyUsage, dns []string, ips ...string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.n++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.n), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: dns,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
+	for _, ip := range ips {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := x509.MarshalECPrivateKey(key)
+	certFile, keyFile = filepath.Join(ca.dir, name+".pem"), filepath.Join(ca.dir, name+"-key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+// tlsRedis starts redis-server speaking only TLS with the certificate
+// given, requiring client certificates of ca.
+func tlsRedis(t *testing.T, ca *testCA, cert, key string) *testenv.Proc {
+	t.Helper()
+	port := testenv.FreePort(t)
+	p := &testenv.Proc{Name: testenv.LookBinary(t, "redis-server", "redis-server"), Addr: "127.0.0.1:" + strconv.Itoa(port),
+		Args: []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", t.TempDir(), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca.file, "--tls-auth-clients", "yes"}}
+	if err := p.Start(); err != nil {
+		t.Fatalf("redis-server with TLS: %v", err)
+	}
+	t.Cleanup(p.Kill)
+	return p
+}
+
+// countsInRedis says whether the edge counts in Redis: a limit of one a
+// minute refuses the second call (with Redis unreachable, the failure
+// policy admits both).
+func countsInRedis(t *testing.T, e *envoyEdge, c rlspb.RateLimitServiceClient) bool {
+	t.Helper()
+	awayFromEdge(time.Minute)
+	var last rlspb.RateLimitResponse_Code
+	for i := 0; i < 2; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := c.ShouldRateLimit(ctx, request("echo-ratelimit", 1, []string{"PATH", "/"}))
+		cancel()
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v\n%s", err, e.out.String())
+		}
+		last = resp.OverallCode
+	}
+	return last == rlspb.RateLimitResponse_OVER_LIMIT
+}
+
+// REDIS_TLS with its CA and client certificate talks to a Redis that
+// requires both; REDIS_TLS_SKIP_HOSTNAME_VERIFICATION to one whose
+// certificate names another host. GRPC_SERVER_USE_TLS with a client CA and
+// SAN serves the rate limit service to clients that present a certificate
+// naming the SAN, and to no other.
+func TestEnvoyEnvTLS(t *testing.T) {
+	ca := newTestCA(t)
+	root := runtimeDir(t, map[string]string{"config.yaml": istioConfig})
+	clientCert, clientKey := ca.issue(t, "ratelimit", x509.ExtKeyUsageClientAuth, []string{"ratelimit.internal"})
+
+	t.Run("redis", func(t *testing.T) {
+		cert, key := ca.issue(t, "redis", x509.ExtKeyUsageServerAuth, nil, "127.0.0.1")
+		rd := tlsRedis(t, ca, cert, key)
+		env := append(istioEnv(rd.Addr, root), loopbackPorts(t)...)
+		env = append(env, "DEBUG_HOST=127.0.0.1", "REDIS_TLS=true", "REDIS_TLS_CACERT="+ca.file,
+			"REDIS_TLS_CLIENT_CERT="+clientCert, "REDIS_TLS_CLIENT_KEY="+clientKey)
+		e := startEnvoyEnv(t, env)
+		if !countsInRedis(t, e, e.client) {
+			t.Fatalf("REDIS_TLS with a client certificate: not counting in Redis\n%s", e.out.String())
+		}
+	})
+	t.Run("redis, another host name", func(t *testing.T) {
+		cert, key := ca.issue(t, "redis-elsewhere", x509.ExtKeyUsageServerAuth, []string{"redis.elsewhere"})
+		rd := tlsRedis(t, ca, cert, key)
+		env := append(istioEnv(rd.Addr, root), loopbackPorts(t)...)
+		env = append(env, "DEBUG_HOST=127.0.0.1", "REDIS_TLS=true", "REDIS_TLS_CACERT="+ca.file,
+			"REDIS_TLS_CLIENT_CERT="+clientCert, "REDIS_TLS_CLIENT_KEY="+clientKey)
+		strict := startEnvoyEnv(t, env)
+		if countsInRedis(t, strict, strict.client) {
+			t.Fatal("a certificate for redis.elsewhere accepted for 127.0.0.1 without REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")
+		}
+		strict.stop()
+		// New ports: the later value of a name wins, as in a process's
+		// environment built by appending.
+		env = append(append(env[:len(env):len(env)], "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true"), loopbackPorts(t)...)
+		e := startEnvoyEnv(t, env)
+		if !countsInRedis(t, e, e.client) {
+			t.Fatalf("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: not counting in Redis\n%s", e.out.String())
+		}
+	})
+	t.Run("grpc", func(t *testing.T) {
+		rd := testenv.Redis(t)
+		cert, key := ca.issue(t, "rls", x509.ExtKeyUsageServerAuth, nil, "127.0.0.1")
+		envoyCert, envoyKey := ca.issue(t, "envoy", x509.ExtKeyUsageClientAuth, []string{"envoy.internal"})
+		otherCert, otherKey := ca.issue(t, "other", x509.ExtKeyUsageClientAuth, []string{"other.internal"})
+		env := append(istioEnv(rd.Addr, root), loopbackPorts(t)...)
+		env = append(env, "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT="+cert,
+			"GRPC_SERVER_TLS_KEY="+key, "GRPC_CLIENT_TLS_CACERT="+ca.file, "GRPC_CLIENT_TLS_SAN=envoy.internal")
+		e := startEnvoyEnv(t, env)
+		pool := x509.NewCertPool()
+		pool.AddCert(ca.cert)
+		dial := func(opt grpc.DialOption) rlspb.RateLimitServiceClient {
+			conn, err := grpc.NewClient(e.grpcAddr, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			return rlspb.NewRateLimitServiceClient(conn)
+		}
+		withCert := func(c, k string) grpc.DialOption {
+			pair, err := tls.LoadX509KeyPair(c, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}))
+		}
+		if !countsInRedis(t, e, dial(withCert(envoyCert, envoyKey))) {
+			t.Fatal("mutual TLS with the client SAN: no answers counted")
+		}
+		for what, opt := range map[string]grpc.DialOption{
+			"a certificate naming another SAN": withCert(otherCert, otherKey),
+			"no certificate":                   grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})),
+			"plaintext":                        grpc.WithTransportCredentials(insecure.NewCredentials()),
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := dial(opt).ShouldRateLimit(ctx, request("echo-ratelimit", 1, []string{"PATH", "/"}))
+			cancel()
+			if err == nil {
+				t.Errorf("%s: answered, want refused", what)
+			}
+		}
+	})
+}
