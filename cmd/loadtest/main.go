@@ -154,6 +154,11 @@ func runGen(args []string, stdout, stderr io.Writer) error {
 	ips := fs.Int("ips", 1000, "stuffing: addresses")
 	attempts := fs.Int("attempts", 3, "stuffing: attempts per address")
 	userHeader := fs.String("user-header", "", "stuffing: header carrying a user name per attempt")
+	accounts := fs.Int("accounts", 0, "stuffing: accounts the addresses attack together, each attempt one at random with a wrong password (0: a fresh user name per attempt)")
+	body := fs.String("body", "", "stuffing: put the user name and password in the body: form (username=, password=) or json ({\"user\":{\"email\"},\"password\"}); default none")
+	honestUsers := fs.Int("honest-users", 0, "stuffing: honest users, each on its own address logging in to its own account with its password")
+	honestRate := fs.Float64("honest-rate", 2, "stuffing: the honest users' logins per second, all together")
+	mistype := fs.Float64("mistype", 0.1, "stuffing: probability that an honest login has a wrong password (retried 1 to 3 s later)")
 	method := fs.String("method", "", "HTTP method (default GET; stuffing POST)")
 	host := fs.String("host", "", "Host header (default: the replay target's)")
 	path := fs.String("path", "", `path (default "/"; stuffing "/login")`)
@@ -189,7 +194,8 @@ func runGen(args []string, stdout, stderr io.Writer) error {
 			return loadtest.NearLimit(loadtest.NearLimitConfig{Seed: *seed, Clients: *clients, Limit: *limit, Window: *win, Duration: *dur, Endpoint: ep})
 		},
 		"stuffing": func() (loadtest.Trace, error) {
-			return loadtest.Stuffing(loadtest.StuffingConfig{Seed: *seed, IPs: *ips, Attempts: *attempts, UserHeader: *userHeader, Endpoint: ep})
+			return loadtest.Stuffing(loadtest.StuffingConfig{Seed: *seed, IPs: *ips, Attempts: *attempts, UserHeader: *userHeader, Endpoint: ep,
+				Accounts: *accounts, Body: *body, HonestUsers: *honestUsers, HonestRate: *honestRate, Mistype: *mistype})
 		},
 	}
 	var tr loadtest.Trace
