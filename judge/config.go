@@ -54,7 +54,7 @@ type Config struct {
 	// refusals of its key, which arrive at once. Set it to the edges'
 	// settle timeout; an event that settled later than this is late. The
 	// buffer holds a counting rule's events that much longer (MaxBuffered
-	// bounds them with the others). Default 30 s.
+	// bounds them with the others). Default 1 min, the edges' default.
 	SettleLateness time.Duration
 	// Resolution is the step event times are floored to before they are
 	// logged and compared. Default 1 ms; 1 ns is exact.
@@ -105,7 +105,7 @@ func DefaultConfig() Config {
 		MaxClockSkew:    5 * time.Second,
 		MaxEventAge:     168 * time.Hour,
 		Hold:            250 * time.Millisecond,
-		SettleLateness:  30 * time.Second,
+		SettleLateness:  time.Minute,
 		Resolution:      time.Millisecond,
 		MaxBuffered:     1 << 20,
 		MaxKeys:         1 << 20,

@@ -160,17 +160,17 @@ func TestCountingBlock(t *testing.T) {
 // and still counted in the key's units.
 func TestCountingSettledTooLate(t *testing.T) {
 	var evs []event.Event
-	for ms := int64(0); ms < 60_000; ms += 100 {
+	for ms := int64(0); ms < 120_000; ms += 100 {
 		evs = append(evs, ev(ms, 99, A, limit(1000)))
 	}
-	evs = append(evs, ev(1000, 1, A, counting(1, 40_000)), ev(1100, 1, L, counting(0, 0)))
+	evs = append(evs, ev(1000, 1, A, counting(1, 70_000)), ev(1100, 1, L, counting(0, 0)))
 	j := newJudge(t, nil)
 	for _, a := range sent(evs) {
 		j.Add(a.at, a.e)
 	}
 	j.Flush()
 	if r := j.Report(); r.Late != 1 {
-		t.Errorf("late: got %d, want 1 (settled 40 s after its time, past 30 s + 2 s)", r.Late)
+		t.Errorf("late: got %d, want 1 (settled 70 s after its time, past 60 s + 2 s)", r.Late)
 	}
 }
 
@@ -186,9 +186,9 @@ func TestFlushSettled(t *testing.T) {
 		t.Fatalf("buffered after FlushSettled 1 s on: got %d, want 1 (the counting rule's refusal)", got)
 	}
 	j.Add(t0+2_000*ms, ev(-500, 1, A, counting(1, 2_500)))
-	j.FlushSettled(t0 + 31_000*ms)
+	j.FlushSettled(t0 + 61_000*ms)
 	r := j.Report()
 	if r.Buffered != 0 || r.Late != 0 || r.Judged != 3 {
-		t.Errorf("after 31 s: buffered %d, late %d, judged %d; want 0, 0, 3", r.Buffered, r.Late, r.Judged)
+		t.Errorf("after 61 s: buffered %d, late %d, judged %d; want 0, 0, 3", r.Buffered, r.Late, r.Judged)
 	}
 }
