@@ -68,6 +68,11 @@ type CoreConfig struct {
 	// Retry-After (Verdict.Refuse), by every front end alike; negative:
 	// none.
 	RetryJitter time.Duration // default DefaultRetryJitter (2s)
+	// BodyKeyBytes bounds the body a front end reads for the rules keyed
+	// by it (form: and json: key parts), and only for requests such a
+	// rule matches (WantsBody): a longer body falls back as the rule's
+	// missing_key says (BodyTooLarge). At most MaxBodyKeyBytes.
+	BodyKeyBytes int // default DefaultBodyKeyBytes (8 KiB)
 }
 
 // DefaultGlobalShare is CoreConfig.GlobalShare's default: two PoPs sharing
@@ -127,6 +132,7 @@ type snapshot struct {
 	failHard bool           // some rule fails closed
 	shedding bool           // load shedding is on (Upstream and max_in_flight set)
 	hasConc  bool           // some rule limits concurrency
+	bodyKeys bool           // some rule is keyed by the body (WantsBody)
 	// blockSalt is mixed into block-cache keys: each generation of rules
 	// has blocks of its own, so a block from before a reload can never
 	// answer under the new rules, whatever races the cache's Clear.
@@ -171,6 +177,12 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = window.SystemClock
 	}
+	if cfg.BodyKeyBytes < 0 || cfg.BodyKeyBytes > MaxBodyKeyBytes {
+		return nil, fmt.Errorf("edge: BodyKeyBytes %d: must be between 0 (default) and %d", cfg.BodyKeyBytes, MaxBodyKeyBytes)
+	}
+	if cfg.BodyKeyBytes == 0 {
+		cfg.BodyKeyBytes = DefaultBodyKeyBytes
+	}
 	c := &Core{cfg: cfg, deps: deps, lim: deps.Limiter, blocks: deps.Blocks, pop: []byte(cfg.Pop)}
 	c.pool.New = func() any { return &Verdict{key: make([]byte, 0, 256)} }
 	var err error
@@ -211,6 +223,7 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 		if r.Kind == rules.Concurrency {
 			n++
 		}
+		sn.bodyKeys = sn.bodyKeys || r.BodyKey()
 		if _, none := c.blocks.(noBlocks); none && r.Action == policy.Block {
 			return fmt.Errorf("edge: rule %q has action: block, which needs a block cache (CoreDeps.Blocks) to hold the block for its timeout", r.Name)
 		}
@@ -272,7 +285,11 @@ func (c *Core) decideInto(req *Request, d *Verdict) {
 			continue
 		}
 		var st KeyStatus
-		d.key, st = AppendKeyStatus(d.key[:0], req.Fields, r, req.Addr)
+		var why BodyReason
+		d.key, st, why = AppendKeyBody(d.key[:0], req.Fields, r, req.Addr, c.cfg.BodyKeyBytes)
+		if why != BodyRead {
+			c.m.bodyKey[why].Inc()
+		}
 		switch {
 		case st == KeyDuplicate:
 			c.m.duplicateKey.Inc()

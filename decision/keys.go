@@ -82,7 +82,9 @@ const (
 // makes the status KeyDuplicate: a duplicated part outranks a missing one,
 // so a request cannot trade a refusal for the missing-key fallback. dst
 // holds no complete key unless the status is KeyBuilt. It does not
-// allocate once dst has room.
+// allocate once dst has room, but for rules with key_case: insensitive.
+// Body key parts (form:, json:) read at most DefaultBodyKeyBytes of the
+// body; see AppendKeyBody.
 //
 // The encoding is injective, because a query value is percent-decoded and
 // may hold any byte: a key of one part is the value itself (so overrides
@@ -91,16 +93,28 @@ const (
 // a key of several parts is each part preceded by its length (uvarint), so
 // no two splits of the same bytes meet.
 func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []byte, _ KeyStatus) {
+	dst, st, _ := AppendKeyBody(dst, f, r, ip, DefaultBodyKeyBytes)
+	return dst, st
+}
+
+// AppendKeyBody is AppendKeyStatus reading body key parts from a body of
+// at most bound bytes (Fields that implement Body): a part read from the
+// body is a form field's value percent- and plus-decoded, or a JSON
+// string's decoded (a number, true or false as written). When the status
+// is KeyMissing because of a body part, the reason says why it was not
+// read (the first such part's); else it is BodyRead.
+func AppendKeyBody(dst []byte, f Fields, r *rules.Rule, ip netip.Addr, bound int) (_ []byte, _ KeyStatus, why BodyReason) {
 	single := len(r.Key) == 1
 	missing := false
+	fold := r.KeyCase == rules.KeyCaseInsensitive
 	for _, p := range r.Key {
 		var v, last []byte
 		n := 0
-		raw := false // v is a query value as sent, to percent-decode
+		dec := decodeNone // v is as sent: dec says how to decode it
 		switch p.Source {
 		case rules.KeyIP:
 			if single {
-				return KeyAddr(r, ip).AppendTo(dst), KeyBuilt
+				return KeyAddr(r, ip).AppendTo(dst), KeyBuilt, BodyRead
 			}
 			var a [64]byte
 			v, n = KeyAddr(r, ip).AppendTo(a[:0]), 1
@@ -114,13 +128,25 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 			}
 			if rq, ok := f.(RawQuery); ok && r.QuerySemicolon == rules.QuerySemicolonSplit {
 				v, last, n = ScanQuery(rq.RawQuery(), p.Name, true)
-				raw = true
+				dec = decodeQuery
 			} else {
 				v, last, n = f.Query(p.Name)
 			}
 		case rules.KeyCookie:
 			if f != nil {
 				v, last, n = f.Cookie(p.Name)
+			}
+		case rules.KeyForm, rules.KeyJSON:
+			w := BodyUnread
+			if f != nil {
+				v, last, n, w = bodyPart(f, r, p, bound)
+			}
+			if w != BodyRead && why == BodyRead {
+				why = w
+			}
+			dec = decodeForm
+			if p.Source == rules.KeyJSON {
+				dec = decodeJSON
 			}
 		}
 		if n > 1 {
@@ -129,21 +155,27 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 			case rules.DuplicateKeyLast:
 				v = last
 			default:
-				return dst, KeyDuplicate
+				return dst, KeyDuplicate, BodyRead
 			}
 		}
 		if len(v) == 0 || missing {
 			missing = true // look on for a duplicated part
+			if n > 0 && dec != decodeNone && p.Source != rules.KeyQuery && why == BodyRead {
+				why = BodyAbsent // null, "", an object or an array
+			}
 			continue
 		}
-		if raw || r.KeyTrim == rules.KeyTrimUnicode && p.Source != rules.KeyIP {
+		if p.Source != rules.KeyIP && (dec != decodeNone || fold || r.KeyTrim == rules.KeyTrimUnicode) {
 			var ok bool
-			if dst, ok = appendPart(dst, v, raw, r.KeyTrim == rules.KeyTrimUnicode, single); !ok {
+			if dst, ok = appendPart(dst, v, dec, r.KeyTrim == rules.KeyTrimUnicode || fold, fold, single); !ok {
 				missing = true
+				if (p.Source == rules.KeyForm || p.Source == rules.KeyJSON) && why == BodyRead {
+					why = BodyAbsent // blanks only
+				}
 				continue
 			}
 			if single {
-				return dst, KeyBuilt
+				return dst, KeyBuilt, BodyRead
 			}
 			continue
 		}
@@ -151,16 +183,26 @@ func AppendKeyStatus(dst []byte, f Fields, r *rules.Rule, ip netip.Addr) (_ []by
 			if v[0] <= 0x01 {
 				dst = append(dst, 0x01)
 			}
-			return append(dst, v...), KeyBuilt
+			return append(dst, v...), KeyBuilt, BodyRead
 		}
 		dst = binary.AppendUvarint(dst, uint64(len(v)))
 		dst = append(dst, v...)
 	}
 	if missing {
-		return dst, KeyMissing
+		return dst, KeyMissing, why
 	}
-	return dst, KeyBuilt
+	return dst, KeyBuilt, BodyRead
 }
+
+// decodeKind is how appendPart decodes a part's value as sent.
+type decodeKind uint8
+
+const (
+	decodeNone  decodeKind = iota
+	decodeQuery            // percent- and plus-decoded (a raw query, a form body)
+	decodeJSON             // a JSON string's escapes decoded
+	decodeForm  = decodeQuery
+)
 
 // RawQuery is implemented by the Fields of a front end that can give the
 // query as the client sent it (without the '?'), for rules that split it
@@ -272,46 +314,64 @@ func IsKeyBlank(r rune) bool {
 // TrimKey returns v without the runes IsKeyBlank at either end; bytes
 // that are not UTF-8 are kept.
 func TrimKey(v []byte) []byte {
-	for len(v) > 0 {
-		r, n := utf8.DecodeRune(v)
+	a, b := trimBounds(v)
+	return v[a:b]
+}
+
+// trimBounds returns where TrimKey(v) starts and ends in v.
+func trimBounds(v []byte) (a, b int) {
+	a, b = 0, len(v)
+	for a < b {
+		r, n := utf8.DecodeRune(v[a:b])
 		if r == utf8.RuneError && n <= 1 || !IsKeyBlank(r) {
 			break
 		}
-		v = v[n:]
+		a += n
 	}
-	for len(v) > 0 {
-		r, n := utf8.DecodeLastRune(v)
+	for a < b {
+		r, n := utf8.DecodeLastRune(v[a:b])
 		if r == utf8.RuneError && n <= 1 || !IsKeyBlank(r) {
 			break
 		}
-		v = v[:len(v)-n]
+		b -= n
 	}
-	return v
+	return a, b
 }
 
 // appendPart appends one part of a key, v, to dst as AppendKeyStatus
 // encodes parts (single: the value itself, 0x01 before a value that starts
 // with 0x00 or 0x01; else its length as a uvarint, then the value),
-// percent-decoding v when decode and trimming it (TrimKey) when trim. The
-// value is built in dst past a gap for the length, then moved down, so no
-// scratch is needed. It reports false, dst unchanged, when nothing is left
-// of v.
-func appendPart(dst, v []byte, decode, trim, single bool) ([]byte, bool) {
+// decoding v as dec says, trimming it (TrimKey) when trim and folding it
+// (appendFolded, then trimmed again) when fold. The value is built in dst
+// past a gap for the length, then moved down, so no scratch is needed. It
+// reports false, dst unchanged, when nothing is left of v.
+func appendPart(dst, v []byte, dec decodeKind, trim, fold, single bool) ([]byte, bool) {
 	const gap = binary.MaxVarintLen64
 	off := len(dst)
 	dst = append(dst, make([]byte, gap)...)
-	if decode {
+	switch dec {
+	case decodeQuery:
 		dst = appendQueryDecoded(dst, v)
-	} else {
+	case decodeJSON:
+		dst = AppendJSONString(dst, v)
+	default:
 		dst = append(dst, v...)
 	}
-	val := dst[off+gap:]
+	lo, hi := off+gap, len(dst)
 	if trim {
-		val = TrimKey(val)
+		a, b := trimBounds(dst[lo:hi])
+		lo, hi = lo+a, lo+b
 	}
-	if len(val) == 0 {
+	if fold && lo < hi {
+		start := len(dst)
+		dst = appendFolded(dst, dst[lo:hi])
+		a, b := trimBounds(dst[start:])
+		lo, hi = start+a, start+b
+	}
+	if lo == hi {
 		return dst[:off], false
 	}
+	val := dst[lo:hi]
 	var h [gap]byte
 	head := h[:0]
 	if !single {

@@ -21,6 +21,8 @@ type coreMetrics struct {
 	// other PoPs' counts were stale: held to CoreConfig.GlobalShare.
 	globalFallbacks prometheus.Counter
 	shed            [4]prometheus.Counter // by rules.Priority
+	// bodyKey counts body key parts not read, by BodyReason.
+	bodyKey [numBodyReasons]prometheus.Counter
 }
 
 // ruleCounters are one rule's request counters, resolved once per reload
@@ -60,12 +62,19 @@ func newCoreMetrics(reg prometheus.Registerer, c *Core) (*coreMetrics, error) {
 	for p := rules.Critical; p <= rules.Low; p++ {
 		m.shed[p] = shed.WithLabelValues(p.String())
 	}
+	bodyKey := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+		Name: "body_key_fallbacks_total",
+		Help: "Requests whose rule's key part from the body (form:, json:) was not read, by reason (absent, malformed, too_large, content_type, too_deep, too_many_fields, unread); the rule's missing_key says what followed."},
+		[]string{"reason"})
+	for r := BodyAbsent; r < numBodyReasons; r++ {
+		m.bodyKey[r] = bodyKey.WithLabelValues(r.String())
+	}
 	if reg == nil {
 		return m, nil
 	}
 	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem,
 		Name: "upstream_in_flight", Help: "Requests being proxied to the upstream."}, func() float64 { return float64(c.inflight.Load()) })
-	for _, col := range []prometheus.Collector{m.requests, bad, m.blockDropped, m.delayed, m.delayRefused, m.globalFallbacks, shed, inflight} {
+	for _, col := range []prometheus.Collector{m.requests, bad, m.blockDropped, m.delayed, m.delayRefused, m.globalFallbacks, shed, inflight, bodyKey} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

@@ -264,6 +264,12 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 			req.Method = m
 		}
 	}
+	if checking {
+		req.Fields = checkFields{fastFields{&ctx.Request}} // Envoy marks a body it cut (bodykeys.go)
+	}
+	if s.core.WantsBody(req.Host, req.Method, req.Path) && !s.holdBody(ctx) {
+		return // the body ended early: 400 (bodykeys.go)
+	}
 	d := s.core.Decide(&req)
 	defer s.core.Finish(d)
 	if d.Outcome != decision.Allowed {

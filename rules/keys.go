@@ -13,16 +13,18 @@ const (
 	KeyHeader                  // a request header
 	KeyQuery                   // a query parameter
 	KeyCookie                  // a cookie
+	KeyForm                    // a field of an application/x-www-form-urlencoded body (bodykeys.go)
+	KeyJSON                    // a member of a JSON body, named by a JSON Pointer (bodykeys.go)
 )
 
-var keySourceNames = []string{"ip", "header", "query", "cookie"}
+var keySourceNames = []string{"ip", "header", "query", "cookie", "form", "json"}
 
 func (k KeySource) String() string { return enumName(keySourceNames, int(k)) }
 
 // KeyPart is one part of a rule's key recipe.
 type KeyPart struct {
 	Source KeySource
-	Name   string // header, query parameter or cookie name; empty for KeyIP
+	Name   string // header, query parameter, cookie or form field name, or a JSON Pointer as written; empty for KeyIP
 }
 
 // MissingKey is what a rule does with a request that lacks part of its key.

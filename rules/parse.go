@@ -49,6 +49,7 @@ type ruleYAML struct {
 	DuplicateKey string             `yaml:"duplicate_key"`
 	QuerySemi    string             `yaml:"query_semicolon"`
 	KeyTrim      string             `yaml:"key_trim"`
+	KeyCase      string             `yaml:"key_case"`
 	IPv6Prefix   *number            `yaml:"ipv6_prefix"`
 	Limit        *number            `yaml:"limit"`
 	Window       string             `yaml:"window"`

@@ -100,6 +100,9 @@ type Rule struct {
 	// (query_semicolon, key_trim).
 	QuerySemicolon QuerySemicolon
 	KeyTrim        KeyTrim
+	// KeyCase says whether the key's fields are compared as sent or
+	// folded (key_case: insensitive; bodykeys.go).
+	KeyCase KeyCase
 	// IPv6Prefix is how many leading bits of an IPv6 client address key
 	// the rule (default 64: one subscriber holds a whole /64 and can
 	// rotate addresses inside it; 128 keys each address).

@@ -77,7 +77,7 @@ func TestParseRulesReportsEveryField(t *testing.T) {
 		`rules[1].fail: must be one of open, closed (got "maybe")`,
 		`rules[2].key[0]: "ip" takes no name (got "ip:x")`,
 		`rules[2].key[1]: needs a name, as in "header:NAME" (got "header:")`,
-		`rules[2].key[2]: must be "ip", "header:NAME", "query:NAME" or "cookie:NAME" (got "bogus")`,
+		`rules[2].key[2]: must be "ip", "header:NAME", "query:NAME", "cookie:NAME", "form:NAME" or "json:/POINTER" (got "bogus")`,
 		`rules[2].key[3]: name is not a valid token (got "header:Bad Header")`,
 		`rules[2].timeout: applies only to action: block (got "1m")`,
 		`rules[2].path_prefix: must start with "/" (got "v1")`,

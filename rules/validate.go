@@ -103,7 +103,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 	parseKind(f, y, r)
 	if r.Kind == Shed {
 		// A shed rule only classes routes: nothing else applies.
-		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" || y.QuerySemi != "" || y.KeyTrim != "" || y.Scope != "" {
+		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" || y.QuerySemi != "" || y.KeyTrim != "" || y.KeyCase != "" || y.Scope != "" {
 			f.fail("", "", "a shed rule takes only name, match and priority")
 		}
 		if f.n > 0 {
@@ -237,6 +237,7 @@ func parseKey(f *fields, y ruleYAML, r *Rule) {
 	}
 	f.only(y.KeyTrim != "", "key_trim", strconv.Quote(y.KeyTrim), fieldKey || len(r.Key) < len(y.Key),
 		"rules keyed by a header, query parameter or cookie")
+	parseKeyCase(f, y, r, fieldKey || len(r.Key) < len(y.Key))
 	r.IPv6Prefix = 64
 	if n := y.IPv6Prefix; n != nil {
 		if v, why := n.between(8, 128); why != "" {
@@ -397,6 +398,8 @@ func parseEnum[T ~uint8](names []string, s string) (T, bool) {
 func parseKeyPart(s string) (KeyPart, string) {
 	src, name, hasName := strings.Cut(s, ":")
 	switch src {
+	case "form", "json":
+		return parseBodyKeyPart(src, name, hasName)
 	case "ip":
 		if hasName {
 			return KeyPart{}, `"ip" takes no name`
@@ -420,7 +423,7 @@ func parseKeyPart(s string) (KeyPart, string) {
 		}
 		return k, ""
 	}
-	return KeyPart{}, `must be "ip", "header:NAME", "query:NAME" or "cookie:NAME"`
+	return KeyPart{}, `must be "ip", "header:NAME", "query:NAME", "cookie:NAME", "form:NAME" or "json:/POINTER"`
 }
 
 // IsToken reports whether s is an RFC 9110 token (a header name, say) of
