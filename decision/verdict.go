@@ -116,6 +116,9 @@ type Verdict struct {
 	ev     event.Event
 	held   [maxHeld]heldSlot
 	nh     int
+	// pend are the units counting rules reserved (settle.go).
+	pend [maxPending]pendingUnits
+	np   int
 	now    time.Time
 	jitter time.Duration // the core's RetryJitter; 0: none
 	buf    []byte        // rendering room, kept with the pooled Verdict
