@@ -135,11 +135,11 @@ type snapshot struct {
 	// admit is the policy each rule's admissions are decided under, by
 	// rule index: the rule's own, but for a counting rule of mode: async,
 	// decided by one store round trip as a sync rule is (settle.go).
-	admit []*window.Policy
-	fixed    []fixedFields  // by rule index
-	failHard bool           // some rule fails closed
-	shedding bool           // load shedding is on (Upstream and max_in_flight set)
-	hasConc  bool           // some rule limits concurrency
+	admit    []*window.Policy
+	fixed    []fixedFields // by rule index
+	failHard bool          // some rule fails closed
+	shedding bool          // load shedding is on (Upstream and max_in_flight set)
+	hasConc  bool          // some rule limits concurrency
 	// blockSalt is mixed into block-cache keys: each generation of rules
 	// has blocks of its own, so a block from before a reload can never
 	// answer under the new rules, whatever races the cache's Clear.
@@ -226,7 +226,7 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 		return errors.New("edge: no rules")
 	}
 	sn := &snapshot{rules: rs, counters: make([]ruleCounters, len(rs.Rules)), fixed: make([]fixedFields, len(rs.Rules)),
-		admit: make([]*window.Policy, len(rs.Rules)),
+		admit:    make([]*window.Policy, len(rs.Rules)),
 		shedding: rs.Shedding.MaxInFlight > 0 && c.cfg.Upstream, blockSalt: rand.Uint64()}
 	n, counting := 0, 0
 	for i, r := range rs.Rules {
