@@ -40,7 +40,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	if r.Scope == rules.ScopeGlobal && c.deps.Global != nil {
 		here = c.globalRoom(r, h, t, limit)
 	}
-	v := c.lim.Decide(context.Background(), d.now, &r.Policy, h, here, cost)
+	v := c.lim.Decide(context.Background(), d.now, sn.admit[r.Index], h, here, cost)
 	if v.At > ev.Time {
 		ev.Time = v.At // decided after a wait for the store: judged when decided
 	}
@@ -69,6 +69,13 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		if v.ReleaseAt > t && !c.blocks.Block(bk, v.ReleaseAt, t) {
 			c.m.blockDropped.Inc()
 		}
+	}
+	if v.Allowed && !fb && cost > 0 && r.Count.On() && d.np < maxPending {
+		// Reserved: the units are taken, and the response settles them
+		// (settle.go), emitting the event then.
+		d.pend[d.np] = pendingUnits{rule: r, key: h, units: cost, limit: limit, ev: *ev}
+		d.np++
+		return false
 	}
 	c.emit(r, d)
 	return !v.Allowed && !r.Shadow
