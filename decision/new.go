@@ -41,6 +41,9 @@ type Options struct {
 	// RetryJitter is CoreConfig.RetryJitter: the most random time added
 	// to a refusal's Retry-After. 0: DefaultRetryJitter; negative: none.
 	RetryJitter time.Duration
+	// BodyKeyBytes is CoreConfig.BodyKeyBytes: the most of a body read
+	// for the rules keyed by it. 0: DefaultBodyKeyBytes.
+	BodyKeyBytes int
 }
 
 // owned is what a Core built by New runs and stops on Close.
@@ -81,7 +84,7 @@ func New(rs *rules.Rules, store window.Store, o Options) (*Core, error) {
 		return nil, err
 	}
 	own.lim, own.slots = lim, window.NewSlots(o.Slots, store)
-	c, err := NewCore(CoreConfig{EdgeID: o.EdgeID, Pop: o.Pop, RetryJitter: o.RetryJitter}, rs,
+	c, err := NewCore(CoreConfig{EdgeID: o.EdgeID, Pop: o.Pop, RetryJitter: o.RetryJitter, BodyKeyBytes: o.BodyKeyBytes}, rs,
 		CoreDeps{Limiter: lim, Blocks: blocks, Slots: own.slots, Events: o.Events, Registerer: o.Registerer})
 	if err != nil {
 		own.close(context.Background())

@@ -155,6 +155,11 @@ type Options struct {
 	// Retry-After, by every front end, so that refused clients do not all
 	// come back at once; negative: none.
 	RetryJitter time.Duration // default decision.DefaultRetryJitter (2s)
+	// BodyKeyBytes is the most of a request body read for the rules
+	// keyed by it (form: and json: key parts), only for requests such a
+	// rule matches; a longer body falls back as the rule's missing_key
+	// says (decision.CoreConfig.BodyKeyBytes).
+	BodyKeyBytes int // default decision.DefaultBodyKeyBytes (8 KiB)
 	// KafkaDial, when set, opens the connections to Brokers, for the
 	// producer and the feed of the other PoPs' counts: a test hook (the
 	// fault suite cuts a PoP off from Kafka).
@@ -250,6 +255,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.RetryJitter == 0 {
 		o.RetryJitter = decision.DefaultRetryJitter
+	}
+	if o.BodyKeyBytes == 0 {
+		o.BodyKeyBytes = decision.DefaultBodyKeyBytes
 	}
 	if o.ReloadPoll == 0 {
 		o.ReloadPoll = 2 * time.Second

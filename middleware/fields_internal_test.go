@@ -26,7 +26,7 @@ func bothFields(t testing.TB, head string) (mw *fields, fast decision.Fields, ok
 	if err := req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
 		return nil, nil, false
 	}
-	return &fields{&netHTTP{}, r}, httpedge.FastFields(&req), true
+	return &fields{m: &netHTTP{}, r: r}, httpedge.FastFields(&req), true
 }
 
 type lookup func(name string) (first, last []byte, n int)

@@ -108,10 +108,13 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	sc := m.pool.Get().(*scratch)
 	defer m.pool.Put(sc)
 	peer, _ := netip.ParseAddrPort(r.RemoteAddr)
-	sc.f = fields{m, r}
+	sc.f = fields{m: m, r: r}
 	defer func() { sc.f = fields{} }()
 	req := decision.Request{Host: decision.HostOnly(bytesOf(r.Host)), Method: bytesOf(r.Method), Path: bytesOf(r.URL.Path),
 		Addr: m.addr.FromHeader(peer.Addr(), r.Header, &sc.hops), Fields: &sc.f, Now: m.core.Now(), Tracked: true}
+	if m.core.WantsBody(req.Host, req.Method, req.Path) {
+		sc.f.body, sc.f.whole = holdBody(r, m.core.BodyKeyBytes()) // bodykeys.go
+	}
 	v := m.core.Decide(&req)
 	defer m.core.Finish(v)
 	h := netFields{h: w.Header()}
@@ -168,6 +171,10 @@ func netName(name []byte) string {
 type fields struct {
 	m *netHTTP
 	r *http.Request
+	// body is the body's prefix held for rules keyed by it, whole when
+	// it is the whole body (bodykeys.go).
+	body  []byte
+	whole bool
 }
 
 // Header counts the lines of the header section called name.
