@@ -382,6 +382,7 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.DurationVar(&cfg.MaxDefer, "max-defer", 0, "the edges' -max-defer: how long a key far from its limit may keep its units unsent (default the edge's; negative: every flush)")
 	fs.DurationVar(&cfg.RTT, "rtt", 0, "with -edges: the round trip to the shared store (an edge reads the others' units this late)")
 	fs.StringVar(&cfg.CheckPrefix, "check-prefix", httpedge.DefaultCheckPrefix, "path prefix stripped before matching, as the edge's")
+	fs.DurationVar(&cfg.SettleDelay, "settle-delay", loadtest.DefaultSettleDelay, "how long after a request without duration_ms its response is known: a rule with count settles it then, with the line's status (a line without one keeps its units)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	judgeIt := fs.Bool("judge", false, "judge every decision with the aggregator's judge: the algorithm's own accuracy, undistributed")
 	phase := fs.Duration("phase", 0, "the trace's offset 0 this far past a window boundary: origin = the Unix epoch (a multiple of every window) + phase, as replay -align W -phase D runs it live")
