@@ -85,7 +85,7 @@ func TestCountingIdleFlush(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t)
 	cfg.IdleFlush = 100 * time.Millisecond
-	cfg.Judge.SettleLateness = 5 * time.Second
+	cfg.Judge.SettleLateness = 10 * time.Second
 	a := startAggregator(t, cfg)
 	p := newProducer(t, a.Brokers())
 	now := time.Now()
