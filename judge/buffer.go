@@ -25,7 +25,7 @@ type pending struct {
 	// counting rule's event (fCounting) it is that plus the judge's settle
 	// lateness: the time it is released, kept in order and expired by.
 	t        int64
-	seq      uint64 // arrival order, breaks ties of t
+	seq      uint64 // arrival order, breaks ties of t; bit 63 set on a counting rule's refusal (after its admissions)
 	arrived  int64  // arrival time, Unix ns, as given to Add
 	hash     uint64 // key hash
 	rule     uint32 // index into Judge.ruleNames

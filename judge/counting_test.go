@@ -192,3 +192,23 @@ func TestFlushSettled(t *testing.T) {
 		t.Errorf("after 61 s: buffered %d, late %d, judged %d; want 0, 0, 3", r.Buffered, r.Late, r.Judged)
 	}
 }
+
+// TestCountingSameTick: two attempts on one account within a millisecond
+// (the resolution): the edge admits the 5th and reserves its unit, and
+// refuses the 6th for it; the 5th settles as a failure after the 6th's
+// refusal was sent. Within the tick the judge takes the admission first,
+// as the edge did: the refusal is right.
+func TestCountingSameTick(t *testing.T) {
+	evs := cat(burst(0, 4, 100, 1, A, counting(1, 50)),
+		[]event.Event{ev(500, 1, A, counting(1, 3)), ev(500, 1, L, counting(0, 0))})
+	evs[4].Time += 100_000 // 0.1 ms into the tick
+	evs[5].Time += 150_000
+	j := newJudge(t, nil)
+	for _, a := range sent(evs) {
+		j.Add(a.at, a.e)
+	}
+	j.Flush()
+	if r := j.Report(); r.Enforced.WronglyLimited != 0 || r.Enforced.Decisions != 6 {
+		t.Errorf("got %+v; want 6 decisions, none wrong", r.Enforced)
+	}
+}

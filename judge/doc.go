@@ -46,6 +46,9 @@
 // released, ordered and expired Config.SettleLateness later than the
 // others (the buffer holds them that much longer, under MaxBuffered), and
 // FlushSettled, the quiet stream's flush, leaves those not yet that old.
+// Within one Resolution tick a counting rule's admissions are judged
+// before its refusals: the refusal of a request that raced the one whose
+// reserved units refused it is sent first, the admission when it settles.
 //
 // Figures. Report gives, over enforced decisions (shadow and fallback ones
 // apart), the wrong ratios by rule and by algorithm, the overshoot (the

@@ -313,8 +313,16 @@ func (j *Judge) add(now int64, e *event.Event) {
 		t, counted = addSat(t, j.settle), min(e.Counted, e.Cost)
 	}
 	j.seq++
+	seq := j.seq
+	if e.Counting && e.Decision == event.Limited {
+		// Within a tick, a counting rule's refusals come after its
+		// admissions: a refusal is sent at once, the admission that
+		// reserved the units it was refused for only when it settles,
+		// so arrival order would put them the wrong way round.
+		seq |= 1 << 63
+	}
 	j.buf.push(pending{
-		t: t, seq: j.seq, arrived: now, hash: e.KeyHash, rule: j.ruleIndex(e.Rule), pop: j.popIndex(e.Pop),
+		t: t, seq: seq, arrived: now, hash: e.KeyHash, rule: j.ruleIndex(e.Rule), pop: j.popIndex(e.Pop),
 		cost: e.Cost, limit: e.Limit, windowMs: e.WindowMillis, burst: e.Burst, counted: counted,
 		estimate: e.Estimate, edge: e.Edge, flags: flagsOf(e), alg: uint8(e.Algorithm),
 	})
