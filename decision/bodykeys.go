@@ -603,6 +603,16 @@ var foldPool = sync.Pool{New: func() any { c := cases.Fold(); return &c }}
 // not UTF-8 keeps its bad bytes as U+FFFD. v must not overlap dst's spare
 // capacity.
 func appendFolded(dst, v []byte) []byte {
+	if ascii(v) {
+		// NFKC leaves ASCII as it is, and folding it is lowering it.
+		for _, c := range v {
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			dst = append(dst, c)
+		}
+		return dst
+	}
 	start := len(dst)
 	dst = append(dst, v...)
 	dst = appendTransform(dst, start, len(dst), norm.NFKC) // dst[p1:p2]; never composed with what precedes v
@@ -614,6 +624,27 @@ func appendFolded(dst, v []byte) []byte {
 	dst = appendTransform(dst, p2, p3, norm.NFKC) // dst[p3:]
 	n := copy(dst[start:], dst[p3:])
 	return dst[:start+n]
+}
+
+func ascii(v []byte) bool {
+	for _, c := range v {
+		if c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+// appendFoldedKey appends key trimmed of Unicode blanks and folded
+// (appendFolded), or key as it is when nothing is left of it.
+func appendFoldedKey(dst, key []byte) []byte {
+	start := len(dst)
+	dst = appendFolded(dst, TrimKey(key))
+	if v := TrimKey(dst[start:]); len(v) > 0 {
+		n := copy(dst[start:], v)
+		return dst[:start+n]
+	}
+	return append(dst[:start], key...)
 }
 
 // appendTransform appends t applied to dst[from:end] to dst (end is

@@ -293,3 +293,50 @@ rules:
 		}
 	}
 }
+
+// The decide endpoint's key meets the key a request's body gives for the
+// same account under key_case: insensitive.
+func TestDecideKeyFolds(t *testing.T) {
+	clk := newSteppedClock()
+	c := tableCore(t, `
+rules:
+  - {name: login, key: ["form:username"], key_case: insensitive, limit: 2, window: 15m}
+`, nil, clk)
+	g := c.Current()
+	for i, k := range []string{" Walter ", "WALTER"} {
+		d := c.DecideKey(g, clk.Now(), 0, []byte(k), 1, 0)
+		if d.Outcome != Allowed || string(d.Key()) != "walter" {
+			t.Fatalf("decide %d: %v key %q", i, d.Outcome, d.Key())
+		}
+		c.Finish(d)
+	}
+	d := c.Decide(&Request{Method: []byte("POST"), Path: []byte("/"), Addr: clientIP, Fields: formBody("username=walter"), Now: clk.Now()})
+	defer c.Finish(d)
+	if d.Outcome != Limited {
+		t.Errorf("the request after two decides for the account: %v, want limited", d.Outcome)
+	}
+}
+
+// TestBodyKeyAllocs: a decision keyed by a form field or a JSON member,
+// folded or not, allocates nothing once warm, and WantsBody allocates
+// nothing with or without body-keyed rules.
+func TestBodyKeyAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for _, y := range []string{`key: ["form:username"]`, `key: ["json:/user/email"], key_case: insensitive`, `key: ["header:X-User"]`} {
+		clk := newSteppedClock()
+		c := tableCore(t, "rules:\n  - {name: r, path_prefix: /login, limit: 1000000000, window: 1h, "+y+"}\n", nil, clk)
+		f := Fields(formBody("username=Alice%40Example.com&password=x"))
+		if strings.Contains(y, "json") {
+			f = jsonBody(`{"user": {"email": "Alice@Example.com"}, "password": "x"}`)
+		}
+		req := &Request{Method: []byte("POST"), Path: []byte("/login"), Addr: clientIP, Fields: f, Now: clk.Now()}
+		if n := testing.AllocsPerRun(100, func() { c.Finish(c.Decide(req)) }); n != 0 {
+			t.Errorf("%s: Decide allocates %v times", y, n)
+		}
+		if n := testing.AllocsPerRun(100, func() { c.WantsBody(nil, req.Method, req.Path) }); n != 0 {
+			t.Errorf("%s: WantsBody allocates %v times", y, n)
+		}
+	}
+}

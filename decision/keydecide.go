@@ -34,7 +34,8 @@ func (g Generation) Rules() *rules.Rules {
 // store failed, the rule's failure policy answers. An index outside g's
 // rules, or a concurrency or shed rule (which depend on live requests),
 // is Undecidable with the reason; a cost above the rule's bound is
-// Denied. The Verdict must be handed back with Finish.
+// Denied. A rule with key_case: insensitive folds key as it folds the
+// fields of a request. The Verdict must be handed back with Finish.
 func (c *Core) DecideKey(g Generation, now time.Time, index int, key []byte, cost, limit uint64) *Verdict {
 	if g.sn == nil || index < 0 || index >= len(g.sn.rules.Rules) {
 		d := c.get(now)
@@ -77,6 +78,11 @@ func (c *Core) decideKey(sn *snapshot, now time.Time, r *rules.Rule, key []byte,
 		return d
 	}
 	d.key = append(d.key[:0], key...)
+	if r.KeyCase == rules.KeyCaseInsensitive {
+		// As the rule reads its fields: the key given here and the one
+		// read from a request for the same account meet.
+		d.key = appendFoldedKey(d.key[:0], key)
+	}
 	t := d.now.UnixNano()
 	if c.decide(sn, r, d, t, cost) {
 		d.Outcome = Limited

@@ -3,6 +3,8 @@ package httpedge
 import (
 	"bytes"
 	"io"
+	"slices"
+	"sync"
 
 	"github.com/valyala/fasthttp"
 )
@@ -29,6 +31,10 @@ import (
 // true, read as over the bound); nginx auth_request and Caddy forward_auth
 // send no body.
 
+// heldPool holds the buffers a body within the bound is read into before
+// fasthttp copies it into the request.
+var heldPool = sync.Pool{New: func() any { return new([]byte) }}
+
 // partialBodyHeader marks a body that Envoy's ext_authz filter cut at its
 // max_request_bytes (allow_partial_message).
 const partialBodyHeader = "X-Envoy-Auth-Partial-Body"
@@ -47,13 +53,16 @@ func (s *Server) holdBody(ctx *fasthttp.RequestCtx) bool {
 	case n > bound:
 		return true // over the bound: streams on unread
 	case n >= 0:
-		buf := make([]byte, n)
+		bp := heldPool.Get().(*[]byte)
+		defer heldPool.Put(bp)
+		buf := slices.Grow((*bp)[:0], n)[:n]
+		*bp = buf
 		if _, err := io.ReadFull(req.BodyStream(), buf); err != nil {
 			ctx.SetConnectionClose()
 			writeProblem(ctx, fasthttp.StatusBadRequest, "the request body ended before its Content-Length")
 			return false
 		}
-		req.SetBody(buf)
+		req.SetBody(buf) // copied into the request's own buffer
 		return true
 	}
 	// Chunked, or read until the connection closes: up to bound+1 bytes.

@@ -13,6 +13,8 @@
 // client addresses from trusted proxies (package clientaddr).
 //
 // A Server never keeps a *fasthttp.RequestCtx or its byte slices after its
-// handler returns, and its request path allocates nothing. Rule reloading
-// is its owner's (package edge): CheckRules is told of new rules.
+// handler returns, and its request path allocates nothing (but to hold the
+// start of a streamed chunked body for a rule keyed by the body, see
+// holdBody). Rule reloading is its owner's (package edge): CheckRules is
+// told of new rules.
 package httpedge
