@@ -7,7 +7,7 @@ import (
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // decide runs rate rule r for the key in d.key, leaving its quota in
@@ -50,7 +50,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		ev.Delayed, ev.DelayMicros = true, uint32(min(v.Delay/time.Microsecond, 1<<32-1))
 		d.Delay = max(d.Delay, v.Delay)
 	}
-	fb := v.Fallback != window.FallbackNone
+	fb := v.Fallback != store.FallbackNone
 	ev.Fallback, d.Fallback = fb, d.Fallback || fb
 	ev.Decision = event.Limited
 	switch {
@@ -131,13 +131,13 @@ func (c *Core) acquire(sn *snapshot, r *rules.Rule, d *Verdict, t int64) bool {
 	limit := sn.rules.LimitFor(r, d.key)
 	rc := &sn.counters[r.Index]
 	d.Quota = Quota{Rule: r, Limit: limit, ResetAt: t + int64(time.Second), ReleaseAt: t + int64(time.Second)}
-	ok, fb := c.deps.Slots.Acquire(context.Background(), d.now, &r.Policy, h, limit)
+	ok, fb := c.deps.Slots.Acquire(context.Background(), d.now, r.Lease, r.Fail, h, limit)
 	switch {
-	case ok && fb == window.FallbackNone:
+	case ok && fb == store.FallbackNone:
 		rc.allowed.Inc()
 	case ok:
 		rc.allowedFallback.Inc()
-	case fb != window.FallbackNone:
+	case fb != store.FallbackNone:
 		rc.limitedFallback.Inc()
 	case r.Shadow:
 		rc.shadowLimited.Inc()
@@ -145,7 +145,7 @@ func (c *Core) acquire(sn *snapshot, r *rules.Rule, d *Verdict, t int64) bool {
 	default:
 		rc.limited.Inc()
 	}
-	d.Fallback = d.Fallback || fb != window.FallbackNone
+	d.Fallback = d.Fallback || fb != store.FallbackNone
 	if ok {
 		d.held[d.nh] = heldSlot{r, h}
 		d.nh++
@@ -155,7 +155,7 @@ func (c *Core) acquire(sn *snapshot, r *rules.Rule, d *Verdict, t int64) bool {
 		// Concurrency decisions are not rate events (the judge has no truth
 		// for them) and go to no Emitter; the observer sees them.
 		d.ev = event.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: 1, Limit: uint32(limit),
-			Edge: uint16(c.cfg.EdgeID), Decision: event.Limited, Shadow: r.Shadow, Fallback: fb != window.FallbackNone}
+			Edge: uint16(c.cfg.EdgeID), Decision: event.Limited, Shadow: r.Shadow, Fallback: fb != store.FallbackNone}
 		if ok {
 			d.ev.Decision = event.Allowed
 		}
