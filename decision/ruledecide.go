@@ -32,7 +32,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		rc.limitedCache.Inc()
 		d.Quota.ResetAt, d.Quota.ReleaseAt = rel, rel
 		d.FromBlockCache = true
-		ev.Decision, ev.FromBlockCache = event.Limited, true
+		ev.Decision, ev.FromBlockCache, ev.Counting = event.Limited, true, r.Count.On()
 		c.emit(r, d)
 		return true
 	}
@@ -70,12 +70,20 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 			c.m.blockDropped.Inc()
 		}
 	}
-	if v.Allowed && !fb && cost > 0 && r.Count.On() && d.np < maxPending {
-		// Reserved: the units are taken, and the response settles them
-		// (settle.go), emitting the event then.
-		d.pend[d.np] = pendingUnits{rule: r, key: h, block: bk, units: cost, limit: limit, ev: *ev}
-		d.np++
-		return false
+	if r.Count.On() {
+		if v.Allowed && !fb && cost > 0 && d.np < maxPending {
+			// Reserved: the units are taken, and the response settles
+			// them (settle.go), emitting the event then.
+			d.pend[d.np] = pendingUnits{rule: r, key: h, block: bk, units: cost, limit: limit, ev: *ev}
+			d.np++
+			return false
+		}
+		// Refused, it counts nothing; admitted by the failure policy
+		// (nothing reserved to settle), all it cost.
+		ev.Counting = true
+		if v.Allowed {
+			ev.Counted = ev.Cost
+		}
 	}
 	c.emit(r, d)
 	return !v.Allowed && !r.Shadow
