@@ -13,7 +13,7 @@ import (
 	"github.com/poplimit/poplimit/memcachestore"
 	"github.com/poplimit/poplimit/middleware"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // A limit of 2 requests a minute per client IP, counted in this process,
@@ -21,7 +21,7 @@ import (
 func ExampleNew() {
 	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") })
 
-	core, err := poplimit.New([]byte(`rules: [{name: per-client, limit: 2, window: 1m}]`), window.NewMemStore(nil), decision.Options{})
+	core, err := poplimit.New([]byte(`rules: [{name: per-client, limit: 2, window: 1m}]`), store.NewMemStore(nil), decision.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -15,12 +15,12 @@ import (
 	"github.com/poplimit/poplimit/middleware"
 	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // overMemcached is the store of ExampleNew_memcached, over the memcached
 // at addr.
-func overMemcached(t *testing.T, addr string) window.Store {
+func overMemcached(t *testing.T, addr string) store.Store {
 	t.Helper()
 	client, err := shardproxy.New(shardproxy.Config{Servers: []shardproxy.Server{{Addr: addr}}}, nil)
 	if err != nil {
@@ -35,7 +35,7 @@ func overMemcached(t *testing.T, addr string) window.Store {
 }
 
 // overRedis is a store over the Redis at addr.
-func overRedis(t *testing.T, addr string) window.Store {
+func overRedis(t *testing.T, addr string) store.Store {
 	t.Helper()
 	store, err := redisstore.New(redisstore.Config{Addrs: []string{addr}}, nil)
 	if err != nil {
@@ -47,7 +47,7 @@ func overRedis(t *testing.T, addr string) window.Store {
 
 // embedded builds one process's limiter over store in front of a handler,
 // as the examples do.
-func embedded(t *testing.T, rulesYAML string, store window.Store) http.Handler {
+func embedded(t *testing.T, rulesYAML string, store store.Store) http.Handler {
 	t.Helper()
 	core, err := poplimit.New([]byte(rulesYAML), store, decision.Options{})
 	if err != nil {
@@ -65,12 +65,12 @@ func embedded(t *testing.T, rulesYAML string, store window.Store) http.Handler {
 // the limit: a client's requests through either count against it once.
 func TestNewSharedThroughAStore(t *testing.T) {
 	const rs = "rules: [{name: per-client, limit: 3, window: 1m, mode: sync}]"
-	for name, store := range map[string]func(t *testing.T) (a, b window.Store){
-		"memcached": func(t *testing.T) (a, b window.Store) {
+	for name, store := range map[string]func(t *testing.T) (a, b store.Store){
+		"memcached": func(t *testing.T) (a, b store.Store) {
 			mc := testenv.Memcached(t)
 			return overMemcached(t, mc.Addr), overMemcached(t, mc.Addr)
 		},
-		"redis": func(t *testing.T) (a, b window.Store) {
+		"redis": func(t *testing.T) (a, b store.Store) {
 			r := testenv.Redis(t)
 			return overRedis(t, r.Addr), overRedis(t, r.Addr)
 		},
@@ -99,7 +99,7 @@ func TestNewSharedThroughAStore(t *testing.T) {
 
 // New reports a bad rules file naming the field.
 func TestNewRefusesBadRules(t *testing.T) {
-	_, err := poplimit.New([]byte("rules: [{name: x, limit: -1, window: 1m}]"), window.NewMemStore(nil), decision.Options{})
+	_, err := poplimit.New([]byte("rules: [{name: x, limit: -1, window: 1m}]"), store.NewMemStore(nil), decision.Options{})
 	if err == nil || !strings.Contains(err.Error(), "limit") {
 		t.Errorf("got %v, want an error naming limit", err)
 	}

@@ -453,7 +453,10 @@ func TestRestartExactlyOnce(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "the second aggregator to take the rest", func() bool {
 		return r1.Events+getReport(t, second, false).Events >= logged
 	})
-	time.Sleep(300 * time.Millisecond) // room for a duplicate to show up
+	// A frame logged twice is applied, and dropped, before the group
+	// commits past it: once the group has committed the whole log, no
+	// copy is left to arrive.
+	testenv.WaitCommitted(t, 30*time.Second, cfg.Brokers[0], topic, cfg.Consumer.GroupID, 4)
 	stopAggregator(t, second)
 	r2 := second.judge.Report()
 
@@ -525,7 +528,9 @@ func TestEmbeddedDataDir(t *testing.T) {
 	closeProducer(t, p)
 	rest := int64(len(tr.events) - half)
 	testenv.WaitFor(t, 30*time.Second, "the second half judged", func() bool { return getReport(t, second, false).Events >= rest })
-	time.Sleep(300 * time.Millisecond) // room for a replay of the first half to show up
+	// Had the first half not been committed, the second aggregator would
+	// replay it before committing the log's end.
+	testenv.WaitCommitted(t, 30*time.Second, second.Brokers()[0], topic, cfg.Consumer.GroupID, cfg.Partitions)
 	if got := getReport(t, second, false).Events; got != rest {
 		t.Errorf("events after the restart: got %d, want %d (the first half was committed)", got, rest)
 	}

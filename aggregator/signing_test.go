@@ -97,7 +97,9 @@ func TestForgedEventsRefused(t *testing.T) {
 		r := getReport(t, a, false)
 		return r.Events >= honest && refused("unsigned")+refused("bad_mac") >= 8
 	})
-	time.Sleep(300 * time.Millisecond) // what else would arrive
+	// Refused messages are committed with their batch: once the group has
+	// committed the whole log, every message was judged or refused.
+	testenv.WaitCommitted(t, 30*time.Second, a.Brokers()[0], topic, cfg.Consumer.GroupID, cfg.Partitions)
 	r := getReport(t, a, true)
 	if r.Events != honest || r.Enforced.WronglyAllowed != 0 {
 		t.Errorf("events, wrongly allowed: got %d, %d; want %d (the edge's), 0", r.Events, r.Enforced.WronglyAllowed, honest)

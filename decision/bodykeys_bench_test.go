@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -31,7 +32,7 @@ func BenchmarkDecideBodyKey(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			lim, err := window.New(window.Config{Clock: clk}, window.NewMemStore(clk))
+			lim, err := window.New(window.Config{Clock: clk}, store.NewMemStore(clk))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -14,6 +14,8 @@ import (
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/slots"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -63,7 +65,7 @@ type CoreConfig struct {
 	GlobalShare float64
 	// Clock is the time every front end over this core reads (Now) for
 	// the requests it asks about, so that one clock reaches them all.
-	Clock window.Clock // default window.SystemClock
+	Clock store.Clock // default store.SystemClock
 	// RetryJitter is the most random time added to a refusal's
 	// Retry-After (Verdict.Refuse), by every front end alike; negative:
 	// none.
@@ -101,7 +103,7 @@ type CoreDeps struct {
 	// (the cache is what holds their block for the timeout).
 	Blocks BlockCache
 	// Slots runs concurrency rules; nil refuses rules that have any.
-	Slots      *window.Slots
+	Slots      *slots.Slots
 	Events     Emitter               // nil: no decision events
 	Registerer prometheus.Registerer // nil: metrics kept, not registered
 	// Global is the other PoPs' counts for global rules; nil: a global
@@ -188,7 +190,7 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 		cfg.RetryJitter = 0
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = window.SystemClock
+		cfg.Clock = store.SystemClock
 	}
 	if cfg.BodyKeyBytes < 0 || cfg.BodyKeyBytes > MaxBodyKeyBytes {
 		return nil, fmt.Errorf("edge: BodyKeyBytes %d: must be between 0 (default) and %d", cfg.BodyKeyBytes, MaxBodyKeyBytes)
@@ -440,7 +442,7 @@ func (c *Core) reset(d *Verdict, now time.Time) {
 func (c *Core) Finish(d *Verdict) {
 	c.keepAs(d, settledNoResponse)
 	for i := 0; i < d.nh; i++ {
-		c.deps.Slots.Release(&d.held[i].rule.Policy, d.held[i].key)
+		c.deps.Slots.Release(d.held[i].key)
 		d.held[i] = heldSlot{}
 	}
 	d.nh = 0

@@ -12,6 +12,8 @@ import (
 
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/slots"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -37,17 +39,17 @@ func (f tableFields) Cookie(name string) ([]byte, []byte, int) { return f.get("c
 // errStoreDown is what failingStore answers.
 var errStoreDown = errors.New("store down (test)")
 
-// failingStore is a window.Store whose every operation fails, as a
+// failingStore is a store.Store whose every operation fails, as a
 // store that cannot be reached does: the core's failure policy answers.
 type failingStore struct{}
 
-func (failingStore) Do(_ context.Context, ops []window.Op) {
+func (failingStore) Do(_ context.Context, ops []store.Op) {
 	for i := range ops {
 		ops[i].Err = errStoreDown
 	}
 }
 
-func (failingStore) DoState(_ context.Context, ops []window.StateOp) {
+func (failingStore) DoState(_ context.Context, ops []store.StateOp) {
 	for i := range ops {
 		ops[i].Err = errStoreDown
 	}
@@ -61,23 +63,23 @@ func (failingStore) Place(uint64) int { return 0 }
 // tableCore returns a core deciding by doc over store (a MemStore on clk
 // when nil), with Slots for concurrency rules, its limiter and store on
 // clk, its metrics in a registry of their own.
-func tableCore(t *testing.T, doc string, store window.Store, clk *steppedClock) *Core {
+func tableCore(t *testing.T, doc string, backend store.Store, clk *steppedClock) *Core {
 	t.Helper()
-	return tableCoreConfig(t, CoreConfig{}, doc, store, clk)
+	return tableCoreConfig(t, CoreConfig{}, doc, backend, clk)
 }
 
 // tableCoreConfig is tableCore with cfg (its Wait a no-op: a delay
 // rule's hold is not the tests' time).
-func tableCoreConfig(t *testing.T, cfg CoreConfig, doc string, store window.Store, clk *steppedClock) *Core {
+func tableCoreConfig(t *testing.T, cfg CoreConfig, doc string, backend store.Store, clk *steppedClock) *Core {
 	t.Helper()
 	rs, err := rules.ParseRules([]byte(doc))
 	if err != nil {
 		t.Fatalf("rules: %v", err)
 	}
-	if store == nil {
-		store = window.NewMemStore(clk)
+	if backend == nil {
+		backend = store.NewMemStore(clk)
 	}
-	lim, err := window.New(window.Config{Clock: clk}, store)
+	lim, err := window.New(window.Config{Clock: clk}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,10 +89,10 @@ func tableCoreConfig(t *testing.T, cfg CoreConfig, doc string, store window.Stor
 		t.Fatal(err)
 	}
 	t.Cleanup(blocks.Close)
-	slots := window.NewSlots(window.SlotsConfig{}, store)
+	sl := slots.New(slots.Config{}, backend)
 	cfg.Wait = func(time.Duration) {}
 	c, err := NewCore(cfg, rs,
-		CoreDeps{Limiter: lim, Blocks: blocks, Slots: slots, Registerer: prometheus.NewRegistry()})
+		CoreDeps{Limiter: lim, Blocks: blocks, Slots: sl, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +137,7 @@ func TestCoreDecideTable(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		rules string
-		store window.Store // nil: a MemStore on the case's clock
+		store store.Store // nil: a MemStore on the case's clock
 		steps []step
 	}{
 		{name: "first match decides alone", rules: `

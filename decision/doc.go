@@ -11,7 +11,7 @@
 //	shed? ─► match rules in order ─► key recipe (missing_key, duplicate_key)
 //	      ─► cost (fixed, or a header within bounds)
 //	      ─► block cache hit? ─► refused from memory, no store, no network
-//	      ─► window.Limiter (rate) or window.Slots (concurrency)
+//	      ─► window.Limiter (rate) or slots.Slots (concurrency)
 //	      ─► Verdict, metrics, one decision event per rule decided
 //
 // The first matching rule decides (with match: all, every matching rule in

@@ -9,13 +9,14 @@ import (
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
 // newCore returns a core deciding by the rules in doc over store: the
 // in-memory store here; memcachestore.New or redisstore.New to share the
 // limits with every process using the same servers.
-func newCore(doc string, store window.Store) (*decision.Core, func()) {
+func newCore(doc string, store store.Store) (*decision.Core, func()) {
 	rs, err := rules.ParseRules([]byte(doc))
 	if err != nil {
 		panic(err)
@@ -43,7 +44,7 @@ func newCore(doc string, store window.Store) (*decision.Core, func()) {
 func ExampleCore_Wait_crawler() {
 	core, closeCore := newCore(`rules:
   - {name: per-host, limit: 20, window: 1s, burst: 1, algorithm: token_bucket, mode: sync}`,
-		window.NewMemStore(nil))
+		store.NewMemStore(nil))
 	defer closeCore()
 
 	queue := []string{
@@ -99,7 +100,7 @@ func ExampleCore_Wait_crawler() {
 func ExampleCore_Wait_apiClient() {
 	core, closeCore := newCore(`rules:
   - {name: partner-api, limit: 5, window: 100ms, algorithm: sliding_log}`,
-		window.NewMemStore(nil))
+		store.NewMemStore(nil))
 	defer closeCore()
 
 	var asked, called []time.Time

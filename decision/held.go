@@ -116,7 +116,7 @@ func (c *Core) Hold(d *Verdict, dst []byte) ([]byte, bool) {
 
 // SettleHeld settles the reservation id (as Hold returned it) from its
 // response, as Settle does a Verdict's, and removes it: an id settles
-// once. It reports false for an id the table does not hold (malformed,
+// once. A status under 100 says no response came: the units are kept. It reports false for an id the table does not hold (malformed,
 // settled already, kept at its timeout, or issued by another edge).
 func (c *Core) SettleHeld(id []byte, status int, h ResponseHeader) bool {
 	var k [16]byte
@@ -149,7 +149,11 @@ func (c *Core) SettleHeld(id []byte, status int, h ResponseHeader) bool {
 		e.pend[j] = pendingUnits{}
 	}
 	t.mu.Unlock()
-	c.Settle(&v, status, h)
+	if status < 100 {
+		c.keepAs(&v, settledNoResponse) // no response came (Envoy's 0)
+	} else {
+		c.Settle(&v, status, h)
+	}
 	return true
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/slots"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -21,7 +23,7 @@ type Options struct {
 	// zero. Its Registerer is set from Registerer below.
 	Limiter window.Config
 	// Slots configures the concurrency slots over the store.
-	Slots window.SlotsConfig
+	Slots slots.Config
 	// Blocks caches refused keys until their release, so that a client
 	// hammering past its limit is refused from memory, and holds the block
 	// of a rule of action: block for its timeout. nil: a blockcache.Cache
@@ -49,23 +51,23 @@ type Options struct {
 // owned is what a Core built by New runs and stops on Close.
 type owned struct {
 	lim    *window.Limiter
-	slots  *window.Slots
+	slots  *slots.Slots
 	blocks *blockcache.Cache // nil when Options.Blocks was given
 }
 
 // New returns a core deciding by rs over store, with a limiter and
 // concurrency slots of its own, started: the whole limiter of a Go program
 // that embeds poplimit (package middleware puts it in front of net/http
-// handlers). store is any window.Store: window.NewMemStore for one
+// handlers). store is any store.Store: store.NewMemStore for one
 // process, memcachestore or redisstore to share the limits with other
 // processes. Close the core when done: it stops the limiter, whose last
 // flush sends the counts it holds.
 //
 // An edge assembles its core with NewCore instead, over parts it builds
 // and stops itself.
-func New(rs *rules.Rules, store window.Store, o Options) (*Core, error) {
+func New(rs *rules.Rules, store store.Store, o Options) (*Core, error) {
 	if store == nil {
-		return nil, errors.New("decision: New: store is nil (window.NewMemStore(nil) is the in-memory one)")
+		return nil, errors.New("decision: New: store is nil (store.NewMemStore(nil) is the in-memory one)")
 	}
 	own := &owned{}
 	blocks := o.Blocks
@@ -83,7 +85,7 @@ func New(rs *rules.Rules, store window.Store, o Options) (*Core, error) {
 		own.close(context.Background())
 		return nil, err
 	}
-	own.lim, own.slots = lim, window.NewSlots(o.Slots, store)
+	own.lim, own.slots = lim, slots.New(o.Slots, store)
 	c, err := NewCore(CoreConfig{EdgeID: o.EdgeID, Pop: o.Pop, RetryJitter: o.RetryJitter, BodyKeyBytes: o.BodyKeyBytes}, rs,
 		CoreDeps{Limiter: lim, Blocks: blocks, Slots: own.slots, Events: o.Events, Registerer: o.Registerer})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/poplimit/poplimit/blockcache"
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -39,7 +40,7 @@ func outcomes(c *decision.Core, addr string, now time.Time, n int) []decision.Ou
 // per client, each client counted apart, and Close flushes.
 func TestNewOverMemStore(t *testing.T) {
 	rs := mustRules(t, "rules: [{name: api, limit: 2, window: 1m, mode: sync}]")
-	c, err := decision.New(rs, window.NewMemStore(nil), decision.Options{})
+	c, err := decision.New(rs, store.NewMemStore(nil), decision.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestNewOverMemStore(t *testing.T) {
 // The block cache is optional: a core without one decides every request
 // by its limiter.
 func TestNewCoreWithoutBlockCache(t *testing.T) {
-	lim, err := window.New(window.Config{}, window.NewMemStore(nil))
+	lim, err := window.New(window.Config{}, store.NewMemStore(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestNewHoldsABlock(t *testing.T) {
 	}
 	defer bc.Close()
 	rs := mustRules(t, "rules: [{name: login, limit: 1, window: 1m, mode: sync, action: block, timeout: 10m}]")
-	c, err := decision.New(rs, window.NewMemStore(nil), decision.Options{Blocks: bc})
+	c, err := decision.New(rs, store.NewMemStore(nil), decision.Options{Blocks: bc})
 	if err != nil {
 		t.Fatal(err)
 	}

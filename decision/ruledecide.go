@@ -7,7 +7,7 @@ import (
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // decide runs rate rule r for the key in d.key, leaving its quota in
@@ -32,7 +32,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		rc.limitedCache.Inc()
 		d.Quota.ResetAt, d.Quota.ReleaseAt = rel, rel
 		d.FromBlockCache = true
-		ev.Decision, ev.FromBlockCache = event.Limited, true
+		ev.Decision, ev.FromBlockCache, ev.Counting = event.Limited, true, r.Count.On()
 		c.emit(r, d)
 		return true
 	}
@@ -50,7 +50,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		ev.Delayed, ev.DelayMicros = true, uint32(min(v.Delay/time.Microsecond, 1<<32-1))
 		d.Delay = max(d.Delay, v.Delay)
 	}
-	fb := v.Fallback != window.FallbackNone
+	fb := v.Fallback != store.FallbackNone
 	ev.Fallback, d.Fallback = fb, d.Fallback || fb
 	ev.Decision = event.Limited
 	switch {
@@ -70,12 +70,20 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 			c.m.blockDropped.Inc()
 		}
 	}
-	if v.Allowed && !fb && cost > 0 && r.Count.On() && d.np < maxPending {
-		// Reserved: the units are taken, and the response settles them
-		// (settle.go), emitting the event then.
-		d.pend[d.np] = pendingUnits{rule: r, key: h, units: cost, limit: limit, ev: *ev}
-		d.np++
-		return false
+	if r.Count.On() {
+		if v.Allowed && !fb && cost > 0 && d.np < maxPending {
+			// Reserved: the units are taken, and the response settles
+			// them (settle.go), emitting the event then.
+			d.pend[d.np] = pendingUnits{rule: r, key: h, block: bk, units: cost, limit: limit, ev: *ev}
+			d.np++
+			return false
+		}
+		// Refused, it counts nothing; admitted by the failure policy
+		// (nothing reserved to settle), all it cost.
+		ev.Counting = true
+		if v.Allowed {
+			ev.Counted = ev.Cost
+		}
 	}
 	c.emit(r, d)
 	return !v.Allowed && !r.Shadow
@@ -131,13 +139,13 @@ func (c *Core) acquire(sn *snapshot, r *rules.Rule, d *Verdict, t int64) bool {
 	limit := sn.rules.LimitFor(r, d.key)
 	rc := &sn.counters[r.Index]
 	d.Quota = Quota{Rule: r, Limit: limit, ResetAt: t + int64(time.Second), ReleaseAt: t + int64(time.Second)}
-	ok, fb := c.deps.Slots.Acquire(context.Background(), d.now, &r.Policy, h, limit)
+	ok, fb := c.deps.Slots.Acquire(context.Background(), d.now, r.Lease, r.Fail, h, limit)
 	switch {
-	case ok && fb == window.FallbackNone:
+	case ok && fb == store.FallbackNone:
 		rc.allowed.Inc()
 	case ok:
 		rc.allowedFallback.Inc()
-	case fb != window.FallbackNone:
+	case fb != store.FallbackNone:
 		rc.limitedFallback.Inc()
 	case r.Shadow:
 		rc.shadowLimited.Inc()
@@ -145,7 +153,7 @@ func (c *Core) acquire(sn *snapshot, r *rules.Rule, d *Verdict, t int64) bool {
 	default:
 		rc.limited.Inc()
 	}
-	d.Fallback = d.Fallback || fb != window.FallbackNone
+	d.Fallback = d.Fallback || fb != store.FallbackNone
 	if ok {
 		d.held[d.nh] = heldSlot{r, h}
 		d.nh++
@@ -155,7 +163,7 @@ func (c *Core) acquire(sn *snapshot, r *rules.Rule, d *Verdict, t int64) bool {
 		// Concurrency decisions are not rate events (the judge has no truth
 		// for them) and go to no Emitter; the observer sees them.
 		d.ev = event.Event{Time: t, KeyHash: h, Rule: r.NameBytes(), Cost: 1, Limit: uint32(limit),
-			Edge: uint16(c.cfg.EdgeID), Decision: event.Limited, Shadow: r.Shadow, Fallback: fb != window.FallbackNone}
+			Edge: uint16(c.cfg.EdgeID), Decision: event.Limited, Shadow: r.Shadow, Fallback: fb != store.FallbackNone}
 		if ok {
 			d.ev.Decision = event.Allowed
 		}

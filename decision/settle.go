@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/poplimit/poplimit/event"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 )
 
@@ -39,6 +40,7 @@ const maxPending = 4
 type pendingUnits struct {
 	rule  *rules.Rule
 	key   uint64 // the rule's key hash
+	block uint64 // its key in the block cache
 	units uint64 // reserved
 	limit uint64 // the key's limit (a tier's), the origin's units' cap
 	ev    event.Event
@@ -108,6 +110,15 @@ func (c *Core) settle(p *pendingUnits, counted uint64, now int64, how settledHow
 			// can only refuse more.
 			c.sm.giveBackFailed.Inc()
 			counted = p.units
+		} else if r.Action != policy.Block {
+			// A throttle refused meanwhile was blocked until the release
+			// its reserved units made; given back, they no longer hold
+			// it. (A block rule's block stands for its timeout.)
+			if u, ok := c.blocks.(unblocker); ok {
+				if _, blocked := c.blocks.Blocked(p.block, now); blocked {
+					u.Unblock(p.block)
+				}
+			}
 		}
 	case counted > p.units:
 		c.lim.Record(time.Unix(0, now), &r.Policy, p.key, counted-p.units)
@@ -120,6 +131,10 @@ func (c *Core) settle(p *pendingUnits, counted uint64, now int64, how settledHow
 		c.cfg.Observe(r, nil, &p.ev)
 	}
 }
+
+// unblocker is what a block cache offers to lift a block early
+// (blockcache.Cache.Unblock).
+type unblocker interface{ Unblock(key uint64) }
 
 // settledHow is how a counting rule's request settled, for
 // poplimit_edge_settled_total.

@@ -17,6 +17,7 @@ import (
 	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/shardproxy"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -51,13 +52,13 @@ func newSteppedClock() *steppedClock {
 
 // waitCore returns a core deciding by the rules in doc over store, its
 // limiter's clock clk, with its metrics in a registry of its own.
-func waitCore(t *testing.T, doc string, store window.Store, clk window.Clock) *Core {
+func waitCore(t *testing.T, doc string, backend store.Store, clk store.Clock) *Core {
 	t.Helper()
 	rs, err := rules.ParseRules([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := window.New(window.Config{Clock: clk}, store)
+	lim, err := window.New(window.Config{Clock: clk}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestWaitSleepsUntilTheExactRelease(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := newSteppedClock()
-			c := waitCore(t, "rules: ["+tt.rule+"]", window.NewMemStore(clk), clk)
+			c := waitCore(t, "rules: ["+tt.rule+"]", store.NewMemStore(clk), clk)
 			for i := range tt.admitted {
 				if err := c.wait(context.Background(), clk, "r", []byte("k"), 1); err != nil {
 					t.Fatalf("wait %d: %v", i, err)
@@ -132,9 +133,9 @@ func TestWaitSleepsUntilTheExactRelease(t *testing.T) {
 func TestWaitAsksAgainWhenAnotherProcessTookTheRoom(t *testing.T) {
 	const rule = "rules: [{name: r, limit: 1, window: 1s, burst: 1, algorithm: token_bucket, mode: sync}]"
 	clk := newSteppedClock()
-	store := window.NewMemStore(clk)
-	c := waitCore(t, rule, store, clk)
-	other := waitCore(t, rule, store, clk)
+	backend := store.NewMemStore(clk)
+	c := waitCore(t, rule, backend, clk)
+	other := waitCore(t, rule, backend, clk)
 	if err := c.wait(context.Background(), clk, "r", []byte("k"), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +174,7 @@ func TestWaitRefusesAtOnce(t *testing.T) {
   - {name: w, limit: 2, window: 1s, mode: sync}
   - {name: tb, limit: 10, window: 1s, burst: 3, algorithm: token_bucket, mode: sync}
   - {name: q, limit: 10, window: 1s, burst: 2, algorithm: leaky_bucket, action: delay, mode: sync}`,
-		window.NewMemStore(clk), clk)
+		store.NewMemStore(clk), clk)
 	ctx := context.Background()
 	for _, tt := range []struct {
 		rule string
@@ -229,7 +230,7 @@ func (c parkedClock) Sleep(ctx context.Context, d time.Duration) error {
 
 // A waiter whose context ends while it sleeps returns its error.
 func TestWaitReturnsWhenTheContextEnds(t *testing.T) {
-	c := waitCore(t, "rules: [{name: r, limit: 1, window: 1h, mode: sync}]", window.NewMemStore(nil), nil)
+	c := waitCore(t, "rules: [{name: r, limit: 1, window: 1h, mode: sync}]", store.NewMemStore(nil), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := c.Wait(ctx, "r", []byte("k"), 1); err != nil {
 		t.Fatal(err)
@@ -261,7 +262,7 @@ func TestWaitReturnsWhenTheContextEnds(t *testing.T) {
 func TestWaitOnAQueueSleepsUntilItsPlace(t *testing.T) {
 	clk := newSteppedClock()
 	c := waitCore(t, "rules: [{name: q, limit: 10, window: 1s, burst: 2, algorithm: leaky_bucket, action: delay, mode: sync}]",
-		window.NewMemStore(clk), clk)
+		store.NewMemStore(clk), clk)
 	for range 3 {
 		if err := c.wait(context.Background(), clk, "q", []byte("k"), 1); err != nil {
 			t.Fatal(err)
@@ -281,7 +282,7 @@ func TestReserveHoldsABucketForLater(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			clk := newSteppedClock()
 			c := waitCore(t, "rules: [{name: tb, limit: 10, window: 1s, burst: 1, algorithm: token_bucket, mode: "+mode+"}]",
-				window.NewMemStore(clk), clk)
+				store.NewMemStore(clk), clk)
 			ctx := context.Background()
 			now := clk.t
 			for i := range 3 {
@@ -325,7 +326,7 @@ func TestReserveHoldsABucketForLater(t *testing.T) {
 func TestReserveTakesAQueuePlace(t *testing.T) {
 	clk := newSteppedClock()
 	c := waitCore(t, "rules: [{name: q, limit: 10, window: 1s, burst: 2, algorithm: leaky_bucket, action: delay, mode: sync}]",
-		window.NewMemStore(clk), clk)
+		store.NewMemStore(clk), clk)
 	now := clk.t
 	for i := range 3 {
 		r, err := c.Reserve(context.Background(), now, "q", []byte("k"), 1, time.Hour)
@@ -351,7 +352,7 @@ func TestReserveOnACounterAndCancel(t *testing.T) {
 	for _, mode := range []string{"sync", "async"} {
 		t.Run(mode, func(t *testing.T) {
 			clk := newSteppedClock()
-			c := waitCore(t, "rules: [{name: w, limit: 2, window: 1s, mode: "+mode+"}]", window.NewMemStore(clk), clk)
+			c := waitCore(t, "rules: [{name: w, limit: 2, window: 1s, mode: "+mode+"}]", store.NewMemStore(clk), clk)
 			ctx := context.Background()
 			now := clk.t
 			var taken []*Reservation
@@ -388,9 +389,9 @@ func TestWaitAndReserveOverEveryStore(t *testing.T) {
   - {name: tb, limit: 10, window: 1s, burst: 1, algorithm: token_bucket, mode: sync}
   - {name: w, limit: 2, window: 1s, mode: sync}
   - {name: q, limit: 10, window: 1s, burst: 1, algorithm: leaky_bucket, action: delay, mode: sync}`
-	stores := map[string]func(t *testing.T, clk window.Clock) window.Store{
-		"memstore": func(t *testing.T, clk window.Clock) window.Store { return window.NewMemStore(clk) },
-		"memcached": func(t *testing.T, _ window.Clock) window.Store {
+	stores := map[string]func(t *testing.T, clk store.Clock) store.Store{
+		"memstore": func(t *testing.T, clk store.Clock) store.Store { return store.NewMemStore(clk) },
+		"memcached": func(t *testing.T, _ store.Clock) store.Store {
 			mc := testenv.Memcached(t)
 			client, err := shardproxy.New(shardproxy.Config{Servers: []shardproxy.Server{{Addr: mc.Addr}}, Timeout: 2 * time.Second}, nil)
 			if err != nil {
@@ -403,7 +404,7 @@ func TestWaitAndReserveOverEveryStore(t *testing.T) {
 			}
 			return s
 		},
-		"redis": func(t *testing.T, _ window.Clock) window.Store {
+		"redis": func(t *testing.T, _ store.Clock) store.Store {
 			rd := testenv.Redis(t)
 			s, err := redisstore.New(redisstore.Config{Addrs: []string{rd.Addr}, Timeout: 2 * time.Second}, nil)
 			if err != nil {
@@ -475,14 +476,14 @@ func TestWaitStopsWhenTheStoreFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	store, err := memcachestore.New(client, nil)
+	backend, err := memcachestore.New(client, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := waitCore(t, `rules:
   - {name: open, limit: 10, window: 1s, mode: sync}
   - {name: closed, limit: 10, window: 1s, mode: sync, fail: closed}
-  - {name: tb, limit: 10, window: 1s, algorithm: token_bucket, mode: sync}`, store, nil)
+  - {name: tb, limit: 10, window: 1s, algorithm: token_bucket, mode: sync}`, backend, nil)
 	for _, rule := range []string{"open", "closed", "tb"} {
 		if err := c.Wait(context.Background(), rule, []byte("k"), 1); !errors.Is(err, ErrStoreFailed) {
 			t.Errorf("Wait(%s) with the store down = %v, want ErrStoreFailed", rule, err)

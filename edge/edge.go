@@ -34,6 +34,8 @@ import (
 	"github.com/poplimit/poplimit/rls"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/shardproxy"
+	"github.com/poplimit/poplimit/slots"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -77,9 +79,9 @@ type Options struct {
 	// envoyproxy/ratelimit file: a larger one is refused unread.
 	RulesMaxBytes int64 // default rules.DefaultMaxFileBytes (4 MiB)
 
-	Server  httpedge.Config    // the fasthttp front end: mode, upstream, client addresses, limits, TLS
-	Limiter window.Config      // flush interval, store timeout, key table bounds
-	Slots   window.SlotsConfig // concurrency rules: renewal; StoreTimeout defaults to Limiter.StoreTimeout
+	Server  httpedge.Config // the fasthttp front end: mode, upstream, client addresses, limits, TLS
+	Limiter window.Config   // flush interval, store timeout, key table bounds
+	Slots   slots.Config    // concurrency rules: renewal; StoreTimeout defaults to Limiter.StoreTimeout
 	// Memcache is the shared store; no Servers means an in-memory store
 	// (one edge alone: limits do not hold across edges). Timeout defaults
 	// to Limiter.StoreTimeout.
@@ -140,7 +142,7 @@ type Options struct {
 	// would build (several in-process edges can share one MemStore);
 	// Events replaces the producer Brokers would build; Registry receives
 	// every metric (default a new one with the Go and process collectors).
-	Store    window.Store
+	Store    store.Store
 	Events   decision.Emitter
 	Registry Registry
 	// ClockSkew is added to the edge's clock: a test hook (the fault
@@ -150,7 +152,7 @@ type Options struct {
 	// slots' renewals and every front end (the fasthttp server, the
 	// decision endpoint, the rate limit service, the middleware) read it,
 	// so a test can step time for all of them. ClockSkew is added to it.
-	Clock window.Clock // default window.SystemClock
+	Clock store.Clock // default store.SystemClock
 	// RetryJitter is the most random time added to every refusal's
 	// Retry-After, by every front end, so that refused clients do not all
 	// come back at once; negative: none.
@@ -160,6 +162,12 @@ type Options struct {
 	// rule matches; a longer body falls back as the rule's missing_key
 	// says (decision.CoreConfig.BodyKeyBytes).
 	BodyKeyBytes int // default decision.DefaultBodyKeyBytes (8 KiB)
+	// SettleTimeout is how long a decision-mode reservation of a counting
+	// rule waits for its settle call (POST /_poplimit/settle); one never
+	// settled keeps its units then. MaxReservations bounds the
+	// reservations waiting; past it a new one keeps its units at once.
+	SettleTimeout   time.Duration // default decision.DefaultSettleTimeout (1m)
+	MaxReservations int           // default decision.DefaultMaxHeld (65,536)
 	// KafkaDial, when set, opens the connections to Brokers, for the
 	// producer and the feed of the other PoPs' counts: a test hook (the
 	// fault suite cuts a PoP off from Kafka).
@@ -172,10 +180,10 @@ const MaxClockSkew = time.Minute
 
 // clock is the edge's time, Clock plus ClockSkew: what its core, limiter,
 // slots and front ends read.
-func (o *Options) clock() window.Clock {
+func (o *Options) clock() store.Clock {
 	c := o.Clock
 	if c == nil {
-		c = window.SystemClock
+		c = store.SystemClock
 	}
 	if o.ClockSkew == 0 {
 		return c
@@ -185,7 +193,7 @@ func (o *Options) clock() window.Clock {
 
 // skewedClock is a clock d ahead of another (behind, for d < 0).
 type skewedClock struct {
-	c window.Clock
+	c store.Clock
 	d time.Duration
 }
 
@@ -251,13 +259,19 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.Default()
 	}
 	if o.Clock == nil {
-		o.Clock = window.SystemClock
+		o.Clock = store.SystemClock
 	}
 	if o.RetryJitter == 0 {
 		o.RetryJitter = decision.DefaultRetryJitter
 	}
 	if o.BodyKeyBytes == 0 {
 		o.BodyKeyBytes = decision.DefaultBodyKeyBytes
+	}
+	if o.SettleTimeout == 0 {
+		o.SettleTimeout = decision.DefaultSettleTimeout
+	}
+	if o.MaxReservations == 0 {
+		o.MaxReservations = decision.DefaultMaxHeld
 	}
 	if o.ReloadPoll == 0 {
 		o.ReloadPoll = 2 * time.Second
@@ -280,7 +294,7 @@ type Edge struct {
 	Core     *decision.Core
 	Server   *httpedge.Server
 	Limiter  *window.Limiter
-	Slots    *window.Slots
+	Slots    *slots.Slots
 	Blocks   *blockcache.Cache
 	RLS      *rls.Service // Envoy's rate limit service; nil without RLSListen
 	Registry Registry
@@ -288,7 +302,7 @@ type Edge struct {
 	// without Options.Pop and Brokers.
 	Global *global.Table
 
-	store    window.Store       // the shared store the core decides over
+	store    store.Store        // the shared store the core decides over
 	memcache *shardproxy.Client // nil without Memcache servers
 	producer *pipeline.Producer // nil without Brokers
 	closers  []func(context.Context) error
@@ -344,19 +358,19 @@ func Build(o Options) (e *Edge, err error) {
 		e.Registry = r
 	}
 	reg := e.Registry
-	store := o.Store
-	if store == nil && len(o.Redis.Addrs) > 0 && len(o.Memcache.Servers) > 0 {
+	backend := o.Store
+	if backend == nil && len(o.Redis.Addrs) > 0 && len(o.Memcache.Servers) > 0 {
 		return e, errors.New("edge: Memcache and Redis: one shared store, not both")
 	}
-	if store == nil && len(o.Redis.Addrs) > 0 {
+	if backend == nil && len(o.Redis.Addrs) > 0 {
 		rs, err := redisstore.New(o.Redis, reg)
 		if err != nil {
 			return e, err
 		}
 		e.closers = append(e.closers, func(context.Context) error { rs.Close(); return nil })
-		store = rs
+		backend = rs
 	}
-	if store == nil && len(o.Memcache.Servers) > 0 {
+	if backend == nil && len(o.Memcache.Servers) > 0 {
 		if e.memcache, err = shardproxy.New(o.Memcache, reg); err != nil {
 			return e, err
 		}
@@ -365,10 +379,10 @@ func Build(o Options) (e *Edge, err error) {
 		if err != nil {
 			return e, err
 		}
-		store = ms
+		backend = ms
 	}
-	if store == nil {
-		store = window.NewMemStore(nil)
+	if backend == nil {
+		backend = store.NewMemStore(nil)
 	}
 	if e.Blocks, err = blockcache.New(o.BlockCache, reg); err != nil {
 		return e, err
@@ -386,7 +400,7 @@ func Build(o Options) (e *Edge, err error) {
 		e.closers = append(e.closers, e.producer.Close)
 		events = e.producer
 	}
-	e.store = store
+	e.store = backend
 	if err := e.registerReady(reg); err != nil {
 		return e, err
 	}
@@ -397,7 +411,7 @@ func Build(o Options) (e *Edge, err error) {
 		}
 		others = e.Global
 	}
-	st, err := NewStack(o, rs, StackDeps{Store: store, Blocks: e.Blocks, Events: events, Registerer: reg, Global: others})
+	st, err := NewStack(o, rs, StackDeps{Store: backend, Blocks: e.Blocks, Events: events, Registerer: reg, Global: others})
 	if err != nil {
 		return e, err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/shardproxy"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -46,7 +47,7 @@ type edgeOpts struct {
 	reloadPoll               time.Duration
 	rules                    string
 	memcache                 []string // empty: in-memory store
-	store                    window.Store
+	store                    store.Store
 	flush                    time.Duration
 }
 

@@ -11,6 +11,8 @@ import (
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/slots"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -23,7 +25,7 @@ import (
 // then, at the same intervals.
 type Stack struct {
 	Limiter *window.Limiter
-	Slots   *window.Slots
+	Slots   *slots.Slots
 	Core    *decision.Core
 
 	stepped                bool
@@ -34,7 +36,7 @@ type Stack struct {
 
 // StackDeps are what a Stack is built over besides Options.
 type StackDeps struct {
-	Store      window.Store        // required
+	Store      store.Store         // required
 	Blocks     decision.BlockCache // required
 	Events     decision.Emitter    // nil: no decision events
 	Registerer prometheus.Registerer
@@ -43,7 +45,7 @@ type StackDeps struct {
 	// each multiple of their interval, so that the edges of a simulated
 	// PoP need not flush in step. Unset, the stack reads Options.Clock
 	// (plus ClockSkew) and its loops run by themselves.
-	Clock window.Clock
+	Clock store.Clock
 	Phase time.Duration
 	// Observe and Wait are the core's hooks (decision.CoreConfig).
 	Observe func(r *rules.Rule, key []byte, e *event.Event)
@@ -70,11 +72,11 @@ func NewStack(o Options, rs *rules.Rules, d StackDeps) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Stack{Limiter: lim, Slots: window.NewSlots(o.Slots, d.Store), stepped: d.Clock != nil,
+	s := &Stack{Limiter: lim, Slots: slots.New(o.Slots, d.Store), stepped: d.Clock != nil,
 		flushEvery: int64(lim.Config().FlushInterval), renewEvery: int64(o.Slots.RenewInterval), phase: int64(d.Phase)}
 	s.Core, err = decision.NewCore(decision.CoreConfig{EdgeID: o.EdgeID, Upstream: o.Server.Mode == httpedge.Proxy,
 		Observe: d.Observe, Wait: d.Wait, Pop: o.Pop, GlobalShare: o.GlobalShare,
-		Clock: clock, RetryJitter: o.RetryJitter, BodyKeyBytes: o.BodyKeyBytes}, rs,
+		Clock: clock, RetryJitter: o.RetryJitter, BodyKeyBytes: o.BodyKeyBytes, SettleTimeout: o.SettleTimeout, MaxHeld: o.MaxReservations}, rs,
 		decision.CoreDeps{Limiter: lim, Blocks: d.Blocks, Slots: s.Slots, Events: d.Events, Registerer: d.Registerer, Global: d.Global})
 	if err != nil {
 		s.Close(context.Background())

@@ -18,6 +18,8 @@ import (
 	"github.com/poplimit/poplimit/httpedge"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/rules"
+	"github.com/poplimit/poplimit/slots"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -39,8 +41,8 @@ type testEdge struct {
 
 type edgeOpts struct {
 	cfg   httpedge.Config
-	rules string       // empty: decision.DefaultRules
-	store window.Store // nil: the in-memory store
+	rules string      // empty: decision.DefaultRules
+	store store.Store // nil: the in-memory store
 	flush time.Duration
 }
 
@@ -87,27 +89,27 @@ func newEdge(t testing.TB, o edgeOpts) *testEdge {
 	if err != nil {
 		t.Fatalf("rules: %v", err)
 	}
-	store := o.store
-	if store == nil {
-		store = window.NewMemStore(nil)
+	backend := o.store
+	if backend == nil {
+		backend = store.NewMemStore(nil)
 	}
 	reg := prometheus.NewRegistry()
-	lim, err := window.New(window.Config{FlushInterval: cmp.Or(o.flush, 2*time.Millisecond), StoreTimeout: 50 * time.Millisecond, Registerer: reg}, store)
+	lim, err := window.New(window.Config{FlushInterval: cmp.Or(o.flush, 2*time.Millisecond), StoreTimeout: 50 * time.Millisecond, Registerer: reg}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lim.Start()
 	t.Cleanup(func() { lim.Close(context.Background()) })
-	slots := window.NewSlots(window.SlotsConfig{StoreTimeout: 50 * time.Millisecond}, store)
-	slots.Start(0, nil)
-	t.Cleanup(slots.Close)
+	sl := slots.New(slots.Config{StoreTimeout: 50 * time.Millisecond}, backend)
+	sl.Start(0, nil)
+	t.Cleanup(sl.Close)
 	blocks, err := blockcache.New(blockcache.Config{MaxEntries: 1 << 14}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(blocks.Close)
 	core, err := decision.NewCore(decision.CoreConfig{Upstream: o.cfg.Mode == httpedge.Proxy, RetryJitter: -1}, rs,
-		decision.CoreDeps{Limiter: lim, Blocks: blocks, Slots: slots, Registerer: reg})
+		decision.CoreDeps{Limiter: lim, Blocks: blocks, Slots: sl, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

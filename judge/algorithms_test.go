@@ -8,22 +8,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/event"
 	"github.com/poplimit/poplimit/policy"
-	"github.com/poplimit/poplimit/window"
 )
 
-func algo(a policy.Algorithm) opt { return func(e *event.Event) { e.Algorithm = a } }
-func burstOfN(n uint32) opt       { return func(e *event.Event) { e.Burst = n } }
+func algorithm(a policy.Algorithm) opt { return func(e *event.Event) { e.Algorithm = a } }
+func burstOfN(n uint32) opt            { return func(e *event.Event) { e.Burst = n } }
 func delayed(us uint32) opt {
 	return func(e *event.Event) { e.Delayed, e.DelayMicros = true, us }
 }
 
 var (
-	tb  = algo(policy.TokenBucket)
-	lbk = algo(policy.LeakyBucket)
-	fw  = algo(policy.FixedWindow)
-	slg = algo(policy.SlidingLog)
+	tb  = algorithm(policy.TokenBucket)
+	lbk = algorithm(policy.LeakyBucket)
+	fw  = algorithm(policy.FixedWindow)
+	slg = algorithm(policy.SlidingLog)
 )
 
 // TestJudgeAlgorithms judges hand-made traces of every algorithm. ev's
@@ -282,7 +282,7 @@ func TestByAlgorithm(t *testing.T) {
 	var events []event.Event
 	for k, a := range []policy.Algorithm{policy.SlidingWindow, policy.FixedWindow,
 		policy.TokenBucket, policy.LeakyBucket, policy.SlidingLog} {
-		events = append(events, cat(burst(9000, 10, 100, uint64(k+1), A, algo(a)), burst(10_000, 10, 100, uint64(k+1), A, algo(a)))...)
+		events = append(events, cat(burst(9000, 10, 100, uint64(k+1), A, algorithm(a)), burst(10_000, 10, 100, uint64(k+1), A, algorithm(a)))...)
 	}
 	r := run(t, nil, events)
 	var got []string
@@ -506,15 +506,15 @@ func TestFixedMatchesDefinition(t *testing.T) {
 }
 
 // TestGCRAFitsAsWindow checks the reference bucket's verdicts against
-// window.LeakyBucket.Allow run as an exact limiter while the two agree,
+// algo.LeakyBucket.Allow run as an exact limiter while the two agree,
 // and its level after overflowing against a bucket poured by hand.
 func TestGCRAFitsAsWindow(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 100 {
-		lb := window.LeakyBucket{Rate: int64(1 + rng.IntN(50)), Per: time.Duration(1+rng.IntN(10_000)) * time.Millisecond,
+		lb := algo.LeakyBucket{Rate: int64(1 + rng.IntN(50)), Per: time.Duration(1+rng.IntN(10_000)) * time.Millisecond,
 			Capacity: int64(1 + rng.IntN(40))}
 		var g gcra
-		var ws window.LeakyBucketState
+		var ws algo.LeakyBucketState
 		now := t0
 		for range 200 {
 			now += int64(rng.IntN(int(lb.Per) / 4))

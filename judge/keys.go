@@ -1,6 +1,6 @@
 package judge
 
-import "github.com/poplimit/poplimit/window"
+import "github.com/poplimit/poplimit/algo"
 
 // keyID identifies a key: its hash and its rule (the hash already mixes in
 // the rule; the rule keeps two rules' keys apart all the same), and, for a
@@ -20,12 +20,12 @@ const allPops = 0xffff
 // (every decision). Block keys use attempts only.
 type keyState struct {
 	id       keyID
-	admitted window.SlidingLogState // refLog: units of allowed decisions
-	attempts window.SlidingLogState // refLog: units of every decision
-	last     int64                  // latest event time judged, Unix ns
-	entries  int32                  // log entries as last accounted
-	slots    int32                  // log ring slots (entries of room) as last accounted
-	prev     int32                  // neighbours on its list, -1: none
+	admitted algo.SlidingLogState // refLog: units of allowed decisions
+	attempts algo.SlidingLogState // refLog: units of every decision
+	last     int64                // latest event time judged, Unix ns
+	entries  int32                // log entries as last accounted
+	slots    int32                // log ring slots (entries of room) as last accounted
+	prev     int32                // neighbours on its list, -1: none
 	next     int32
 	list     int32       // index into keyTable.lists
 	kind     uint8       // the reference kept: refLog, refBucket or refFixed
@@ -37,7 +37,7 @@ type keyState struct {
 // changed algorithm, and the new one is judged from scratch.
 func (kt *keyTable) reset(i int32, kind uint8) {
 	st := &kt.slab[i]
-	st.admitted, st.attempts = window.SlidingLogState{}, window.SlidingLogState{}
+	st.admitted, st.attempts = algo.SlidingLogState{}, algo.SlidingLogState{}
 	st.bucket, st.fixed = [2]gcra{}, fixedCounts{}
 	st.kind = kind
 	kt.account(i)

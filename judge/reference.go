@@ -5,8 +5,8 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
-	"github.com/poplimit/poplimit/window"
 )
 
 // Reference kinds: which exact truth a key's state keeps.
@@ -29,13 +29,13 @@ func refOf(a uint8) uint8 {
 }
 
 // maxDrain bounds the time a full reference bucket takes to drain, as
-// window.LeakyBucket.Validate does, so that every instant the bucket
+// algo.LeakyBucket.Validate does, so that every instant the bucket
 // computes fits in int64 Unix nanoseconds.
 const maxDrain = int64(100 * 365 * 24 * time.Hour)
 
 // bucketDrain returns the time a full bucket of burst units leaking limit
 // per w ns takes to drain, ⌈burst·w/limit⌉ ns, and whether the bucket's
-// exact arithmetic holds (window.LeakyBucket.Validate: burst × w + limit
+// exact arithmetic holds (algo.LeakyBucket.Validate: burst × w + limit
 // fits in an int64 and the drain is at most maxDrain). All three are > 0.
 func bucketDrain(limit, burst uint32, w int64) (int64, bool) {
 	if int64(burst) > (math.MaxInt64-int64(limit))/w {
@@ -72,10 +72,10 @@ func span(p *pending, kind uint8, w int64) int64 {
 	return max(w, d)
 }
 
-// gcra is a reference bucket: an exact GCRA (window.LeakyBucket) that is
+// gcra is a reference bucket: an exact GCRA (algo.LeakyBucket) that is
 // poured whatever its level, and the start of its busy period.
 type gcra struct {
-	s window.LeakyBucketState
+	s algo.LeakyBucketState
 	// busy is when the bucket last started to fill from empty, Unix ns:
 	// it has held units ever since, so the units poured from busy on are
 	// its level plus what leaked since busy.
@@ -88,7 +88,7 @@ func (g *gcra) empty(t int64) bool {
 }
 
 // level returns the units in the bucket at t, at least 0.
-func (g *gcra) level(lb window.LeakyBucket, t int64) float64 {
+func (g *gcra) level(lb algo.LeakyBucket, t int64) float64 {
 	if g.empty(t) {
 		return 0
 	}
@@ -98,7 +98,7 @@ func (g *gcra) level(lb window.LeakyBucket, t int64) float64 {
 // norm keeps the state readable under lb: a fraction from another rate (the
 // key's limit changed) is dropped, as the edges' shared state does. Less
 // than a nanosecond is lost.
-func (g *gcra) norm(lb window.LeakyBucket) {
+func (g *gcra) norm(lb algo.LeakyBucket) {
 	if g.s.Frac < 0 || g.s.Frac >= lb.Rate {
 		g.s.Frac = 0
 	}
@@ -109,7 +109,7 @@ func (g *gcra) norm(lb window.LeakyBucket) {
 // returns the level before them, and the units poured over the busy period
 // that ends with them with the bound the bucket promises for that interval,
 // Capacity + Rate × its length (see ratio).
-func (g *gcra) take(lb window.LeakyBucket, t, n int64) (fit bool, before, busyUnits, busyBound float64) {
+func (g *gcra) take(lb algo.LeakyBucket, t, n int64) (fit bool, before, busyUnits, busyBound float64) {
 	g.norm(lb)
 	before = g.level(lb, t)
 	if g.empty(t) {
@@ -126,7 +126,7 @@ func (g *gcra) take(lb window.LeakyBucket, t, n int64) (fit bool, before, busyUn
 }
 
 // add pours n > 0 units at t whatever the level, without judging them.
-func (g *gcra) add(lb window.LeakyBucket, t, n int64) {
+func (g *gcra) add(lb algo.LeakyBucket, t, n int64) {
 	g.norm(lb)
 	if g.empty(t) {
 		g.busy = t
@@ -135,21 +135,21 @@ func (g *gcra) add(lb window.LeakyBucket, t, n int64) {
 }
 
 // pour adds n > 0 units to the bucket at t whatever its level (the
-// unexported window.LeakyBucket.pour), saturating far in the future.
-func (g *gcra) pour(lb window.LeakyBucket, t, n int64) {
+// unexported algo.LeakyBucket.pour), saturating far in the future.
+func (g *gcra) pour(lb algo.LeakyBucket, t, n int64) {
 	tat, frac := g.s.TAT, g.s.Frac
 	if g.empty(t) {
 		tat, frac = t, 0
 	}
 	per := int64(lb.Per)
 	if n > (math.MaxInt64-frac)/per {
-		g.s = window.LeakyBucketState{TAT: math.MaxInt64}
+		g.s = algo.LeakyBucketState{TAT: math.MaxInt64}
 		return
 	}
 	total := frac + n*per
 	g.s.TAT, g.s.Frac = tat+total/lb.Rate, total%lb.Rate
 	if g.s.TAT < tat {
-		g.s = window.LeakyBucketState{TAT: math.MaxInt64}
+		g.s = algo.LeakyBucketState{TAT: math.MaxInt64}
 	}
 }
 
@@ -161,10 +161,10 @@ type fixedCounts struct {
 }
 
 // roll moves the counts to the window of fw containing t, aligned as the
-// edges align it (window.FixedWindow.WindowStart: a multiple of the window
+// edges align it (algo.FixedWindow.WindowStart: a multiple of the window
 // since the Unix epoch), unless t is before the counted window (the window
 // grew), which goes on counting.
-func (f *fixedCounts) roll(fw window.FixedWindow, t int64) {
+func (f *fixedCounts) roll(fw algo.FixedWindow, t int64) {
 	if s := fw.WindowStart(t); s > f.start || f.admitted == 0 && f.attempts == 0 {
 		*f = fixedCounts{start: s}
 	}
@@ -186,7 +186,7 @@ type verdict struct {
 
 // judgeLog judges p (time t, cost c) against the key's exact sliding logs.
 func judgeLog(st *keyState, p *pending, t, c, w int64) verdict {
-	sl := window.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
+	sl := algo.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
 	limited := p.flags&fLimited != 0
 	// exact is the count the verdict compares with the limit, this event
 	// included; prior is the count the edge's estimate stands for.
@@ -224,7 +224,7 @@ func judgeLog(st *keyState, p *pending, t, c, w int64) verdict {
 // judgeFixed judges p against the exact counts of its fixed window.
 func judgeFixed(st *keyState, p *pending, t, c, w int64) verdict {
 	f := &st.fixed
-	f.roll(window.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
+	f.roll(algo.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
 	limited := p.flags&fLimited != 0
 	var exact, prior int64
 	var v verdict
@@ -259,7 +259,7 @@ func judgeFixed(st *keyState, p *pending, t, c, w int64) verdict {
 // judgeBucket judges p against the key's exact buckets: GCRA with rate
 // Limit per window and capacity Burst.
 func judgeBucket(st *keyState, p *pending, t, c, w int64) verdict {
-	lb := window.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
+	lb := algo.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
 	adm, att := &st.bucket[0], &st.bucket[1]
 	limited := p.flags&fLimited != 0
 	var v verdict
@@ -295,20 +295,20 @@ func addLate(st *keyState, kind uint8, p *pending, t, c, w int64) {
 	logAdmitted := p.flags&(fBlock|fLimited) == 0
 	switch kind {
 	case refBucket:
-		lb := window.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
+		lb := algo.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
 		st.bucket[1].add(lb, t, c)
 		if logAdmitted {
 			st.bucket[0].add(lb, t, c)
 		}
 	case refFixed:
-		st.fixed.roll(window.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
+		st.fixed.roll(algo.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
 		st.fixed.attempts += c
 		if logAdmitted {
 			st.fixed.admitted += c
 		}
 	default:
 		// The logs clamp t to the latest instant they have seen anyway.
-		sl := window.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
+		sl := algo.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
 		sl.Add(&st.attempts, t, c)
 		if logAdmitted {
 			sl.Add(&st.admitted, t, c)
@@ -332,7 +332,7 @@ func judgeCounted(st *keyState, kind uint8, p *pending, t, c, w int64) verdict {
 	var fit bool
 	switch kind {
 	case refBucket:
-		lb := window.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
+		lb := algo.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
 		g := &st.bucket[0]
 		g.norm(lb)
 		v.prior = g.level(lb, t)
@@ -344,7 +344,7 @@ func judgeCounted(st *keyState, kind uint8, p *pending, t, c, w int64) verdict {
 		}
 	case refFixed:
 		f := &st.fixed
-		f.roll(window.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
+		f.roll(algo.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
 		v.prior = float64(f.admitted)
 		fit = f.admitted+c <= int64(p.limit)
 		v.exact, v.bound = float64(f.admitted+c), float64(p.limit)
@@ -352,7 +352,7 @@ func judgeCounted(st *keyState, kind uint8, p *pending, t, c, w int64) verdict {
 			f.admitted += n
 		}
 	default:
-		sl := window.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
+		sl := algo.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
 		prior := sl.Count(&st.admitted, t)
 		fit = prior+c <= int64(p.limit)
 		v.prior, v.exact, v.bound = float64(prior), float64(prior+c), float64(p.limit)
@@ -379,13 +379,13 @@ func addLateCounted(st *keyState, kind uint8, p *pending, t, w int64) {
 	}
 	switch kind {
 	case refBucket:
-		lb := window.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
+		lb := algo.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
 		st.bucket[0].add(lb, t, n)
 	case refFixed:
-		st.fixed.roll(window.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
+		st.fixed.roll(algo.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
 		st.fixed.admitted += n
 	default:
-		sl := window.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
+		sl := algo.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
 		sl.Add(&st.admitted, t, n)
 	}
 }

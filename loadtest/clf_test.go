@@ -288,8 +288,8 @@ garbage
 	fmt.Println(sum.Good, sum.Bad, err)
 	// Output:
 	// bad: line 2: not a Common or Combined Log Format line: no [date] in "garbage"
-	// {"offset_ms":0,"ts":"2000-10-10T13:55:36-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login"}
-	// {"offset_ms":1000,"ts":"2000-10-10T13:55:37-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login"}
+	// {"offset_ms":0,"ts":"2000-10-10T13:55:36-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login","status":401}
+	// {"offset_ms":1000,"ts":"2000-10-10T13:55:37-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login","status":401}
 	// 2 1 <nil>
 }
 

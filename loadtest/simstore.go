@@ -3,11 +3,11 @@ package loadtest
 import (
 	"context"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // simStore is the shared store of a simulated PoP, in simulated time: a
-// window.MemStore whose counter increments land RTT after an edge sends
+// store.MemStore whose counter increments land RTT after an edge sends
 // them, in the order they were sent, as over links of constant latency.
 // The reply an edge reads at once is the counter as it stands when the op
 // is sent, with every op of that edge's still on its way and the op
@@ -16,7 +16,7 @@ import (
 // applied at once. It counts the operations it is sent. It is used from
 // one goroutine.
 type simStore struct {
-	mem   *window.MemStore
+	mem   *store.MemStore
 	clock *simClock
 	rtt   int64 // ns
 	q     []landing
@@ -35,18 +35,18 @@ type flightKey struct {
 type landing struct {
 	at   int64 // Unix ns
 	edge int
-	op   window.Op
+	op   store.Op
 }
 
 func newSimStore(clock *simClock, rtt int64) *simStore {
-	return &simStore{mem: window.NewMemStore(clock), clock: clock, rtt: rtt, inflight: map[flightKey]int64{}}
+	return &simStore{mem: store.NewMemStore(clock), clock: clock, rtt: rtt, inflight: map[flightKey]int64{}}
 }
 
 // land applies every increment due by now.
 func (s *simStore) land(now int64) {
 	for s.head < len(s.q) && s.q[s.head].at <= now {
 		l := &s.q[s.head]
-		ops := [1]window.Op{l.op}
+		ops := [1]store.Op{l.op}
 		s.mem.Do(context.Background(), ops[:])
 		k := flightKey{l.edge, l.op.Key, l.op.Start}
 		if s.inflight[k] -= l.op.Delta; s.inflight[k] == 0 {
@@ -60,13 +60,13 @@ func (s *simStore) land(now int64) {
 	}
 }
 
-// edgeStore is one edge's window.Store over the shared simStore.
+// edgeStore is one edge's store.Store over the shared simStore.
 type edgeStore struct {
 	s    *simStore
 	edge int
 }
 
-func (e edgeStore) Do(ctx context.Context, ops []window.Op) {
+func (e edgeStore) Do(ctx context.Context, ops []store.Op) {
 	s := e.s
 	now := s.clock.ns.Load()
 	s.land(now)
@@ -86,7 +86,7 @@ func (e edgeStore) Do(ctx context.Context, ops []window.Op) {
 	}
 	for i := range ops {
 		op := &ops[i]
-		read := [1]window.Op{{Key: op.Key, Start: op.Start, TTL: op.TTL}}
+		read := [1]store.Op{{Key: op.Key, Start: op.Start, TTL: op.TTL}}
 		s.mem.Do(ctx, read[:])
 		k := flightKey{e.edge, op.Key, op.Start}
 		v := int64(read[0].Value) + s.inflight[k]
@@ -95,7 +95,7 @@ func (e edgeStore) Do(ctx context.Context, ops []window.Op) {
 			s.inflight[k] += op.Delta
 			s.q = append(s.q, landing{at: now + s.rtt, edge: e.edge, op: *op})
 		} else if op.Delta < 0 { // decrements land at once: they give units back
-			dec := [1]window.Op{*op}
+			dec := [1]store.Op{*op}
 			s.mem.Do(ctx, dec[:])
 			v = int64(dec[0].Value) + s.inflight[k]
 		}
@@ -103,7 +103,7 @@ func (e edgeStore) Do(ctx context.Context, ops []window.Op) {
 	}
 }
 
-func (e edgeStore) DoState(ctx context.Context, ops []window.StateOp) {
+func (e edgeStore) DoState(ctx context.Context, ops []store.StateOp) {
 	e.s.land(e.s.clock.ns.Load())
 	e.s.byKind.States += int64(len(ops))
 	e.s.mem.DoState(ctx, ops)

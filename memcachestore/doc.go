@@ -1,11 +1,11 @@
 // Package memcachestore keeps the limiter's shared state in memcached
-// shards: its Store adapts a shardproxy.Client to window.Store, so that
+// shards: its Store adapts a shardproxy.Client to store.Store, so that
 // neither of those two packages imports the other.
 //
 // Counters (sliding and fixed windows) are memcached counters, sent as
 // the window's ops: incr, with add when a counter is new. Algorithm state
 // (the GCRA time of the token and leaky buckets, the sliding log) is one
-// value per key, changed by read-modify-write: gets, window.StateOp.Apply,
+// value per key, changed by read-modify-write: gets, store.StateOp.Apply,
 // then cas (add when there was none), retried from a fresh gets when
 // another writer won, at most StateRounds rounds. An op that loses every
 // round fails with ErrContention, and the limiter applies the rule's

@@ -10,7 +10,7 @@ import (
 
 	"github.com/poplimit/poplimit/memcachestore"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -60,7 +60,7 @@ type admission struct {
 // each, as fast as it can (a millisecond apart) for d of real time, and
 // returns the admitted ops sorted by instant, the attempts, and the ops
 // that failed (none is admitted).
-func runEdges(t *testing.T, stores []*memcachestore.Store, d time.Duration, mk func(now int64) window.StateOp) (admitted []admission, attempts, failed int) {
+func runEdges(t *testing.T, stores []*memcachestore.Store, d time.Duration, mk func(now int64) store.StateOp) (admitted []admission, attempts, failed int) {
 	t.Helper()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -69,7 +69,7 @@ func runEdges(t *testing.T, stores []*memcachestore.Store, d time.Duration, mk f
 		wg.Go(func() {
 			for time.Now().Before(stop) {
 				now := time.Now().UnixNano()
-				ops := []window.StateOp{mk(now)}
+				ops := []store.StateOp{mk(now)}
 				s.DoState(context.Background(), ops)
 				end := time.Now().UnixNano()
 				op := &ops[0]

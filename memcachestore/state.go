@@ -7,14 +7,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-var _ window.StateStore = (*Store)(nil)
+var _ store.StateStore = (*Store)(nil)
 
-// ErrContention is wrapped by the error of a window.StateOp that
+// ErrContention is wrapped by the error of a store.StateOp that
 // Store.DoState gave up on: its compare-and-swap lost to other
 // writers of the same key StateRounds times in a row. The state is
 // unchanged by the op; the caller falls back as for any store failure.
@@ -57,22 +58,22 @@ func New(c *shardproxy.Client, reg prometheus.Registerer) (*Store, error) {
 }
 
 // DoState performs every op on its key's state in memcached by
-// read-modify-write, as window.StateStore says: all ops at once, a round
-// trip for the gets of all their keys, window.StateOp.Apply over what each
+// read-modify-write, as store.StateStore says: all ops at once, a round
+// trip for the gets of all their keys, store.StateOp.Apply over what each
 // read, then a round trip for the cas (or add, when there was no value) of
 // every state that changed. An op whose cas or add lost to another writer
 // is retried from a fresh gets, up to StateRounds rounds in all, then fails
 // with ErrContention. The ops on one key in a call are applied in order
 // over one gets and written by one cas, so they take effect in order and
 // together. A stored value that does not decode fails its ops with
-// window.ErrBadState and is left as it is; a failed or timed-out round trip
+// algo.ErrBadState and is left as it is; a failed or timed-out round trip
 // fails its ops with the client's error (the state is then unknown: a cas
 // may have been stored). Each round trip is bounded by the client's
 // Timeout and BatchTimeout and by ctx. A failed op's Allowed is false.
 //
 // The state of an op is the value shardproxy.AppendValueKey(StateKey(op))
 // on its shard, kept for the TTL Apply gives.
-func (m *Store) DoState(ctx context.Context, ops []window.StateOp) {
+func (m *Store) DoState(ctx context.Context, ops []store.StateOp) {
 	if len(ops) == 0 {
 		return
 	}
@@ -116,9 +117,9 @@ func (m *Store) DoState(ctx context.Context, ops []window.StateOp) {
 
 // StateKey returns the key whose value (shardproxy.AppendValueKey) holds
 // op's state in memcached: op.Key with op.Kind in its top two bits, as
-// window.MemStore keeps them, so a key's bucket and log never read each
+// store.MemStore keeps them, so a key's bucket and log never read each
 // other's value (a rule that changes algorithm on reload starts afresh).
-func StateKey(op *window.StateOp) uint64 { return op.Key ^ uint64(op.Kind)<<62 }
+func StateKey(op *store.StateOp) uint64 { return op.Key ^ uint64(op.Kind)<<62 }
 
 // stateCall is the scratch of one DoState call, pooled.
 type stateCall struct {
@@ -190,7 +191,7 @@ func putStateCall(c *stateCall) {
 
 // plan groups the valid ops by state key, settles the others with their
 // error, and makes every group pending.
-func (c *stateCall) plan(ops []window.StateOp) {
+func (c *stateCall) plan(ops []store.StateOp) {
 	c.groups, c.pending, c.retry = c.groups[:0], c.pending[:0], c.retry[:0]
 	useMap := len(ops) > linearGroups
 	if useMap && c.index == nil {
@@ -241,7 +242,7 @@ func (c *stateCall) plan(ops []window.StateOp) {
 // readAndApply reads the state of every pending group in one DoValues,
 // applies the group's ops to it and leaves in c.writes the cas or add of
 // each group whose state changed. A group that needs no write is done.
-func (c *stateCall) readAndApply(ctx context.Context, client *shardproxy.Client, ops []window.StateOp) {
+func (c *stateCall) readAndApply(ctx context.Context, client *shardproxy.Client, ops []store.StateOp) {
 	n := len(c.pending)
 	if cap(c.gets) < n {
 		c.gets = append(c.gets[:cap(c.gets)], make([]shardproxy.ValueOp, n-cap(c.gets))...)
@@ -276,7 +277,7 @@ func (c *stateCall) readAndApply(ctx context.Context, client *shardproxy.Client,
 // returns the state after them, the longest TTL any of them gave, and
 // whether any changed it. An op that fails (the value does not decode)
 // changes nothing, so the ops after it see the same value.
-func (c *stateCall) apply(ops []window.StateOp, g int32, old []byte) (cur []byte, ttl time.Duration, write bool) {
+func (c *stateCall) apply(ops []store.StateOp, g int32, old []byte) (cur []byte, ttl time.Duration, write bool) {
 	grp := &c.groups[g]
 	cur = old
 	buf := 0
@@ -300,14 +301,14 @@ func (c *stateCall) apply(ops []window.StateOp, g int32, old []byte) (cur []byte
 }
 
 // failGroup fails every op of group g with err.
-func (c *stateCall) failGroup(ops []window.StateOp, g int32, err error) {
+func (c *stateCall) failGroup(ops []store.StateOp, g int32, err error) {
 	for i := c.groups[g].first; i >= 0; i = c.next[i] {
 		failState(&ops[i], err)
 	}
 }
 
 // failPending fails every op of the pending groups with err.
-func (c *stateCall) failPending(ops []window.StateOp, err error) {
+func (c *stateCall) failPending(ops []store.StateOp, err error) {
 	for _, g := range c.pending {
 		c.failGroup(ops, g, err)
 	}
@@ -315,7 +316,7 @@ func (c *stateCall) failPending(ops []window.StateOp, err error) {
 }
 
 // failState sets op's outcome to err: nothing taken, nothing known.
-func failState(op *window.StateOp, err error) {
+func failState(op *store.StateOp, err error) {
 	op.Allowed, op.Remaining, op.ReleaseAt, op.TAT, op.Frac, op.Err = false, 0, 0, 0, 0, err
 }
 
@@ -326,7 +327,7 @@ type stateMetrics struct {
 }
 
 // count counts the outcomes of ops.
-func (sm *stateMetrics) count(ops []window.StateOp) {
+func (sm *stateMetrics) count(ops []store.StateOp) {
 	var ok, contention, bad, failed int
 	for i := range ops {
 		switch err := ops[i].Err; {
@@ -334,7 +335,7 @@ func (sm *stateMetrics) count(ops []window.StateOp) {
 			ok++
 		case errors.Is(err, ErrContention):
 			contention++
-		case errors.Is(err, window.ErrBadState):
+		case errors.Is(err, algo.ErrBadState):
 			bad++
 		default:
 			failed++

@@ -6,10 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/memcachestore"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -28,18 +29,18 @@ func TestStateAllocs(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		s    *memcachestore.Store
-		lb   window.LeakyBucket
+		lb   algo.LeakyBucket
 		max  float64
 	}{
-		{"admitted", registered, window.LeakyBucket{Rate: 1e9, Per: time.Second, Capacity: 1e9}, 16},
-		{"refused", registered, window.LeakyBucket{Rate: 1, Per: time.Hour, Capacity: 1}, 8},
-		{"admitted, zero-value store", zero, window.LeakyBucket{Rate: 1e9, Per: time.Second, Capacity: 1e9}, 16},
+		{"admitted", registered, algo.LeakyBucket{Rate: 1e9, Per: time.Second, Capacity: 1e9}, 16},
+		{"refused", registered, algo.LeakyBucket{Rate: 1, Per: time.Hour, Capacity: 1}, 8},
+		{"admitted, zero-value store", zero, algo.LeakyBucket{Rate: 1e9, Per: time.Second, Capacity: 1e9}, 16},
 	} {
 		s := tc.s
 		key := rand.Uint64()
-		ops := make([]window.StateOp, 1)
+		ops := make([]store.StateOp, 1)
 		allocs := testing.AllocsPerRun(200, func() {
-			ops[0] = window.StateOp{Kind: window.StateGCRA, Key: key, Bucket: tc.lb, Now: time.Now().UnixNano(), N: 1, Conditional: true}
+			ops[0] = store.StateOp{Kind: store.StateGCRA, Key: key, Bucket: tc.lb, Now: time.Now().UnixNano(), N: 1, Conditional: true}
 			s.DoState(context.Background(), ops)
 			if ops[0].Err != nil {
 				t.Fatal(ops[0].Err)
@@ -63,18 +64,18 @@ func BenchmarkMemcacheStateSync(b *testing.B) {
 	}
 	for _, bc := range []struct {
 		name string
-		lb   window.LeakyBucket
+		lb   algo.LeakyBucket
 	}{
-		{"admitted", window.LeakyBucket{Rate: 1e9, Per: time.Second, Capacity: 1e9}},
-		{"refused", window.LeakyBucket{Rate: 1, Per: time.Hour, Capacity: 1}},
+		{"admitted", algo.LeakyBucket{Rate: 1e9, Per: time.Second, Capacity: 1e9}},
+		{"refused", algo.LeakyBucket{Rate: 1, Per: time.Hour, Capacity: 1}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			key := rand.Uint64()
-			ops := make([]window.StateOp, 1)
+			ops := make([]store.StateOp, 1)
 			admitted := 0
 			b.ReportAllocs()
 			for b.Loop() {
-				ops[0] = window.StateOp{Kind: window.StateGCRA, Key: key, Bucket: bc.lb, Now: time.Now().UnixNano(), N: 1, Conditional: true}
+				ops[0] = store.StateOp{Kind: store.StateGCRA, Key: key, Bucket: bc.lb, Now: time.Now().UnixNano(), N: 1, Conditional: true}
 				s.DoState(context.Background(), ops)
 				if ops[0].Err != nil {
 					b.Fatal(ops[0].Err)

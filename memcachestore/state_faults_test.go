@@ -8,15 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/memcachestore"
 	"github.com/poplimit/poplimit/shardproxy"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestStateBadValue: a value under a state's key that does not decode (not
-// ours, or of another version) fails the ops on it with window.ErrBadState
+// ours, or of another version) fails the ops on it with algo.ErrBadState
 // and is left as it is; other keys in the call are unaffected.
 func TestStateBadValue(t *testing.T) {
 	_, addrs := testenv.Shards(t, 3)
@@ -27,33 +28,33 @@ func TestStateBadValue(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
-	sl := window.SlidingLog{Limit: 5, Window: time.Second}
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	sl := algo.SlidingLog{Limit: 5, Window: time.Second}
 	now := time.Now().UnixNano()
 	garbage := []byte("G\x00not a bucket\r\nEND\r\n")
 	for _, tc := range []struct {
 		name string
-		op   window.StateOp
+		op   store.StateOp
 	}{
-		{"bucket conditional", window.StateOp{Kind: window.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 1, Conditional: true}},
-		{"bucket unconditional", window.StateOp{Kind: window.StateGCRA, Key: 2, Bucket: lb, Now: now, N: 1}},
-		{"bucket read", window.StateOp{Kind: window.StateGCRA, Key: 3, Bucket: lb, Now: now}},
-		{"log conditional", window.StateOp{Kind: window.StateLog, Key: 4, Log: sl, Now: now, N: 1, Conditional: true}},
-		{"log unconditional", window.StateOp{Kind: window.StateLog, Key: 5, Log: sl, Now: now, N: 1}},
+		{"bucket conditional", store.StateOp{Kind: store.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 1, Conditional: true}},
+		{"bucket unconditional", store.StateOp{Kind: store.StateGCRA, Key: 2, Bucket: lb, Now: now, N: 1}},
+		{"bucket read", store.StateOp{Kind: store.StateGCRA, Key: 3, Bucket: lb, Now: now}},
+		{"log conditional", store.StateOp{Kind: store.StateLog, Key: 4, Log: sl, Now: now, N: 1, Conditional: true}},
+		{"log unconditional", store.StateOp{Kind: store.StateLog, Key: 5, Log: sl, Now: now, N: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			skey := memcachestore.StateKey(&tc.op)
 			if err := c.Add(ctx, skey, garbage, time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			ops := []window.StateOp{
+			ops := []store.StateOp{
 				tc.op,
-				{Kind: window.StateGCRA, Key: tc.op.Key + 1000, Bucket: lb, Now: now, N: 1, Conditional: true},
+				{Kind: store.StateGCRA, Key: tc.op.Key + 1000, Bucket: lb, Now: now, N: 1, Conditional: true},
 				tc.op, // twice in a call: both fail
 			}
 			s.DoState(ctx, ops)
 			for _, j := range []int{0, 2} {
-				if !errors.Is(ops[j].Err, window.ErrBadState) || ops[j].Allowed {
+				if !errors.Is(ops[j].Err, algo.ErrBadState) || ops[j].Allowed {
 					t.Errorf("op %d on garbage: allowed %v, err %v, want ErrBadState", j, ops[j].Allowed, ops[j].Err)
 				}
 			}
@@ -71,9 +72,9 @@ func TestStateBadValue(t *testing.T) {
 	}
 	// A bucket's value read as a log, and a log's as a bucket, never:
 	// their keys differ.
-	b := window.StateOp{Kind: window.StateGCRA, Key: 77, Bucket: lb, Now: now, N: 1, Conditional: true}
-	l := window.StateOp{Kind: window.StateLog, Key: 77, Log: sl, Now: now, N: 1, Conditional: true}
-	ops := []window.StateOp{b, l, b, l}
+	b := store.StateOp{Kind: store.StateGCRA, Key: 77, Bucket: lb, Now: now, N: 1, Conditional: true}
+	l := store.StateOp{Kind: store.StateLog, Key: 77, Log: sl, Now: now, N: 1, Conditional: true}
+	ops := []store.StateOp{b, l, b, l}
 	s.DoState(ctx, ops)
 	for j := range ops {
 		if ops[j].Err != nil || !ops[j].Allowed {
@@ -93,11 +94,11 @@ func TestStateDeadMemcached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
-	op := func() window.StateOp {
-		return window.StateOp{Kind: window.StateGCRA, Key: 5, Bucket: lb, Now: time.Now().UnixNano(), N: 1, Conditional: true}
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	op := func() store.StateOp {
+		return store.StateOp{Kind: store.StateGCRA, Key: 5, Bucket: lb, Now: time.Now().UnixNano(), N: 1, Conditional: true}
 	}
-	ops := []window.StateOp{op()}
+	ops := []store.StateOp{op()}
 	s.DoState(context.Background(), ops)
 	if ops[0].Err != nil || !ops[0].Allowed {
 		t.Fatalf("before the kill: allowed %v, err %v", ops[0].Allowed, ops[0].Err)
@@ -105,7 +106,7 @@ func TestStateDeadMemcached(t *testing.T) {
 	p.Kill()
 	limit := timeout + shardproxy.DefaultBatchGrace + 500*time.Millisecond
 	for i := range 5 {
-		ops := []window.StateOp{op(), op()}
+		ops := []store.StateOp{op(), op()}
 		begin := time.Now()
 		s.DoState(context.Background(), ops)
 		took := time.Since(begin)
@@ -122,7 +123,7 @@ func TestStateDeadMemcached(t *testing.T) {
 	// A caller's deadline shorter than the client's timeout is kept too.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	ops = []window.StateOp{op()}
+	ops = []store.StateOp{op()}
 	begin := time.Now()
 	s.DoState(ctx, ops)
 	if took := time.Since(begin); ops[0].Err == nil || took > 500*time.Millisecond {
@@ -143,15 +144,15 @@ func TestStateHungMemcached(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	c := stateClient(t, []string{addrs[0], relay.Addr}, timeout)
 	s := &memcachestore.Store{Client: c}
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
-	ops := make([]window.StateOp, 20)
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	ops := make([]store.StateOp, 20)
 	keys := make([]uint64, len(ops))
 	for i := range keys {
 		keys[i] = rand.Uint64()
 	}
 	mk := func() {
 		for i := range ops {
-			ops[i] = window.StateOp{Kind: window.StateGCRA, Key: keys[i], Bucket: lb, Now: time.Now().UnixNano(), N: 1, Conditional: true}
+			ops[i] = store.StateOp{Kind: store.StateGCRA, Key: keys[i], Bucket: lb, Now: time.Now().UnixNano(), N: 1, Conditional: true}
 		}
 	}
 	mk()

@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/internal/testenv"
 	"github.com/poplimit/poplimit/memcachestore"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -27,11 +28,11 @@ func TestStateGCRAEdges(t *testing.T) {
 	_, addrs := testenv.Shards(t, 3)
 	stores := stateEdges(t, 6, addrs, nil)
 	const burst, rate = 20, 10
-	lb := window.LeakyBucket{Rate: rate, Per: time.Second, Capacity: burst}
+	lb := algo.LeakyBucket{Rate: rate, Per: time.Second, Capacity: burst}
 	key := rand.Uint64()
 	const d = 2 * time.Second
-	admitted, attempts, failed := runEdges(t, stores, d, func(now int64) window.StateOp {
-		return window.StateOp{Kind: window.StateGCRA, Key: key, Bucket: lb, Now: now, N: 1, Conditional: true}
+	admitted, attempts, failed := runEdges(t, stores, d, func(now int64) store.StateOp {
+		return store.StateOp{Kind: store.StateGCRA, Key: key, Bucket: lb, Now: now, N: 1, Conditional: true}
 	})
 	for i := range admitted {
 		for j := i; j < len(admitted); j++ {
@@ -59,7 +60,7 @@ func TestStateGCRAEdges(t *testing.T) {
 // TestStateLogEdges: six edges log one unit at a time in one shared
 // sliding log (5 per 500ms) for two seconds: no window of 500ms holds
 // more than 5 admitted, and the store's count agrees with an in-memory
-// window.SlidingLog fed the instants admitted.
+// algo.SlidingLog fed the instants admitted.
 //
 // A log treats an op whose instant is earlier than one already logged as
 // happening at that latest instant (an edge whose cas lost retries with its
@@ -69,11 +70,11 @@ func TestStateGCRAEdges(t *testing.T) {
 func TestStateLogEdges(t *testing.T) {
 	_, addrs := testenv.Shards(t, 3)
 	stores := stateEdges(t, 6, addrs, nil)
-	sl := window.SlidingLog{Limit: 5, Window: 500 * time.Millisecond}
+	sl := algo.SlidingLog{Limit: 5, Window: 500 * time.Millisecond}
 	key := rand.Uint64()
 	const d = 2 * time.Second
-	admitted, attempts, failed := runEdges(t, stores, d, func(now int64) window.StateOp {
-		return window.StateOp{Kind: window.StateLog, Key: key, Log: sl, Now: now, N: 1, Conditional: true}
+	admitted, attempts, failed := runEdges(t, stores, d, func(now int64) store.StateOp {
+		return store.StateOp{Kind: store.StateLog, Key: key, Log: sl, Now: now, N: 1, Conditional: true}
 	})
 	var lat int64
 	for _, a := range admitted {
@@ -103,7 +104,7 @@ func TestStateLogEdges(t *testing.T) {
 
 	// The store's count at a read instant whose window's start is no
 	// admitted op's (give or take L) equals the in-memory log's.
-	var ref window.SlidingLogState
+	var ref algo.SlidingLogState
 	for _, a := range admitted {
 		sl.Add(&ref, a.now, 1)
 	}
@@ -116,7 +117,7 @@ func TestStateLogEdges(t *testing.T) {
 			}
 		}
 	}
-	ops := []window.StateOp{{Kind: window.StateLog, Key: key, Log: sl, Now: read}}
+	ops := []store.StateOp{{Kind: store.StateLog, Key: key, Log: sl, Now: read}}
 	stores[0].DoState(context.Background(), ops)
 	if ops[0].Err != nil {
 		t.Fatal(ops[0].Err)
@@ -134,22 +135,22 @@ func TestStateLogEdges(t *testing.T) {
 func TestStateMatchesAlgorithms(t *testing.T) {
 	_, addrs := testenv.Shards(t, 3)
 	stores := stateEdges(t, 3, addrs, nil)
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
-	sl := window.SlidingLog{Limit: 5, Window: 500 * time.Millisecond}
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	sl := algo.SlidingLog{Limit: 5, Window: 500 * time.Millisecond}
 	rng := rand.New(rand.NewPCG(7, 8))
 	key := rng.Uint64()
-	var bucket window.LeakyBucketState
-	var log window.SlidingLogState
+	var bucket algo.LeakyBucketState
+	var log algo.SlidingLogState
 	now := time.Now().UnixNano()
 	for i := range 300 {
 		now += rng.Int64N(int64(150 * time.Millisecond))
 		n := 1 + rng.Int64N(3)
 		cond := i%4 != 0
-		ops := []window.StateOp{
-			{Kind: window.StateGCRA, Key: key, Bucket: lb, Now: now, N: n, Conditional: cond},
-			{Kind: window.StateLog, Key: key, Log: sl, Now: now, N: n, Conditional: cond},
-			{Kind: window.StateGCRA, Key: key, Bucket: lb, Now: now, N: 1, Conditional: true}, // after the first
-			{Kind: window.StateLog, Key: key, Log: sl, Now: now},                              // a read, after the second
+		ops := []store.StateOp{
+			{Kind: store.StateGCRA, Key: key, Bucket: lb, Now: now, N: n, Conditional: cond},
+			{Kind: store.StateLog, Key: key, Log: sl, Now: now, N: n, Conditional: cond},
+			{Kind: store.StateGCRA, Key: key, Bucket: lb, Now: now, N: 1, Conditional: true}, // after the first
+			{Kind: store.StateLog, Key: key, Log: sl, Now: now},                              // a read, after the second
 		}
 		stores[i%len(stores)].DoState(context.Background(), ops)
 		for j := range ops {
@@ -188,7 +189,7 @@ func TestStateMatchesAlgorithms(t *testing.T) {
 
 // pour adds n units to the bucket at now whatever its level, as an
 // unconditional StateOp does (small n: no overflow).
-func pour(lb window.LeakyBucket, s *window.LeakyBucketState, now, n int64) {
+func pour(lb algo.LeakyBucket, s *algo.LeakyBucketState, now, n int64) {
 	if s.TAT < now || s.TAT == now && s.Frac == 0 {
 		s.TAT, s.Frac = now, 0
 	}
@@ -197,19 +198,19 @@ func pour(lb window.LeakyBucket, s *window.LeakyBucketState, now, n int64) {
 }
 
 // TestStateSameKeyInOrder: the ops of one call on one key take effect in
-// the call's order, as window.MemStore applies them, whatever the keys
+// the call's order, as store.MemStore applies them, whatever the keys
 // between them.
 func TestStateSameKeyInOrder(t *testing.T) {
 	_, addrs := testenv.Shards(t, 3)
 	s := stateEdges(t, 1, addrs, nil)[0]
-	mem := window.NewMemStore(nil)
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	mem := store.NewMemStore(nil)
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
 	now := time.Now().UnixNano()
-	var ops []window.StateOp
+	var ops []store.StateOp
 	for i := range 60 { // more than one call's linear grouping: keys by map
-		ops = append(ops, window.StateOp{Kind: window.StateGCRA, Key: uint64(i % 7), Bucket: lb, Now: now + int64(i)*int64(time.Millisecond), N: int64(1 + i%9), Conditional: i%5 != 0})
+		ops = append(ops, store.StateOp{Kind: store.StateGCRA, Key: uint64(i % 7), Bucket: lb, Now: now + int64(i)*int64(time.Millisecond), N: int64(1 + i%9), Conditional: i%5 != 0})
 	}
-	ops = append(ops, window.StateOp{Kind: window.StateGCRA, Key: 99, Bucket: window.LeakyBucket{}, N: 1}) // invalid
+	ops = append(ops, store.StateOp{Kind: store.StateGCRA, Key: 99, Bucket: algo.LeakyBucket{}, N: 1}) // invalid
 	want := slices.Clone(ops)
 	mem.DoState(context.Background(), want)
 	s.DoState(context.Background(), ops)
@@ -233,7 +234,7 @@ func TestStateContention(t *testing.T) {
 	stores := stateEdges(t, 4, addrs, reg)
 	// One unit a minute: the bucket never drains during the test, so each
 	// pour moves the TAT by exactly a minute.
-	lb := window.LeakyBucket{Rate: 1, Per: time.Minute, Capacity: 100_000}
+	lb := algo.LeakyBucket{Rate: 1, Per: time.Minute, Capacity: 100_000}
 	key := rand.Uint64()
 	const goroutines, each = 32, 30
 	var mu sync.Mutex
@@ -245,7 +246,7 @@ func TestStateContention(t *testing.T) {
 		s := stores[g%len(stores)]
 		wg.Go(func() {
 			for range each {
-				ops := []window.StateOp{{Kind: window.StateGCRA, Key: key, Bucket: lb, Now: time.Now().UnixNano(), N: 1}}
+				ops := []store.StateOp{{Kind: store.StateGCRA, Key: key, Bucket: lb, Now: time.Now().UnixNano(), N: 1}}
 				start := time.Now()
 				s.DoState(context.Background(), ops)
 				took := time.Since(start)
@@ -287,7 +288,7 @@ func TestStateContention(t *testing.T) {
 	if retries == 0 {
 		t.Error("poplimit_state_cas_retries_total: 0 after 32 goroutines wrote one key at once")
 	}
-	read := []window.StateOp{{Kind: window.StateGCRA, Key: key, Bucket: lb, Now: time.Now().UnixNano()}}
+	read := []store.StateOp{{Kind: store.StateGCRA, Key: key, Bucket: lb, Now: time.Now().UnixNano()}}
 	stores[0].DoState(context.Background(), read)
 	if read[0].Err != nil {
 		t.Fatal(read[0].Err)

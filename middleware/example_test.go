@@ -11,7 +11,7 @@ import (
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/middleware"
 	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // A core with one rule (100 requests a minute per client IP) and the
@@ -21,7 +21,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	core, err := decision.New(rs, window.NewMemStore(nil), decision.Options{})
+	core, err := decision.New(rs, store.NewMemStore(nil), decision.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -9,7 +9,7 @@
 //
 //	rs, err := rules.ParseRules(rulesYAML)
 //	...
-//	core, err := decision.New(rs, window.NewMemStore(nil), decision.Options{})
+//	core, err := decision.New(rs, store.NewMemStore(nil), decision.Options{})
 //	...
 //	defer core.Close(ctx)
 //	mw, err := middleware.New(core, middleware.Config{})

@@ -12,7 +12,7 @@ import (
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/middleware"
 	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 func newCore(t testing.TB, yaml string) *decision.Core {
@@ -21,7 +21,7 @@ func newCore(t testing.TB, yaml string) *decision.Core {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := decision.New(rs, window.NewMemStore(nil), decision.Options{})
+	c, err := decision.New(rs, store.NewMemStore(nil), decision.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -125,7 +125,9 @@ func TestConsumerResumes(t *testing.T) {
 	var second collector
 	cs := startConsumer(t, cfg, second.apply)
 	testenv.WaitFor(t, 20*time.Second, "the rest consumed", func() bool { return n1+second.len() >= len(want) })
-	time.Sleep(200 * time.Millisecond)
+	// A replay of the first consumer's events would come before the group
+	// commits the log's end.
+	testenv.WaitCommitted(t, 20*time.Second, addr, "events", "judge", partitions)
 	if err := cs.stop(); err != nil {
 		t.Errorf("second Run: got %v, want nil", err)
 	}

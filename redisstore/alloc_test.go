@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // raceEnabled is set under the race detector (race_test.go).
@@ -25,10 +25,10 @@ func TestDoAllocs(t *testing.T) {
 	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: time.Second})
 	ctx := context.Background()
 	for _, n := range []int{1, 16, 256, 1024} {
-		ops := make([]window.Op, n)
+		ops := make([]store.Op, n)
 		fill := func() {
 			for i := range ops {
-				ops[i] = window.Op{Key: uint64(i) * 0x9e3779b97f4a7c15, Start: 1_700_000_000_000, Delta: 1, TTL: time.Minute}
+				ops[i] = store.Op{Key: uint64(i) * 0x9e3779b97f4a7c15, Start: 1_700_000_000_000, Delta: 1, TTL: time.Minute}
 			}
 		}
 		for range 100 { // warm the pools and dial every connection
@@ -91,10 +91,10 @@ func TestDoAllocsFailing(t *testing.T) {
 	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: 200 * time.Millisecond})
 	never, _ := newStore(t, Config{Addrs: []string{"127.0.0.1:1"}, DialTimeout: 50 * time.Millisecond, ReconnectInterval: time.Hour})
 	ctx := context.Background()
-	ops := make([]window.Op, 1024)
+	ops := make([]store.Op, 1024)
 	fill := func() {
 		for i := range ops {
-			ops[i] = window.Op{Key: uint64(i), Start: 1, Delta: int64(i % 2), TTL: time.Minute}
+			ops[i] = store.Op{Key: uint64(i), Start: 1, Delta: int64(i % 2), TTL: time.Minute}
 		}
 	}
 	p.Kill()

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // TestAuth runs the Store against a server that requires a password and
@@ -43,7 +43,7 @@ func TestAuth(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, _ := newStore(t, Config{Addrs: []string{p.Addr}, Username: tt.user, Password: tt.pw, ReconnectInterval: time.Hour})
-			ops := []window.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
+			ops := []store.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
 			s.Do(ctx, ops)
 			if tt.ok && ops[0].Err != nil {
 				t.Fatalf("Do: got %v, want it to work", ops[0].Err)
@@ -81,7 +81,7 @@ func TestTLS(t *testing.T) {
 	pool.AppendCertsFromPEM(caPEM)
 
 	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
-	ops := []window.Op{{Key: 1, Start: 1, Delta: 2, TTL: time.Minute}, {Key: 1, Start: 1}}
+	ops := []store.Op{{Key: 1, Start: 1, Delta: 2, TTL: time.Minute}, {Key: 1, Start: 1}}
 	s.Do(context.Background(), ops)
 	if ops[0].Err != nil || ops[1].Value != 2 {
 		t.Fatalf("Do over TLS: got %+v, want 2 and 2", ops)

@@ -7,9 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/store"
 	"github.com/redis/rueidis"
-
-	"github.com/poplimit/poplimit/window"
 )
 
 // batch is one call's commands under construction and their replies. The
@@ -253,7 +252,7 @@ func (b *batch) planRedo() {
 // (gcraCodec, logCodec, stateCodec) that validates an op and appends its
 // command, decodes its reply, and clears its outputs.
 type scripted interface {
-	GCRAOp | SlidingLogOp | window.StateOp
+	GCRAOp | SlidingLogOp | store.StateOp
 }
 
 // The per-type parts of scriptBatch go to the op's codec through a type
@@ -269,7 +268,7 @@ func opHead[T scripted](op *T) (opKind, *error) {
 		return kindGCRA, &op.Err
 	case *SlidingLogOp:
 		return kindSlidingLog, &op.Err
-	case *window.StateOp:
+	case *store.StateOp:
 		return stateCodec{}.kind(op), &op.Err
 	}
 	panic("redisstore: not a scripted op")
@@ -283,7 +282,7 @@ func opAdd[T scripted](s *Store, b *batch, op *T) error {
 		return gcraCodec{}.add(s, b, op)
 	case *SlidingLogOp:
 		return logCodec{}.add(s, b, op)
-	case *window.StateOp:
+	case *store.StateOp:
 		return stateCodec{}.add(s, b, op)
 	}
 	panic("redisstore: not a scripted op")
@@ -296,7 +295,7 @@ func opDecode[T scripted](s *Store, op *T, r rueidis.RedisResult) (result, error
 		return gcraCodec{}.decode(s, op, r)
 	case *SlidingLogOp:
 		return logCodec{}.decode(s, op, r)
-	case *window.StateOp:
+	case *store.StateOp:
 		return stateCodec{}.decode(s, op, r)
 	}
 	panic("redisstore: not a scripted op")
@@ -309,7 +308,7 @@ func opFail[T scripted](op *T, err error) {
 		op.Result = GCRAResult{}
 	case *SlidingLogOp:
 		op.Result = SlidingLogResult{}
-	case *window.StateOp:
+	case *store.StateOp:
 		stateCodec{}.fail(op)
 	}
 	_, errp := opHead(op)

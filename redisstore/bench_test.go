@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // The Store's own costs over a real redis-server on loopback:
@@ -30,11 +30,11 @@ func BenchmarkStoreDo(b *testing.B) {
 	for _, n := range []int{1, 256} {
 		name := map[int]string{1: "Single", 256: "Batch256"}[n]
 		b.Run(name, func(b *testing.B) {
-			ops := make([]window.Op, n)
+			ops := make([]store.Op, n)
 			b.ReportAllocs()
 			for b.Loop() {
 				for i := range ops {
-					ops[i] = window.Op{Key: uint64(i) * 0x9e3779b97f4a7c15, Start: 1_700_000_000_000, Delta: 1, TTL: time.Minute}
+					ops[i] = store.Op{Key: uint64(i) * 0x9e3779b97f4a7c15, Start: 1_700_000_000_000, Delta: 1, TTL: time.Minute}
 				}
 				s.Do(ctx, ops)
 				if ops[0].Err != nil {
@@ -48,11 +48,11 @@ func BenchmarkStoreDo(b *testing.B) {
 		b.ReportAllocs()
 		b.SetParallelism(8)
 		b.RunParallel(func(pb *testing.PB) {
-			var ops [1]window.Op
+			var ops [1]store.Op
 			i := uint64(0)
 			for pb.Next() {
 				i++
-				ops[0] = window.Op{Key: i & 255, Start: 1_700_000_000_000, Delta: 1, TTL: time.Minute}
+				ops[0] = store.Op{Key: i & 255, Start: 1_700_000_000_000, Delta: 1, TTL: time.Minute}
 				s.Do(ctx, ops[:])
 				if ops[0].Err != nil {
 					b.Error(ops[0].Err)

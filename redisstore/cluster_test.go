@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // TestCluster runs the Store over a real three-master Redis Cluster reached
 // through the address of one node (ModeAuto finds the cluster): counters match
-// window.MemStore across batches that span every node, a key's windows,
+// store.MemStore across batches that span every node, a key's windows,
 // bucket and log share one slot, the scripts work on every node and come
 // back after a SCRIPT FLUSH on one of them, and when a master is killed
 // only its keys fail, within Timeout, while the others' keep answering.
@@ -25,21 +25,21 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("client mode: got %v, %v; want cluster", c, err)
 	}
 	ctx := context.Background()
-	mem := window.NewMemStore(nil)
+	mem := store.NewMemStore(nil)
 	r := rand.New(rand.NewPCG(9, 10))
 	keys := make([]uint64, 64)
 	for i := range keys {
 		keys[i] = r.Uint64()
 	}
 	for batch := range 50 {
-		ops := make([]window.Op, 1+r.IntN(100))
+		ops := make([]store.Op, 1+r.IntN(100))
 		for i := range ops {
-			ops[i] = window.Op{Key: keys[r.IntN(len(keys))], Start: int64(r.IntN(2)) * 60_000, TTL: time.Minute}
+			ops[i] = store.Op{Key: keys[r.IntN(len(keys))], Start: int64(r.IntN(2)) * 60_000, TTL: time.Minute}
 			if d := r.IntN(3); d > 0 {
 				ops[i].Delta = int64(3 - 2*d) // +1 or -1
 			}
 		}
-		want := append([]window.Op(nil), ops...)
+		want := append([]store.Op(nil), ops...)
 		mem.Do(ctx, want)
 		s.Do(ctx, ops)
 		for i := range ops {
@@ -104,9 +104,9 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("the victim holds %d of %d keys; want some", len(victimKeys), len(keys))
 	}
 	victim.Kill()
-	ops := make([]window.Op, len(keys))
+	ops := make([]store.Op, len(keys))
 	for i, k := range keys {
-		ops[i] = window.Op{Key: k, Start: 0}
+		ops[i] = store.Op{Key: k, Start: 0}
 	}
 	start := time.Now()
 	s.Do(ctx, ops)

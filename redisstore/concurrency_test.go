@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // TestConcurrentUseAndClose runs counters, buckets and logs from many
@@ -37,7 +37,7 @@ func TestConcurrentUseAndClose(t *testing.T) {
 				var err error
 				switch (g + i) % 3 {
 				case 0:
-					ops := []window.Op{{Key: uint64(g), Start: 1, Delta: 1, TTL: time.Minute}, {Key: uint64(g), Start: 0}}
+					ops := []store.Op{{Key: uint64(g), Start: 1, Delta: 1, TTL: time.Minute}, {Key: uint64(g), Start: 0}}
 					s.Do(ctx, ops)
 					err = errors.Join(ops[0].Err, ops[1].Err)
 				case 1:
@@ -65,7 +65,7 @@ func TestConcurrentUseAndClose(t *testing.T) {
 	for err := range errs {
 		t.Errorf("op during use and Close: %v", err)
 	}
-	ops := []window.Op{{Key: 1, Start: 1, Delta: 1}}
+	ops := []store.Op{{Key: 1, Start: 1, Delta: 1}}
 	s.Do(ctx, ops)
 	if !errors.Is(ops[0].Err, ErrClosed) {
 		t.Errorf("Do after Close: got %v, want ErrClosed", ops[0].Err)

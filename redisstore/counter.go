@@ -6,9 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/poplimit/poplimit/store"
 	"github.com/redis/rueidis"
-
-	"github.com/poplimit/poplimit/window"
 )
 
 // appendTag appends "pl:{<16 hex digits of key>}", the prefix of every key
@@ -33,7 +32,7 @@ func AppendCounterKey(dst []byte, key uint64, start int64) []byte {
 }
 
 // ttlMillis is a counter's TTL in whole milliseconds, rounded up, and at
-// least one second as in memcached and window.MemStore.
+// least one second as in memcached and store.MemStore.
 func ttlMillis(ttl time.Duration) int64 {
 	return max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1000)
 }
@@ -71,7 +70,7 @@ func ParseCounter(b string) (uint64, error) {
 // value that does not decode, fails its op alone; a node that does not
 // answer fails its ops with ErrTimeout within Timeout. Do returns within
 // Timeout and keeps no reference to ops.
-func (s *Store) Do(ctx context.Context, ops []window.Op) {
+func (s *Store) Do(ctx context.Context, ops []store.Op) {
 	if len(ops) == 0 {
 		return
 	}

@@ -1,6 +1,6 @@
 // Package redisstore is poplimit's shared store over Redis or Redis
 // Cluster, for operators who run Redis instead of memcached: Store
-// implements window.Store, so a Limiter (and the edge) runs over it
+// implements store.Store, so a Limiter (and the edge) runs over it
 // unchanged: counters, and two scripted algorithms whose state is not a
 // counter, the leaky bucket as a meter (GCRA) and the exact sliding log.
 //
@@ -24,7 +24,7 @@
 // created the counter; atomic, so a counter never lives without its TTL. A
 // decrement is the same script clamping at 0 and keeping the TTL; a
 // missing counter stays missing. A read is GET; a missing counter reads 0.
-// These are window.MemStore's semantics, which a test checks op by op.
+// These are store.MemStore's semantics, which a test checks op by op.
 //
 // # Scripts
 //
@@ -46,20 +46,20 @@
 // TestLuaInt64 checks the arithmetic against math/big across the int64
 // range.
 //
-// GCRA is window.LeakyBucket's arithmetic (the theoretical arrival time
+// GCRA is algo.LeakyBucket's arithmetic (the theoretical arrival time
 // with its fraction of a nanosecond in units of 1/Rate) on the server, in
 // two forms: conditional (sync mode: pour n units only if they fit) and
 // unconditional (an async flush pouring units its edge already admitted,
 // which may take the bucket over Capacity). The script returns the state
 // after the call; the room left and the release time are computed from it
-// by window.LeakyBucket itself. TestGCRAMatchesLeakyBucket compares the
-// script with window.LeakyBucket step by step on random sequences over
+// by algo.LeakyBucket itself. TestGCRAMatchesLeakyBucket compares the
+// script with algo.LeakyBucket step by step on random sequences over
 // buckets spanning Validate's whole range (those whose full drain, added to
-// now, fits an int64: beyond that window.LeakyBucket's own TAT overflows,
+// now, fits an int64: beyond that algo.LeakyBucket's own TAT overflows,
 // where the script saturates at math.MaxInt64). A bucket's TTL is the time
 // it takes to drain, rounded up to the millisecond, plus Config.ClockSkew.
 //
-// SlidingLog is window.SlidingLog on the server: a sorted set with one
+// SlidingLog is algo.SlidingLog on the server: a sorted set with one
 // member per logged unit (a unique number from the bookkeeping hash),
 // ZREMRANGEBYSCORE of what left the window, ZCARD, a conditional ZADD, and a
 // TTL of one window plus ClockSkew. Scores are nanoseconds since a per-key
@@ -67,19 +67,19 @@
 // exact; hence Window ≤ MaxLogWindow. Memory is one member per unit in the
 // window: the exact log is for small limits such as logins, and
 // unconditional calls stop logging at Config.MaxLogEntries per key.
-// TestSlidingLogMatchesWindow compares it with window.SlidingLog.
+// TestSlidingLogMatchesWindow compares it with algo.SlidingLog.
 //
 // Both take now from the caller, as window does: the edges' clocks, not
 // the server's, decide.
 //
-// DoState is window.Store's method for states: a window.StateOp of kind
+// DoState is store.Store's method for states: a store.StateOp of kind
 // StateGCRA is a call of the GCRA script, one of kind StateLog a call of
-// the sliding-log script (its Limit at most window.MaxSharedLogLimit, as
+// the sliding-log script (its Limit at most algo.MaxSharedLogLimit, as
 // StateOp.Validate checks), every op of a call, of both kinds, in one
 // pipeline. GCRABatch, SlidingLogBatch and DoState share one send and
 // collect loop (scriptBatch). TestDoStateMatchesMemStore compares DoState
-// with window.MemStore op by op on random sequences; where the two differ
-// (a log's latest instant, advanced here by every op as window.SlidingLog
+// with store.MemStore op by op on random sequences; where the two differ
+// (a log's latest instant, advanced here by every op as algo.SlidingLog
 // advances it, by MemStore only by the ops that log units) DoState's
 // documentation says so.
 //

@@ -9,10 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/poplimit/poplimit/redisstore"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
-// A Store is a window.Store: the Limiter runs over it as over memcached.
+// A Store is a store.Store: the Limiter runs over it as over memcached.
 // (Not run: it needs a server on 127.0.0.1:6379.)
 func ExampleNew() {
 	s, err := redisstore.New(redisstore.Config{
@@ -24,9 +24,9 @@ func ExampleNew() {
 	}
 	defer s.Close()
 
-	var store window.Store = s
-	ops := []window.Op{{Key: 0xdeadbeef, Start: 1_700_000_000_000, Delta: 1, TTL: 2 * time.Minute}}
-	store.Do(context.Background(), ops)
+	var backend store.Store = s
+	ops := []store.Op{{Key: 0xdeadbeef, Start: 1_700_000_000_000, Delta: 1, TTL: 2 * time.Minute}}
+	backend.Do(context.Background(), ops)
 	fmt.Println(ops[0].Value, ops[0].Err)
 
 	// A login rule, exact: 5 attempts per minute, shared by every edge.

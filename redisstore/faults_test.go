@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // TestNoScriptEveryScript flushes the script cache and then sends a batch
@@ -21,7 +21,7 @@ func TestNoScriptEveryScript(t *testing.T) {
 	ctx := context.Background()
 	for round := 1; round <= 3; round++ {
 		cli(t, p.Addr, "script", "flush")
-		ops := []window.Op{
+		ops := []store.Op{
 			{Key: 1, Start: 1, Delta: 5, TTL: time.Minute},
 			{Key: 1, Start: 1, Delta: -2},
 			{Key: 1, Start: 1},
@@ -62,7 +62,7 @@ func TestBadValues(t *testing.T) {
 	set("set", fmtKey(4, 0), "99999999999999999999")
 	set("set", fmtKey(5, 0), "7")
 
-	ops := []window.Op{
+	ops := []store.Op{
 		{Key: 1, Start: 0},                  // GET of "12abc"
 		{Key: 1, Start: 0, Delta: 1},        // INCRBY of "12abc"
 		{Key: 2, Start: 0},                  // GET of "-5"
@@ -156,14 +156,14 @@ func TestKilledServer(t *testing.T) {
 	const timeout = 100 * time.Millisecond
 	s, reg := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: timeout, DialTimeout: 200 * time.Millisecond})
 	ctx := context.Background()
-	ops := []window.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
+	ops := []store.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
 	s.Do(ctx, ops)
 	if ops[0].Err != nil {
 		t.Fatal(ops[0].Err)
 	}
 	p.Kill()
 	for i := range 5 {
-		ops := []window.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}, {Key: 2, Start: 1}}
+		ops := []store.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}, {Key: 2, Start: 1}}
 		start := time.Now()
 		s.Do(ctx, ops)
 		took := time.Since(start)
@@ -190,7 +190,7 @@ func TestKilledServer(t *testing.T) {
 		t.Skipf("restarting redis-server on %s: %v", p.Addr, err)
 	}
 	testenv.WaitFor(t, 5*time.Second, "the Store to answer after the restart", func() bool {
-		ops := []window.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
+		ops := []store.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
 		s.Do(ctx, ops)
 		return ops[0].Err == nil && ops[0].Value == 1 // a fresh server: the counter restarts
 	})
@@ -210,7 +210,7 @@ func TestHungServer(t *testing.T) {
 	const timeout = 100 * time.Millisecond
 	s, reg := newStore(t, Config{Addrs: []string{relay.Addr}, Timeout: timeout, ConnTimeout: 300 * time.Millisecond, DialTimeout: 300 * time.Millisecond})
 	ctx := context.Background()
-	ops := []window.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
+	ops := []store.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
 	s.Do(ctx, ops)
 	if ops[0].Err != nil {
 		t.Fatal(ops[0].Err)
@@ -221,9 +221,9 @@ func TestHungServer(t *testing.T) {
 	calls := 0
 	for time.Now().Before(deadline) {
 		calls++
-		ops := make([]window.Op, 64)
+		ops := make([]store.Op, 64)
 		for i := range ops {
-			ops[i] = window.Op{Key: uint64(i), Start: 1, Delta: int64(i % 2), TTL: time.Minute}
+			ops[i] = store.Op{Key: uint64(i), Start: 1, Delta: int64(i % 2), TTL: time.Minute}
 		}
 		start := time.Now()
 		s.Do(ctx, ops)
@@ -253,7 +253,7 @@ func TestHungServer(t *testing.T) {
 	}
 	relay.Forward()
 	testenv.WaitFor(t, 5*time.Second, "the Store to answer after the relay forwards again", func() bool {
-		ops := []window.Op{{Key: 1, Start: 1}}
+		ops := []store.Op{{Key: 1, Start: 1}}
 		s.Do(ctx, ops)
 		return ops[0].Err == nil && ops[0].Value == 1
 	})
@@ -275,7 +275,7 @@ func TestCallerDeadline(t *testing.T) {
 	relay.Hang()
 	for range 5 {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-		ops := []window.Op{{Key: 1, Start: 1}}
+		ops := []store.Op{{Key: 1, Start: 1}}
 		start := time.Now()
 		s.Do(ctx, ops)
 		cancel()
@@ -291,7 +291,7 @@ func TestCallerDeadline(t *testing.T) {
 	healthyBefore := s.fails.Load()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	ops := []window.Op{{Key: 1, Start: 1}}
+	ops := []store.Op{{Key: 1, Start: 1}}
 	s.Do(ctx, ops)
 	if !errors.Is(ops[0].Err, context.Canceled) {
 		t.Errorf("Do cancelled by its caller: got %v, want context.Canceled", ops[0].Err)
@@ -333,7 +333,7 @@ func TestGarbageServer(t *testing.T) {
 	}()
 	s, reg := newStore(t, Config{Addrs: []string{ln.Addr().String()}, DialTimeout: 200 * time.Millisecond, ReconnectInterval: 20 * time.Millisecond})
 	time.Sleep(150 * time.Millisecond)
-	ops := []window.Op{{Key: 1, Start: 1, Delta: 1}}
+	ops := []store.Op{{Key: 1, Start: 1, Delta: 1}}
 	s.Do(context.Background(), ops)
 	if !errors.Is(ops[0].Err, ErrUnavailable) {
 		t.Errorf("Do against a server that is not Redis: got %v, want ErrUnavailable", ops[0].Err)

@@ -8,21 +8,20 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/redis/rueidis"
-
-	"github.com/poplimit/poplimit/window"
 )
 
 // GCRAParams configures a shared leaky bucket: the fields of
-// window.LeakyBucket, with the same meaning and the same bounds (Validate).
+// algo.LeakyBucket, with the same meaning and the same bounds (Validate).
 type GCRAParams struct {
 	Rate     int64         // units that leak out per Per, > 0
 	Per      time.Duration // period of Rate, > 0
 	Capacity int64         // the bucket's size in units, > 0; Capacity × Per + Rate fits an int64
 }
 
-// Validate reports every problem with p, as window.LeakyBucket.Validate.
-func (p GCRAParams) Validate() error { return window.LeakyBucket(p).Validate() }
+// Validate reports every problem with p, as algo.LeakyBucket.Validate.
+func (p GCRAParams) Validate() error { return algo.LeakyBucket(p).Validate() }
 
 // GCRAResult is the outcome of one GCRA call.
 type GCRAResult struct {
@@ -30,7 +29,7 @@ type GCRAResult struct {
 	// call and for n ≤ 0 (which pour nothing).
 	Allowed bool
 	// TAT and Frac are the bucket's state after the call, as
-	// window.LeakyBucketState: the theoretical arrival time in Unix
+	// algo.LeakyBucketState: the theoretical arrival time in Unix
 	// nanoseconds and its fraction in units of 1/Rate ns.
 	TAT, Frac int64
 	// Remaining is the whole units of room left at now.
@@ -54,7 +53,7 @@ type GCRAOp struct {
 	Err    error
 }
 
-// GCRA runs window.LeakyBucket's arithmetic on the shared bucket of key,
+// GCRA runs algo.LeakyBucket's arithmetic on the shared bucket of key,
 // atomically on the node that holds it, and returns the outcome. With
 // conditional set it is LeakyBucket.Allow: the n units are poured only if
 // they fit, and the state changes only then. Without it the n units are
@@ -76,7 +75,7 @@ func AppendGCRAKey(dst []byte, key uint64) []byte {
 // bucket lb: n × Per and (Capacity − n) × Per, the latter −1 when n >
 // Capacity. An unconditional pour of n > Capacity must keep n × Per + Rate
 // within an int64.
-func gcraArgs(lb window.LeakyBucket, n int64, conditional bool) (nPer, room int64, err error) {
+func gcraArgs(lb algo.LeakyBucket, n int64, conditional bool) (nPer, room int64, err error) {
 	if n <= 0 {
 		return 0, 0, nil
 	}
@@ -95,7 +94,7 @@ func gcraArgs(lb window.LeakyBucket, n int64, conditional bool) (nPer, room int6
 
 // addGCRA appends the GCRA script's command for n units at now of the
 // bucket of key, lb valid, or returns why it cannot run.
-func (s *Store) addGCRA(b *batch, key uint64, lb window.LeakyBucket, now, n int64, conditional bool) error {
+func (s *Store) addGCRA(b *batch, key uint64, lb algo.LeakyBucket, now, n int64, conditional bool) error {
 	nPer, room, err := gcraArgs(lb, n, conditional)
 	if err != nil {
 		return err
@@ -119,20 +118,20 @@ func (s *Store) addGCRA(b *batch, key uint64, lb window.LeakyBucket, now, n int6
 
 // gcraState decodes the GCRA script's reply r for a bucket of the given
 // rate: the state after the call, and whether the units were poured.
-func (s *Store) gcraState(r rueidis.RedisResult, rate int64) (window.LeakyBucketState, bool, error) {
+func (s *Store) gcraState(r rueidis.RedisResult, rate int64) (algo.LeakyBucketState, bool, error) {
 	arr, err := r.ToArray()
 	if err != nil || len(arr) != 3 {
-		return window.LeakyBucketState{}, false, s.badValue(kindGCRA, fmt.Errorf("reply of %d elements, want 3 (%v)", len(arr), err))
+		return algo.LeakyBucketState{}, false, s.badValue(kindGCRA, fmt.Errorf("reply of %d elements, want 3 (%v)", len(arr), err))
 	}
 	poured, err1 := arr[0].ToInt64()
 	tat, err2 := arr[1].ToString()
 	frac, err3 := arr[2].ToString()
 	if err := errors.Join(err1, err2, err3); err != nil {
-		return window.LeakyBucketState{}, false, s.badValue(kindGCRA, err)
+		return algo.LeakyBucketState{}, false, s.badValue(kindGCRA, err)
 	}
 	st, ok, err := DecodeGCRAState(poured, tat, frac, rate)
 	if err != nil {
-		return window.LeakyBucketState{}, false, s.badValue(kindGCRA, err)
+		return algo.LeakyBucketState{}, false, s.badValue(kindGCRA, err)
 	}
 	return st, ok, nil
 }
@@ -151,7 +150,7 @@ func (gcraCodec) add(s *Store, b *batch, op *GCRAOp) error {
 	if err := op.Params.Validate(); err != nil {
 		return err
 	}
-	return s.addGCRA(b, op.Key, window.LeakyBucket(op.Params), op.Now, op.N, op.Conditional)
+	return s.addGCRA(b, op.Key, algo.LeakyBucket(op.Params), op.Now, op.N, op.Conditional)
 }
 
 func (gcraCodec) decode(s *Store, op *GCRAOp, r rueidis.RedisResult) (result, error) {
@@ -159,7 +158,7 @@ func (gcraCodec) decode(s *Store, op *GCRAOp, r rueidis.RedisResult) (result, er
 	if err != nil {
 		return resultBadValue, err
 	}
-	lb := window.LeakyBucket(op.Params)
+	lb := algo.LeakyBucket(op.Params)
 	op.Result = GCRAResult{
 		Allowed:   ok,
 		TAT:       st.TAT,
@@ -172,20 +171,20 @@ func (gcraCodec) decode(s *Store, op *GCRAOp, r rueidis.RedisResult) (result, er
 
 // DecodeGCRAState decodes the GCRA script's reply: poured is 1 or 0, tat
 // and frac decimal int64s with 0 ≤ frac < rate.
-func DecodeGCRAState(poured int64, tat, frac string, rate int64) (window.LeakyBucketState, bool, error) {
+func DecodeGCRAState(poured int64, tat, frac string, rate int64) (algo.LeakyBucketState, bool, error) {
 	if poured != 0 && poured != 1 {
-		return window.LeakyBucketState{}, false, fmt.Errorf("poured %d, want 0 or 1", poured)
+		return algo.LeakyBucketState{}, false, fmt.Errorf("poured %d, want 0 or 1", poured)
 	}
 	t, err := strconv.ParseInt(tat, 10, 64)
 	if err != nil {
-		return window.LeakyBucketState{}, false, fmt.Errorf("tat: %w", err)
+		return algo.LeakyBucketState{}, false, fmt.Errorf("tat: %w", err)
 	}
 	f, err := strconv.ParseInt(frac, 10, 64)
 	if err != nil {
-		return window.LeakyBucketState{}, false, fmt.Errorf("frac: %w", err)
+		return algo.LeakyBucketState{}, false, fmt.Errorf("frac: %w", err)
 	}
 	if f < 0 || f >= rate {
-		return window.LeakyBucketState{}, false, fmt.Errorf("frac %d outside [0, %d)", f, rate)
+		return algo.LeakyBucketState{}, false, fmt.Errorf("frac %d outside [0, %d)", f, rate)
 	}
-	return window.LeakyBucketState{TAT: t, Frac: f}, poured == 1, nil
+	return algo.LeakyBucketState{TAT: t, Frac: f}, poured == 1, nil
 }

@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // logUniform returns an int64 in [lo, hi] whose bit length is uniform, so
@@ -40,9 +41,9 @@ func leadingZeros(x uint64) int {
 	return n
 }
 
-// randGCRAParams draws a bucket within window.LeakyBucket.Validate's bounds
+// randGCRAParams draws a bucket within algo.LeakyBucket.Validate's bounds
 // whose full drain, added to an instant up to maxNow, stays within int64
-// (beyond it window.LeakyBucket's own TAT would wrap).
+// (beyond it algo.LeakyBucket's own TAT would wrap).
 func randGCRAParams(r *rand.Rand, maxNow int64) GCRAParams {
 	for {
 		p := GCRAParams{Rate: logUniform(r, 1, 1<<62), Per: time.Duration(logUniform(r, 1, 1<<62))}
@@ -60,23 +61,23 @@ func randGCRAParams(r *rand.Rand, maxNow int64) GCRAParams {
 }
 
 // refPour is the unconditional pour in math/big: the update of
-// window.LeakyBucket.Allow without its fits check, the TAT saturating at
+// algo.LeakyBucket.Allow without its fits check, the TAT saturating at
 // math.MaxInt64.
-func refPour(p GCRAParams, st window.LeakyBucketState, now, n int64) window.LeakyBucketState {
+func refPour(p GCRAParams, st algo.LeakyBucketState, now, n int64) algo.LeakyBucketState {
 	if n <= 0 {
 		return st
 	}
 	if st.TAT < now || st.TAT == now && st.Frac == 0 {
-		st = window.LeakyBucketState{TAT: now}
+		st = algo.LeakyBucketState{TAT: now}
 	}
 	total := new(big.Int).Mul(big.NewInt(n), big.NewInt(int64(p.Per)))
 	total.Add(total, big.NewInt(st.Frac))
 	q, m := new(big.Int).QuoRem(total, big.NewInt(p.Rate), new(big.Int))
 	q.Add(q, big.NewInt(st.TAT))
 	if !q.IsInt64() {
-		return window.LeakyBucketState{TAT: math.MaxInt64}
+		return algo.LeakyBucketState{TAT: math.MaxInt64}
 	}
-	return window.LeakyBucketState{TAT: q.Int64(), Frac: m.Int64()}
+	return algo.LeakyBucketState{TAT: q.Int64(), Frac: m.Int64()}
 }
 
 // randStep draws the next instant and units of a sequence over p.
@@ -121,9 +122,9 @@ func randStep(r *rand.Rand, p GCRAParams, now int64) (int64, int64) {
 
 // TestGCRAMatchesLeakyBucket is the exactness proof: random sequences of
 // conditional and unconditional calls over random buckets spanning
-// window.LeakyBucket.Validate's range (rates and periods from 1 to 2^62,
+// algo.LeakyBucket.Validate's range (rates and periods from 1 to 2^62,
 // capacities up to the int64 bound), through the script on a real
-// redis-server, compared after every step with window.LeakyBucket.Allow
+// redis-server, compared after every step with algo.LeakyBucket.Allow
 // (conditional) and with the same update in math/big (unconditional):
 // admitted, TAT and fraction, remaining and release time. Calls go in
 // pipelined batches of random sizes, so ordering within a batch is checked
@@ -143,12 +144,12 @@ func TestGCRAMatchesLeakyBucket(t *testing.T) {
 		if seq%8 == 0 {                              // and everyday buckets: 100 per minute, 10 per second
 			params = []GCRAParams{{Rate: 100, Per: time.Minute, Capacity: 20}, {Rate: 10, Per: time.Second, Capacity: 20}, {Rate: 3, Per: time.Second, Capacity: 7}}[seq/8%3]
 		}
-		lb := window.LeakyBucket(params)
+		lb := algo.LeakyBucket(params)
 		if params.Capacity > (1<<53)/int64(params.Per) {
 			wide++ // levels beyond 2^53: the doubles alone would not be exact
 		}
 		key := uint64(seq + 1)
-		var ref window.LeakyBucketState
+		var ref algo.LeakyBucketState
 		now := base + r.Int64N(1e15)
 		ops := make([]GCRAOp, 0, steps)
 		for range steps {
@@ -260,8 +261,8 @@ func TestGCRANoScript(t *testing.T) {
 	s, reg := newStore(t, Config{Addrs: []string{p.Addr}})
 	ctx := context.Background()
 	params := GCRAParams{Rate: 10, Per: time.Second, Capacity: 3}
-	lb := window.LeakyBucket(params)
-	var ref window.LeakyBucketState
+	lb := algo.LeakyBucket(params)
+	var ref algo.LeakyBucketState
 	now := int64(1_700_000_000_000_000_000)
 	for i := range 6 {
 		cli(t, p.Addr, "script", "flush")
@@ -270,7 +271,7 @@ func TestGCRANoScript(t *testing.T) {
 		if err != nil || res.Allowed != ok || res.TAT != ref.TAT {
 			t.Fatalf("call %d after SCRIPT FLUSH: got %+v, %v; want allowed %v, TAT %d", i, res, err, ok, ref.TAT)
 		}
-		ops := []window.Op{{Key: 11, Start: 1, Delta: 1, TTL: time.Minute}}
+		ops := []store.Op{{Key: 11, Start: 1, Delta: 1, TTL: time.Minute}}
 		s.Do(ctx, ops)
 		if ops[0].Err != nil || ops[0].Value != uint64(i+1) {
 			t.Fatalf("incr %d after SCRIPT FLUSH: got %d, %v", i, ops[0].Value, ops[0].Err)
@@ -284,7 +285,7 @@ func TestGCRANoScript(t *testing.T) {
 }
 
 // ExampleGCRAParams shows that a bucket's parameters have
-// window.LeakyBucket's bounds: Capacity × Per must fit in int64 nanoseconds.
+// algo.LeakyBucket's bounds: Capacity × Per must fit in int64 nanoseconds.
 func ExampleGCRAParams() {
 	p := GCRAParams{Rate: 100, Per: time.Minute, Capacity: 20}
 	fmt.Println(p.Validate())

@@ -157,14 +157,14 @@ if v < 0 then
 end
 return v`
 
-// luaGCRA is window.LeakyBucket.Allow over a hash {tat, frac}, exact in
+// luaGCRA is algo.LeakyBucket.Allow over a hash {tat, frac}, exact in
 // luaInt64. KEYS[1] is the bucket. ARGV: now (Unix ns, a pair), n, Rate (a
 // pair), n × Per (a pair), (Capacity − n) × Per (a pair, negative when n >
 // Capacity), "1" for the conditional form (pour n only if it fits) or "0"
 // for the unconditional one (pour n whatever the level), and the
 // clock-skew allowance in ms. It returns {poured (1 or 0), TAT, Frac}, the
 // state after the call, from which the caller computes the room left and
-// the release time with window.LeakyBucket itself. After a pour it sets
+// the release time with algo.LeakyBucket itself. After a pour it sets
 // the key's TTL to the time the bucket takes to drain, in whole ms rounded
 // up, plus the allowance; a refusal writes nothing.
 //
@@ -218,7 +218,7 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', ms))
 return {1, tat, frac}
 `
 
-// luaSlidingLog is window.SlidingLog over a sorted set of one member per
+// luaSlidingLog is algo.SlidingLog over a sorted set of one member per
 // logged unit (KEYS[1]) and a hash of its bookkeeping (KEYS[2]): e, the
 // epoch (Unix ns) that scores count from; t, the latest now seen; s, the
 // last member number handed out. Scores are nanoseconds since e, exact as

@@ -8,9 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/redis/rueidis"
-
-	"github.com/poplimit/poplimit/window"
 )
 
 // MaxLogWindow is the longest window a shared sliding log takes: its scores
@@ -20,7 +19,7 @@ import (
 const MaxLogWindow = time.Duration(1 << 52) // about 52 days
 
 // SlidingLogParams configures a shared sliding log: the fields of
-// window.SlidingLog.
+// algo.SlidingLog.
 type SlidingLogParams struct {
 	Limit  int64         // the most units Allow admits in any window, > 0
 	Window time.Duration // the window's length, > 0 and at most MaxLogWindow
@@ -59,10 +58,10 @@ type SlidingLogOp struct {
 	Err    error
 }
 
-// SlidingLog runs window.SlidingLog on the shared log of key, atomically on
+// SlidingLog runs algo.SlidingLog on the shared log of key, atomically on
 // the node that holds it: with conditional set it is SlidingLog.Allow (log n
 // units at now if and only if they fit), without it SlidingLog.Add (log
-// them whatever the count, to count attempts). As in window.SlidingLog, now
+// them whatever the count, to count attempts). As in algo.SlidingLog, now
 // is clamped to the latest now any caller passed for the key, so a caller
 // whose clock is behind logs at the latest instant seen. Each unit is one
 // member of a sorted set, so a key holds at most max(Limit,
@@ -77,7 +76,7 @@ func (s *Store) SlidingLog(ctx context.Context, key uint64, p SlidingLogParams, 
 // validate reports why p cannot run with a store of at most maxEntries
 // members per key.
 func (p SlidingLogParams) validate(maxEntries int) error {
-	err := window.SlidingLog(p).Validate()
+	err := algo.SlidingLog(p).Validate()
 	if p.Window <= MaxLogWindow && p.Limit <= int64(maxEntries) {
 		return err // nil on the hot path, without allocating
 	}

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/algo"
 )
 
-// TestSlidingLogMatchesWindow compares the script with window.SlidingLog
+// TestSlidingLogMatchesWindow compares the script with algo.SlidingLog
 // on random sequences of Allow (conditional) and Add (unconditional) calls:
 // logged, count, remaining, release time and the oldest entry after every
 // step. Limits run from 1 to 50, windows from a nanosecond to
@@ -35,8 +35,8 @@ func TestSlidingLogMatchesWindow(t *testing.T) {
 		if seq%7 == 1 {
 			params = SlidingLogParams{Limit: 5, Window: time.Minute} // a login rule
 		}
-		sl := window.SlidingLog(params)
-		var ref window.SlidingLogState
+		sl := algo.SlidingLog(params)
+		var ref algo.SlidingLogState
 		key := uint64(1000 + seq)
 		now := int64(1_700_000_000_000_000_000) + r.Int64N(1e15)
 		w := int64(params.Window)
@@ -118,14 +118,14 @@ func TestSlidingLogMatchesWindow(t *testing.T) {
 
 // TestSlidingLogEpoch drives one key's log across many multiples of 2^52
 // ns with entries in it all along, so its epoch moves and every score is
-// shifted, and checks the instants that come back against window.SlidingLog.
+// shifted, and checks the instants that come back against algo.SlidingLog.
 func TestSlidingLogEpoch(t *testing.T) {
 	p := startRedis(t)
 	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, ClockSkew: time.Hour})
 	ctx := context.Background()
 	params := SlidingLogParams{Limit: 3, Window: MaxLogWindow}
-	sl := window.SlidingLog(params)
-	var ref window.SlidingLogState
+	sl := algo.SlidingLog(params)
+	var ref algo.SlidingLogState
 	now := int64(1 << 40)
 	for i := range 40 {
 		now += 1<<51 + int64(i) // odd offsets, so a lost nanosecond would show

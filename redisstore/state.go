@@ -3,16 +3,15 @@ package redisstore
 import (
 	"context"
 
+	"github.com/poplimit/poplimit/store"
 	"github.com/redis/rueidis"
-
-	"github.com/poplimit/poplimit/window"
 )
 
-var _ window.StateStore = (*Store)(nil)
+var _ store.StateStore = (*Store)(nil)
 
-// DoState implements window.StateStore: each op is one call of the GCRA
-// script (window.StateGCRA, the key's bucket pl:{…}:gcra) or of the
-// sliding-log script (window.StateLog, the key's log pl:{…}:log and
+// DoState implements store.StateStore: each op is one call of the GCRA
+// script (store.StateGCRA, the key's bucket pl:{…}:gcra) or of the
+// sliding-log script (store.StateLog, the key's log pl:{…}:log and
 // pl:{…}:logm), all of a call's ops of both kinds in one pipeline, as
 // GCRABatch and SlidingLogBatch run them. Ops on one key take effect in
 // the order given. Ops fail independently: arguments that op.Validate or
@@ -25,48 +24,48 @@ var _ window.StateStore = (*Store)(nil)
 // "sliding_log" (an op of an unknown Kind under "gcra", as invalid). It
 // keeps no reference to ops.
 //
-// The outputs are window.MemStore's, computed by window.LeakyBucket and
+// The outputs are store.MemStore's, computed by algo.LeakyBucket and
 // from the log script's reply: for a bucket TAT and Frac are the state
 // after the op, Remaining and ReleaseAt derived from it at Now; for a log
 // Now is clamped to the latest Now the key has seen, and TAT and Frac are
 // 0. Where the stores differ: a stored bucket whose Frac is Rate or more
 // (poured under another rate) reads here as Rate − 1 (MemStore: 0, the TAT
 // kept either way), a negative one is ErrBadValue; the log's latest Now is
-// advanced by every op, reads and refusals too, as window.SlidingLog
+// advanced by every op, reads and refusals too, as algo.SlidingLog
 // advances it (MemStore keeps only what a write stored); unconditional
 // log ops stop logging at Config.MaxLogEntries units per key.
-func (s *Store) DoState(ctx context.Context, ops []window.StateOp) {
+func (s *Store) DoState(ctx context.Context, ops []store.StateOp) {
 	scriptBatch(s, ctx, ops)
 }
 
-// stateCodec is window.StateOp's part of scriptBatch (see scripted).
+// stateCodec is store.StateOp's part of scriptBatch (see scripted).
 type stateCodec struct{}
 
 // kind is op's "op" label: an op of an unknown Kind, which fails as
 // invalid, counts as "gcra".
-func (stateCodec) kind(op *window.StateOp) opKind {
-	if op.Kind == window.StateLog {
+func (stateCodec) kind(op *store.StateOp) opKind {
+	if op.Kind == store.StateLog {
 		return kindSlidingLog
 	}
 	return kindGCRA
 }
 
-func (stateCodec) fail(op *window.StateOp) {
+func (stateCodec) fail(op *store.StateOp) {
 	op.Allowed, op.Remaining, op.ReleaseAt, op.TAT, op.Frac = false, 0, 0, 0, 0
 }
 
-func (stateCodec) add(s *Store, b *batch, op *window.StateOp) error {
+func (stateCodec) add(s *Store, b *batch, op *store.StateOp) error {
 	if err := op.Validate(); err != nil {
 		return err
 	}
-	if op.Kind == window.StateGCRA {
+	if op.Kind == store.StateGCRA {
 		return s.addGCRA(b, op.Key, op.Bucket, op.Now, op.N, op.Conditional)
 	}
 	return s.addLog(b, op.Key, SlidingLogParams(op.Log), op.Now, op.N, op.Conditional)
 }
 
-func (stateCodec) decode(s *Store, op *window.StateOp, r rueidis.RedisResult) (result, error) {
-	if op.Kind == window.StateGCRA {
+func (stateCodec) decode(s *Store, op *store.StateOp, r rueidis.RedisResult) (result, error) {
+	if op.Kind == store.StateGCRA {
 		st, ok, err := s.gcraState(r, op.Bucket.Rate)
 		if err != nil {
 			return resultBadValue, err

@@ -11,18 +11,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
-// stoppedClock is a window.Clock that never moves, so nothing a MemStore
+// stoppedClock is a store.Clock that never moves, so nothing a MemStore
 // holds expires during a test whose instants are made up.
 type stoppedClock struct{}
 
 func (stoppedClock) Now() time.Time { return time.Unix(1_700_000_000, 0) }
 
 // stateOutputs is op's outputs, Err aside, for comparison.
-func stateOutputs(op window.StateOp) window.StateOp {
+func stateOutputs(op store.StateOp) store.StateOp {
 	op.Err = nil
 	return op
 }
@@ -31,24 +32,24 @@ func stateOutputs(op window.StateOp) window.StateOp {
 // and logs over a few keys, conditional and not, n from 0 to 3, instants
 // that mostly move forward by every scale of their rule and sometimes go
 // back, a few invalid ops) through the Store's DoState in random batches
-// and through window.MemStore's DoState, the reference, and compares every
+// and through store.MemStore's DoState, the reference, and compares every
 // op's outputs: Allowed, Remaining and ReleaseAt for both kinds, TAT and
 // Frac exactly for buckets.
 //
 // A log's instant goes back only while the latest instant of all its ops
-// is one that logged units: the Store, as window.SlidingLog, clamps an op
+// is one that logged units: the Store, as algo.SlidingLog, clamps an op
 // to the latest instant any op passed, while MemStore stores only what
 // logged units (see TestDoStateLogClamp).
 func TestDoStateMatchesMemStore(t *testing.T) {
 	p := startRedis(t)
 	s, reg := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: 5 * time.Second, ConnTimeout: 10 * time.Second, ClockSkew: time.Hour})
-	mem := window.NewMemStore(stoppedClock{})
+	mem := store.NewMemStore(stoppedClock{})
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(11, 12))
 
 	type keyState struct {
-		bucket     window.LeakyBucket
-		log        window.SlidingLog
+		bucket     algo.LeakyBucket
+		log        algo.SlidingLog
 		now        int64 // the latest instant given to the key
 		logMax     int64 // the latest instant of a log op
 		logSeen    bool
@@ -60,22 +61,22 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 	keys := make([]keyState, 8)
 	for i := range keys {
 		keys[i] = keyState{
-			bucket: window.LeakyBucket{Rate: rates[r.IntN(len(rates))], Per: pers[r.IntN(len(pers))], Capacity: 1 + r.Int64N(10)},
-			log:    window.SlidingLog{Limit: 1 + r.Int64N(10), Window: time.Duration(logUniform(r, int64(time.Millisecond), int64(10*time.Second)))},
+			bucket: algo.LeakyBucket{Rate: rates[r.IntN(len(rates))], Per: pers[r.IntN(len(pers))], Capacity: 1 + r.Int64N(10)},
+			log:    algo.SlidingLog{Limit: 1 + r.Int64N(10), Window: time.Duration(logUniform(r, int64(time.Millisecond), int64(10*time.Second)))},
 			now:    1_700_000_000_000_000_000 + r.Int64N(1e12),
 		}
 	}
 	const steps = 3000
-	ops := make([]window.StateOp, 0, steps)
-	want := make([]window.StateOp, 0, steps)
+	ops := make([]store.StateOp, 0, steps)
+	want := make([]store.StateOp, 0, steps)
 	back, invalid := 0, 0
 	for range steps {
 		ki := r.IntN(len(keys))
 		k := &keys[ki]
-		op := window.StateOp{Key: uint64(ki+1) * 0x9e3779b97f4a7c15, Bucket: k.bucket, Log: k.log, N: r.Int64N(4), Conditional: r.IntN(4) != 0}
-		op.Kind = window.StateGCRA
+		op := store.StateOp{Key: uint64(ki+1) * 0x9e3779b97f4a7c15, Bucket: k.bucket, Log: k.log, N: r.Int64N(4), Conditional: r.IntN(4) != 0}
+		op.Kind = store.StateGCRA
 		if r.IntN(2) == 0 {
-			op.Kind = window.StateLog
+			op.Kind = store.StateLog
 		}
 		T := int64(k.bucket.Per) / k.bucket.Rate
 		W := int64(k.log.Window)
@@ -93,7 +94,7 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 		default:
 			dt = r.Int64N(max(T, W/k.log.Limit)/2 + 1)
 		}
-		canGoBack := op.Kind == window.StateGCRA || k.logSeen == k.memWritten && k.logMax == k.memLatest
+		canGoBack := op.Kind == store.StateGCRA || k.logSeen == k.memWritten && k.logMax == k.memLatest
 		if canGoBack && r.IntN(8) == 0 {
 			op.Now = k.now - r.Int64N(max(T, W)+1)
 			back++
@@ -103,17 +104,17 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 		}
 		switch r.IntN(100) {
 		case 0:
-			op.Kind, op.Log.Limit = window.StateLog, window.MaxSharedLogLimit+1
+			op.Kind, op.Log.Limit = store.StateLog, algo.MaxSharedLogLimit+1
 		case 1:
-			op.Kind, op.Bucket.Rate = window.StateGCRA, 0
+			op.Kind, op.Bucket.Rate = store.StateGCRA, 0
 		case 2:
 			op.Kind = 9
 		}
-		ref := []window.StateOp{op}
+		ref := []store.StateOp{op}
 		mem.DoState(ctx, ref)
 		if ref[0].Err != nil {
 			invalid++
-		} else if op.Kind == window.StateLog {
+		} else if op.Kind == store.StateLog {
 			if !k.logSeen || op.Now > k.logMax {
 				k.logMax = op.Now
 			}
@@ -164,14 +165,14 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 // MemStore's: an op that logs nothing (a read, a refusal) at an instant
 // later than any before still advances the latest instant the log has
 // seen, so a later op with an earlier instant is clamped to it, as
-// window.SlidingLog does in process. MemStore keeps only what a write
+// algo.SlidingLog does in process. MemStore keeps only what a write
 // stored; the test logs whether it differs.
 func TestDoStateLogClamp(t *testing.T) {
 	p := startRedis(t)
 	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: 5 * time.Second, ClockSkew: time.Hour})
-	mem := window.NewMemStore(stoppedClock{})
+	mem := store.NewMemStore(stoppedClock{})
 	ctx := context.Background()
-	l := window.SlidingLog{Limit: 1, Window: time.Second}
+	l := algo.SlidingLog{Limit: 1, Window: time.Second}
 	t0 := int64(1_700_000_000_000_000_000)
 	seq := []struct {
 		now, n int64
@@ -180,18 +181,18 @@ func TestDoStateLogClamp(t *testing.T) {
 		{t0 + int64(2*time.Second), 0},        // a read two windows later: the log is empty then
 		{t0 + int64(500*time.Millisecond), 1}, // an earlier instant: clamped to t0 + 2s, where it fits
 	}
-	var ref window.SlidingLogState
+	var ref algo.SlidingLogState
 	for i, c := range seq {
 		ok, rem, rel := l.Allow(&ref, c.now, c.n)
-		op := []window.StateOp{{Kind: window.StateLog, Key: 7, Log: l, Now: c.now, N: c.n, Conditional: true}}
+		op := []store.StateOp{{Kind: store.StateLog, Key: 7, Log: l, Now: c.now, N: c.n, Conditional: true}}
 		s.DoState(ctx, op)
 		if op[0].Err != nil || op[0].Allowed != ok || op[0].Remaining != rem || op[0].ReleaseAt != rel {
-			t.Errorf("step %d: got %+v; want allowed %v, remaining %d, release %d (window.SlidingLog)", i, op[0], ok, rem, rel)
+			t.Errorf("step %d: got %+v; want allowed %v, remaining %d, release %d (algo.SlidingLog)", i, op[0], ok, rem, rel)
 		}
-		mop := []window.StateOp{{Kind: window.StateLog, Key: 7, Log: l, Now: c.now, N: c.n, Conditional: true}}
+		mop := []store.StateOp{{Kind: store.StateLog, Key: 7, Log: l, Now: c.now, N: c.n, Conditional: true}}
 		mem.DoState(ctx, mop)
 		if stateOutputs(mop[0]) != stateOutputs(op[0]) {
-			t.Logf("step %d: MemStore gives allowed %v, remaining %d, release %d; the Store and window.SlidingLog %v, %d, %d",
+			t.Logf("step %d: MemStore gives allowed %v, remaining %d, release %d; the Store and algo.SlidingLog %v, %d, %d",
 				i, mop[0].Allowed, mop[0].Remaining, mop[0].ReleaseAt, op[0].Allowed, op[0].Remaining, op[0].ReleaseAt)
 		}
 	}
@@ -211,7 +212,7 @@ func stateStores(t *testing.T, addr string, n int) []*Store {
 // DoState with one op made by mk from its instant until d has passed,
 // and returns the admitted ops' instants and call durations, sorted by
 // instant. An op that fails fails the test.
-func hammer(t *testing.T, stores []*Store, callers int, d time.Duration, mk func(now int64) window.StateOp) (at, took []int64) {
+func hammer(t *testing.T, stores []*Store, callers int, d time.Duration, mk func(now int64) store.StateOp) (at, took []int64) {
 	t.Helper()
 	type admit struct{ at, took int64 }
 	var (
@@ -224,7 +225,7 @@ func hammer(t *testing.T, stores []*Store, callers int, d time.Duration, mk func
 	for g := range callers {
 		s := stores[g%len(stores)]
 		wg.Go(func() {
-			ops := make([]window.StateOp, 1)
+			ops := make([]store.StateOp, 1)
 			for time.Now().Before(end) {
 				start := time.Now()
 				ops[0] = mk(start.UnixNano())
@@ -258,10 +259,10 @@ func hammer(t *testing.T, stores []*Store, callers int, d time.Duration, mk func
 func TestDoStateGCRAConcurrent(t *testing.T) {
 	p := startRedis(t)
 	stores := stateStores(t, p.Addr, 4)
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
 	const d = 2 * time.Second
-	at, _ := hammer(t, stores, 12, d, func(now int64) window.StateOp {
-		return window.StateOp{Kind: window.StateGCRA, Key: 42, Bucket: lb, Now: now, N: 1, Conditional: true}
+	at, _ := hammer(t, stores, 12, d, func(now int64) store.StateOp {
+		return store.StateOp{Kind: store.StateGCRA, Key: 42, Bucket: lb, Now: now, N: 1, Conditional: true}
 	})
 	for i := range at {
 		for j := i; j < len(at); j++ {
@@ -288,10 +289,10 @@ func TestDoStateGCRAConcurrent(t *testing.T) {
 func TestDoStateLogConcurrent(t *testing.T) {
 	p := startRedis(t)
 	stores := stateStores(t, p.Addr, 4)
-	l := window.SlidingLog{Limit: 5, Window: 500 * time.Millisecond}
+	l := algo.SlidingLog{Limit: 5, Window: 500 * time.Millisecond}
 	const d = 2 * time.Second
-	at, took := hammer(t, stores, 12, d, func(now int64) window.StateOp {
-		return window.StateOp{Kind: window.StateLog, Key: 43, Log: l, Now: now, N: 1, Conditional: true}
+	at, took := hammer(t, stores, 12, d, func(now int64) store.StateOp {
+		return store.StateOp{Kind: store.StateLog, Key: 43, Log: l, Now: now, N: 1, Conditional: true}
 	})
 	w := int64(l.Window)
 	for i := range at {
@@ -321,21 +322,21 @@ func TestDoStateLogConcurrent(t *testing.T) {
 func TestDoStateFaults(t *testing.T) {
 	p := startRedis(t)
 	s, reg := newStore(t, Config{Addrs: []string{p.Addr}, ClockSkew: time.Hour})
-	mem := window.NewMemStore(stoppedClock{})
+	mem := store.NewMemStore(stoppedClock{})
 	ctx := context.Background()
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 3}
-	l := window.SlidingLog{Limit: 3, Window: time.Second}
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 3}
+	l := algo.SlidingLog{Limit: 3, Window: time.Second}
 	now := int64(1_700_000_000_000_000_000)
 	for round := range 4 {
 		cli(t, p.Addr, "script", "flush")
 		now += int64(100 * time.Millisecond)
-		ops := []window.StateOp{
-			{Kind: window.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 2, Conditional: true},
-			{Kind: window.StateLog, Key: 1, Log: l, Now: now, N: 1, Conditional: true},
-			{Kind: window.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 2, Conditional: true},
-			{Kind: window.StateLog, Key: 1, Log: l, Now: now, N: 2, Conditional: false},
-			{Kind: window.StateGCRA, Key: 1, Bucket: lb, Now: now},
-			{Kind: window.StateLog, Key: 1, Log: l, Now: now, N: 1, Conditional: true},
+		ops := []store.StateOp{
+			{Kind: store.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 2, Conditional: true},
+			{Kind: store.StateLog, Key: 1, Log: l, Now: now, N: 1, Conditional: true},
+			{Kind: store.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 2, Conditional: true},
+			{Kind: store.StateLog, Key: 1, Log: l, Now: now, N: 2, Conditional: false},
+			{Kind: store.StateGCRA, Key: 1, Bucket: lb, Now: now},
+			{Kind: store.StateLog, Key: 1, Log: l, Now: now, N: 1, Conditional: true},
 		}
 		want := slices.Clone(ops)
 		mem.DoState(ctx, want)
@@ -346,7 +347,7 @@ func TestDoStateFaults(t *testing.T) {
 			}
 		}
 		cli(t, p.Addr, "script", "flush")
-		one := []window.StateOp{{Kind: window.StateGCRA, Key: 2, Bucket: lb, Now: now, N: 1, Conditional: true}}
+		one := []store.StateOp{{Kind: store.StateGCRA, Key: 2, Bucket: lb, Now: now, N: 1, Conditional: true}}
 		s.DoState(ctx, one) // a single op: on the caller's goroutine
 		if one[0].Err != nil || !one[0].Allowed {
 			t.Fatalf("round %d: single op after SCRIPT FLUSH: got %+v", round, one[0])
@@ -367,19 +368,19 @@ func TestDoStateFaults(t *testing.T) {
 	cli(t, p.Addr, "hset", "pl:{0000000000000004}:logm", "e", strconv.FormatInt(now-10, 10), "t", strconv.FormatInt(now-5, 10), "s", "0")
 	cli(t, p.Addr, "rpush", "pl:{0000000000000004}:log", "a", "list")
 	cli(t, p.Addr, "hset", "pl:{0000000000000005}:logm", "e", "5", "t", "2", "s", "0")
-	ops := []window.StateOp{
-		{Kind: window.StateGCRA, Key: 3, Bucket: lb, Now: now, N: 1, Conditional: true},  // a string
-		{Kind: window.StateGCRA, Key: 4, Bucket: lb, Now: now, N: 1, Conditional: false}, // a list
-		{Kind: window.StateGCRA, Key: 5, Bucket: lb, Now: now, N: 1, Conditional: true},  // a bad TAT
-		{Kind: window.StateLog, Key: 3, Log: l, Now: now, N: 1, Conditional: true},       // bookkeeping a string
-		{Kind: window.StateLog, Key: 4, Log: l, Now: now, N: 0},                          // the log a list
-		{Kind: window.StateLog, Key: 5, Log: l, Now: now, N: 1, Conditional: true},       // epoch after latest
-		{Kind: window.StateGCRA, Key: 6, Bucket: lb, Now: now, N: 1, Conditional: true},  // good
-		{Kind: window.StateLog, Key: 6, Log: window.SlidingLog{Limit: window.MaxSharedLogLimit + 1, Window: time.Second}, Now: now, N: 1},
-		{Kind: window.StateLog, Key: 6, Log: window.SlidingLog{Limit: 3, Window: MaxLogWindow + 1}, Now: now, N: 1},
-		{Kind: window.StateGCRA, Key: 6, Bucket: window.LeakyBucket{Rate: 1, Per: time.Second}, Now: now, N: 1},
+	ops := []store.StateOp{
+		{Kind: store.StateGCRA, Key: 3, Bucket: lb, Now: now, N: 1, Conditional: true},  // a string
+		{Kind: store.StateGCRA, Key: 4, Bucket: lb, Now: now, N: 1, Conditional: false}, // a list
+		{Kind: store.StateGCRA, Key: 5, Bucket: lb, Now: now, N: 1, Conditional: true},  // a bad TAT
+		{Kind: store.StateLog, Key: 3, Log: l, Now: now, N: 1, Conditional: true},       // bookkeeping a string
+		{Kind: store.StateLog, Key: 4, Log: l, Now: now, N: 0},                          // the log a list
+		{Kind: store.StateLog, Key: 5, Log: l, Now: now, N: 1, Conditional: true},       // epoch after latest
+		{Kind: store.StateGCRA, Key: 6, Bucket: lb, Now: now, N: 1, Conditional: true},  // good
+		{Kind: store.StateLog, Key: 6, Log: algo.SlidingLog{Limit: algo.MaxSharedLogLimit + 1, Window: time.Second}, Now: now, N: 1},
+		{Kind: store.StateLog, Key: 6, Log: algo.SlidingLog{Limit: 3, Window: MaxLogWindow + 1}, Now: now, N: 1},
+		{Kind: store.StateGCRA, Key: 6, Bucket: algo.LeakyBucket{Rate: 1, Per: time.Second}, Now: now, N: 1},
 		{Kind: 0, Key: 6, Now: now, N: 1},
-		{Kind: window.StateLog, Key: 6, Log: l, Now: now, N: 1, Conditional: true}, // good
+		{Kind: store.StateLog, Key: 6, Log: l, Now: now, N: 1, Conditional: true}, // good
 	}
 	s.DoState(ctx, ops)
 	wantErr := []error{ErrReply, ErrReply, ErrBadValue, ErrReply, ErrReply, ErrBadValue, nil, ErrInvalid, ErrInvalid, ErrInvalid, ErrInvalid, nil}
@@ -416,14 +417,14 @@ func TestDoStateKilledServer(t *testing.T) {
 	const timeout = 100 * time.Millisecond
 	s, reg := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: timeout, DialTimeout: 200 * time.Millisecond})
 	ctx := context.Background()
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 3}
-	l := window.SlidingLog{Limit: 3, Window: time.Second}
-	mk := func(n int) []window.StateOp {
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 3}
+	l := algo.SlidingLog{Limit: 3, Window: time.Second}
+	mk := func(n int) []store.StateOp {
 		now := time.Now().UnixNano()
-		ops := []window.StateOp{
-			{Kind: window.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 1, Conditional: true},
-			{Kind: window.StateLog, Key: 1, Log: l, Now: now, N: 1, Conditional: true},
-			{Kind: window.StateGCRA, Key: 2, Bucket: lb, Now: now, N: 1},
+		ops := []store.StateOp{
+			{Kind: store.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 1, Conditional: true},
+			{Kind: store.StateLog, Key: 1, Log: l, Now: now, N: 1, Conditional: true},
+			{Kind: store.StateGCRA, Key: 2, Bucket: lb, Now: now, N: 1},
 		}
 		return ops[:n]
 	}
@@ -478,12 +479,12 @@ func TestDoStateAllocs(t *testing.T) {
 	p := startRedis(t)
 	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: time.Second})
 	ctx := context.Background()
-	ops := make([]window.StateOp, 1)
-	lb := window.LeakyBucket{Rate: 100, Per: time.Minute, Capacity: 20}
+	ops := make([]store.StateOp, 1)
+	lb := algo.LeakyBucket{Rate: 100, Per: time.Minute, Capacity: 20}
 	now := int64(1_700_000_000_000_000_000)
 	call := func() {
 		now += int64(time.Second)
-		ops[0] = window.StateOp{Kind: window.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 1, Conditional: true}
+		ops[0] = store.StateOp{Kind: store.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 1, Conditional: true}
 		s.DoState(ctx, ops)
 		if ops[0].Err != nil || !ops[0].Allowed {
 			t.Fatalf("got %+v", ops[0])
@@ -507,13 +508,13 @@ func TestDoStateAllocs(t *testing.T) {
 func BenchmarkRedisStateSync(b *testing.B) {
 	s := benchStore(b)
 	ctx := context.Background()
-	ops := make([]window.StateOp, 1)
-	lb := window.LeakyBucket{Rate: 100, Per: time.Minute, Capacity: 20}
+	ops := make([]store.StateOp, 1)
+	lb := algo.LeakyBucket{Rate: 100, Per: time.Minute, Capacity: 20}
 	now := int64(1_700_000_000_000_000_000)
 	b.ReportAllocs()
 	for b.Loop() {
 		now += int64(time.Second)
-		ops[0] = window.StateOp{Kind: window.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 1, Conditional: true}
+		ops[0] = store.StateOp{Kind: store.StateGCRA, Key: 1, Bucket: lb, Now: now, N: 1, Conditional: true}
 		s.DoState(ctx, ops)
 		if ops[0].Err != nil || !ops[0].Allowed || ops[0].ReleaseAt == math.MaxInt64 {
 			b.Fatalf("got %+v", ops[0])

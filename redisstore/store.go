@@ -10,10 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
-
-	"github.com/poplimit/poplimit/window"
 )
 
 // Sentinel errors, checked with errors.Is. An op's error wraps one of them
@@ -51,9 +50,9 @@ var (
 // leaves the call.
 var errPending = errors.New("pending")
 
-var _ window.Store = (*Store)(nil)
+var _ store.Store = (*Store)(nil)
 
-// Store is a window.Store over Redis or Redis Cluster, with the scripted
+// Store is a store.Store over Redis or Redis Cluster, with the scripted
 // leaky bucket (GCRA) and sliding log beside it. It is safe for concurrent
 // use; see the package documentation for the keys, the scripts, timeouts
 // and failures.
@@ -209,12 +208,12 @@ func (s *Store) client(kind opKind) (rueidis.Client, error) {
 	return nil, fmt.Errorf("redisstore: %s %s: %w: not connected", kind, s.addr, ErrUnavailable)
 }
 
-// Parts is 1 (window.Placer): the counters of a standalone server, or of
+// Parts is 1 (store.Placer): the counters of a standalone server, or of
 // the master a Sentinel names, are on one server, and a call to it
 // succeeds or fails whole.
 func (s *Store) Parts() int { return 1 }
 
-// Place is 0 (window.Placer) while connected to one server; -1 in cluster
+// Place is 0 (store.Placer) while connected to one server; -1 in cluster
 // mode or before the first connection, so that the limiter gives each sync
 // decision a call of its own rather than share one across cluster nodes,
 // which fail apart.
@@ -233,7 +232,7 @@ func (s *Store) Healthy() bool {
 	return s.cl.Load() != nil && s.fails.Load() < int32(s.cfg.FailureLimit)
 }
 
-// Whole is true (window.Store): a key's counters never move to another
+// Whole is true (store.Store): a key's counters never move to another
 // server; while the server is out its keys fail, and the rules' failure
 // policies answer.
 func (s *Store) Whole() bool { return true }

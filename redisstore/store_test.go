@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/poplimit/poplimit/internal/testenv"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 // newStore returns a Store for cfg with its own registry, closed at
@@ -77,18 +77,18 @@ func TestConfigValidate(t *testing.T) {
 }
 
 // TestDoMatchesMemStore runs random batches of increments, decrements and
-// reads over a few counters through the Store and through window.MemStore,
+// reads over a few counters through the Store and through store.MemStore,
 // the reference semantics, and compares every op's value.
 func TestDoMatchesMemStore(t *testing.T) {
 	p := startRedis(t)
 	s, reg := newStore(t, Config{Addrs: []string{p.Addr}, Timeout: time.Second})
-	mem := window.NewMemStore(nil)
+	mem := store.NewMemStore(nil)
 	r := rand.New(rand.NewPCG(3, 4))
 	ctx := context.Background()
 	for batch := range 200 {
-		ops := make([]window.Op, 1+r.IntN(40))
+		ops := make([]store.Op, 1+r.IntN(40))
 		for i := range ops {
-			ops[i] = window.Op{Key: uint64(r.IntN(5)) * 0x9e3779b97f4a7c15, Start: 1_700_000_000_000 + int64(r.IntN(3))*60_000, TTL: time.Minute}
+			ops[i] = store.Op{Key: uint64(r.IntN(5)) * 0x9e3779b97f4a7c15, Start: 1_700_000_000_000 + int64(r.IntN(3))*60_000, TTL: time.Minute}
 			switch r.IntN(3) {
 			case 0:
 				ops[i].Delta = 1 + r.Int64N(5)
@@ -96,7 +96,7 @@ func TestDoMatchesMemStore(t *testing.T) {
 				ops[i].Delta = -1 - r.Int64N(3)
 			}
 		}
-		want := append([]window.Op(nil), ops...)
+		want := append([]store.Op(nil), ops...)
 		mem.Do(ctx, want)
 		s.Do(ctx, ops)
 		for i := range ops {
@@ -140,7 +140,7 @@ func TestDoTTL(t *testing.T) {
 	}
 	for i, tt := range tests {
 		key := uint64(i + 1)
-		ops := []window.Op{{Key: key, Start: 5, Delta: 3, TTL: tt.ttl}}
+		ops := []store.Op{{Key: key, Start: 5, Delta: 3, TTL: tt.ttl}}
 		s.Do(ctx, ops)
 		if ops[0].Err != nil || ops[0].Value != 3 {
 			t.Fatalf("%s: incr: got %d, %v, want 3, nil", tt.name, ops[0].Value, ops[0].Err)
@@ -148,7 +148,7 @@ func TestDoTTL(t *testing.T) {
 		if got := pttl(key, 5); got < tt.min || got > tt.max {
 			t.Errorf("%s: PTTL after create: got %d, want %d to %d", tt.name, got, tt.min, tt.max)
 		}
-		ops = []window.Op{{Key: key, Start: 5, Delta: 2, TTL: time.Hour}, {Key: key, Start: 5, Delta: -10, TTL: time.Hour}}
+		ops = []store.Op{{Key: key, Start: 5, Delta: 2, TTL: time.Hour}, {Key: key, Start: 5, Delta: -10, TTL: time.Hour}}
 		s.Do(ctx, ops)
 		if ops[0].Value != 5 || ops[1].Value != 0 || ops[0].Err != nil || ops[1].Err != nil {
 			t.Fatalf("%s: incr, decr: got %+v, want 5 then 0 (clamped)", tt.name, ops)
@@ -157,7 +157,7 @@ func TestDoTTL(t *testing.T) {
 			t.Errorf("%s: PTTL after incr and decr: got %d, want the first TTL kept (%d to %d)", tt.name, got, tt.min, tt.max)
 		}
 	}
-	ops := []window.Op{{Key: 99, Start: 5, Delta: -1, TTL: time.Hour}}
+	ops := []store.Op{{Key: 99, Start: 5, Delta: -1, TTL: time.Hour}}
 	s.Do(ctx, ops)
 	if ops[0].Value != 0 || ops[0].Err != nil {
 		t.Fatalf("decr of a missing counter: got %d, %v, want 0, nil", ops[0].Value, ops[0].Err)
@@ -198,7 +198,7 @@ func TestNotConnected(t *testing.T) {
 	port := testenv.FreePort(t)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	s, reg := newStore(t, Config{Addrs: []string{addr}, ReconnectInterval: 50 * time.Millisecond, DialTimeout: 200 * time.Millisecond})
-	ops := []window.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}, {Key: 1, Start: 1}}
+	ops := []store.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}, {Key: 1, Start: 1}}
 	// Failing at once means from the Store's own state, never from a
 	// round trip: not ErrTimeout. The bound only guards against a hang.
 	start := time.Now()
@@ -252,7 +252,7 @@ func TestClose(t *testing.T) {
 		if err := s.Close(); err != nil {
 			t.Fatalf("second Close: %v", err)
 		}
-		ops := []window.Op{{Key: 1, Start: 1, Delta: 1}}
+		ops := []store.Op{{Key: 1, Start: 1, Delta: 1}}
 		s.Do(context.Background(), ops)
 		if !errors.Is(ops[0].Err, ErrClosed) {
 			t.Errorf("%s: Do after Close: got %v, want ErrClosed", addr, ops[0].Err)
@@ -272,7 +272,7 @@ func TestModeClusterOnStandalone(t *testing.T) {
 		ok   bool
 	}{{ModeAuto, true}, {ModeStandalone, true}, {ModeCluster, false}} {
 		s, _ := newStore(t, Config{Addrs: []string{p.Addr}, Mode: tt.mode, ReconnectInterval: time.Hour})
-		ops := []window.Op{{Key: 1, Start: 1}}
+		ops := []store.Op{{Key: 1, Start: 1}}
 		s.Do(context.Background(), ops)
 		if tt.ok && ops[0].Err != nil || !tt.ok && (!errors.Is(ops[0].Err, ErrUnavailable) || !strings.Contains(ops[0].Err.Error(), "not a cluster")) {
 			t.Errorf("mode %q on a standalone server: got %v, want ok %v", tt.mode, ops[0].Err, tt.ok)

@@ -1,7 +1,9 @@
 package rules
 
 import (
+	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/poplimit/poplimit/policy"
 )
@@ -88,12 +90,45 @@ type countYAML struct {
 // maxCountStatus bounds count.status's entries.
 const maxCountStatus = 64
 
+// NewCount returns the Count of a count: block (status: a list of codes
+// and classes, or nil when absent; costHeader: a header name, or empty),
+// for files of other formats (package envoyconf); the error names each
+// bad field under "count".
+func NewCount(status *[]string, costHeader string) (Count, error) {
+	var errs []error
+	f := &fields{bad: func(path, value, reason string) {
+		errs = append(errs, &FieldError{Path: strings.TrimPrefix(path, "."), Value: value, Reason: reason})
+	}}
+	var c Count
+	c.parse(f, &countYAML{Status: status, CostHeader: costHeader})
+	return c, errors.Join(errs...)
+}
+
+// GivesBack reports whether algorithm a can give a counting request's
+// units back, and if not, why.
+func GivesBack(a policy.Algorithm) (bool, string) {
+	why, no := noGiveBack[a]
+	return !no, why
+}
+
 func parseCount(f *fields, y ruleYAML, r *Rule) {
 	cy := y.Count
 	if cy == nil {
 		return
 	}
 	c := &r.Count
+	c.parse(&fields{path: f.path, bad: func(path, value, reason string) { f.n++; f.bad(path, value, reason) }}, cy)
+	switch {
+	case r.Kind != Rate:
+		f.fail("count", "", "applies only to rate rules: a "+r.Kind.String()+" rule's slot is given back when the response ends, whatever it says")
+	case r.Algorithm == policy.TokenBucket || r.Algorithm == policy.LeakyBucket || r.Algorithm == policy.SlidingLog:
+		f.fail("count", "", "a "+r.Algorithm.String()+" cannot give units back: "+noGiveBack[r.Algorithm]+"; use sliding_window or fixed_window")
+	case y.Scope != "" && y.Scope != "pop":
+		f.fail("count", "", "applies only to rules of scope: pop (the other PoPs' counts of a global rule are what its edges admitted, not what its origins answered)")
+	}
+}
+
+func (c *Count) parse(f *fields, cy *countYAML) {
 	c.on = true
 	if cy.Status == nil && cy.CostHeader == "" {
 		f.fail("count", "", "needs status, cost_header or both")
@@ -121,14 +156,6 @@ func parseCount(f *fields, y ruleYAML, r *Rule) {
 			f.fail("count.cost_header", strconv.Quote(cy.CostHeader), "is not a valid header name")
 		}
 		c.CostHeader = cy.CostHeader
-	}
-	switch {
-	case r.Kind != Rate:
-		f.fail("count", "", "applies only to rate rules: a "+r.Kind.String()+" rule's slot is given back when the response ends, whatever it says")
-	case r.Algorithm == policy.TokenBucket || r.Algorithm == policy.LeakyBucket || r.Algorithm == policy.SlidingLog:
-		f.fail("count", "", "a "+r.Algorithm.String()+" cannot give units back: "+noGiveBack[r.Algorithm]+"; use sliding_window or fixed_window")
-	case y.Scope != "" && y.Scope != "pop":
-		f.fail("count", "", "applies only to rules of scope: pop (the other PoPs' counts of a global rule are what its edges admitted, not what its origins answered)")
 	}
 }
 

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
-	"github.com/poplimit/poplimit/window"
 )
 
 // FieldError is one problem with one field of a configuration file.
@@ -270,11 +270,11 @@ func parsePolicy(f *fields, y ruleYAML, r *Rule) {
 	switch {
 	case f.n > 0:
 	case r.Algorithm == policy.TokenBucket:
-		if err := (window.TokenBucket{Rate: int64(r.Limit), Per: r.Window, Burst: int64(r.Burst)}).Validate(); err != nil {
+		if err := (algo.TokenBucket{Rate: int64(r.Limit), Per: r.Window, Burst: int64(r.Burst)}).Validate(); err != nil {
 			f.fail("burst", strconv.FormatUint(r.Burst, 10), "does not fit the token bucket's exact arithmetic with this limit and window: "+err.Error())
 		}
 	case r.Algorithm == policy.LeakyBucket:
-		if err := (window.LeakyBucket{Rate: int64(r.Limit), Per: r.Window, Capacity: int64(r.Burst)}).Validate(); err != nil {
+		if err := (algo.LeakyBucket{Rate: int64(r.Limit), Per: r.Window, Capacity: int64(r.Burst)}).Validate(); err != nil {
 			f.fail("burst", strconv.FormatUint(r.Burst, 10), "does not fit the leaky bucket's exact arithmetic with this limit and window: "+err.Error())
 		}
 	}
@@ -289,8 +289,8 @@ func parsePolicy(f *fields, y ruleYAML, r *Rule) {
 		} else if r.Mode == policy.Async {
 			f.fail("mode", "async", "a sliding_log runs in sync mode only (exact across edges, one store operation per request); use sliding_window for an async limit")
 		}
-		if r.Limit > window.MaxSharedLogLimit {
-			f.fail("limit", strconv.FormatUint(r.Limit, 10), fmt.Sprintf("a sliding_log keeps every request's instant and takes at most %d per window; use sliding_window for large limits", window.MaxSharedLogLimit))
+		if r.Limit > algo.MaxSharedLogLimit {
+			f.fail("limit", strconv.FormatUint(r.Limit, 10), fmt.Sprintf("a sliding_log keeps every request's instant and takes at most %d per window; use sliding_window for large limits", algo.MaxSharedLogLimit))
 		}
 	}
 	if r.Action == policy.Delay && r.Algorithm != policy.LeakyBucket {
@@ -373,8 +373,8 @@ func parseTiers(f *fields, y ruleYAML, r *Rule) {
 			continue
 		}
 		if v := f.amount("tiers."+tier, l, 0, true); v > 0 {
-			if r.Algorithm == policy.SlidingLog && v > window.MaxSharedLogLimit {
-				f.fail("tiers."+tier, strconv.FormatUint(v, 10), fmt.Sprintf("a sliding_log takes at most %d per window; use sliding_window for large limits", window.MaxSharedLogLimit))
+			if r.Algorithm == policy.SlidingLog && v > algo.MaxSharedLogLimit {
+				f.fail("tiers."+tier, strconv.FormatUint(v, 10), fmt.Sprintf("a sliding_log takes at most %d per window; use sliding_window for large limits", algo.MaxSharedLogLimit))
 			}
 			if r.Tiers == nil {
 				r.Tiers = make(map[string]uint64, len(y.Tiers))

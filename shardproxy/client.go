@@ -14,8 +14,8 @@ import (
 )
 
 // Op is one operation on a fixed-window counter. Its fields are exactly
-// those of window.Op, in the same order, so the two types convert to each
-// other (shardproxy.Op(o)) and the edge adapts Client to window.Store with a
+// those of store.Op, in the same order, so the two types convert to each
+// other (shardproxy.Op(o)) and the edge adapts Client to store.Store with a
 // loop; the packages do not import each other.
 type Op struct {
 	Key   uint64        // hash of rule and client key

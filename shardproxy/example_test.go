@@ -42,7 +42,7 @@ func ExampleConfig_Validate() {
 	// Timeout: -1s: want 0 (default) or up to 1m0s
 }
 
-// The edge adapts a Client to window.Store with a loop: the two Op types
+// The edge adapts a Client to store.Store with a loop: the two Op types
 // have the same fields, so each converts to the other.
 func ExampleClient_Do() {
 	c, err := shardproxy.New(shardproxy.Config{

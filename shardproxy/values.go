@@ -11,7 +11,7 @@ import (
 )
 
 // MaxValueLen is the longest value Add and CompareAndSwap store, in bytes:
-// a shared token bucket or a sliding log (one of window.MaxSharedLogLimit
+// a shared token bucket or a sliding log (one of algo.MaxSharedLogLimit
 // units encodes to at most about 12 KiB), not a cache entry. A longer
 // value stored under a value key by anyone else is read as a malformed
 // reply.

@@ -3,7 +3,9 @@ package window
 import (
 	"context"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // The counter strategy: sliding and fixed windows over the store's window
@@ -17,18 +19,18 @@ import (
 // t into v: the fixed window from curr alone, the sliding window from
 // both, with e's recorded shapes when it has them (e may be nil). s.mu
 // must be held.
-func (s *shard) counterVerdict(v *Conformance, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
-	sw := SlidingWindow{Limit: limit, Window: r.Window}
+func (s *shard) counterVerdict(v *algo.Conformance, e *entry, t int64, r *Policy, limit, prev, curr, cost uint64) {
+	sw := algo.SlidingWindow{Limit: limit, Window: r.Window}
 	switch {
 	case r.Algorithm == policy.FixedWindow:
-		sw.decideFixed(v, t, curr, cost)
+		sw.DecideFixed(v, t, curr, cost)
 	case e != nil && e.hist != 0:
 		ps, cs := s.shapes(e, curr)
-		sw.decideShaped(v, t, prev, curr, cost, e.spans(), &ps, &cs)
+		decideShaped(sw, v, t, prev, curr, cost, e.spans(), &ps, &cs)
 	case e != nil:
-		sw.decide(v, t, prev, curr, cost, e.spans())
+		sw.DecideSpans(v, t, prev, curr, cost, e.spans())
 	default:
-		sw.decide(v, t, prev, curr, cost, sw.even())
+		sw.DecideSpans(v, t, prev, curr, cost, sw.Even())
 	}
 }
 
@@ -101,7 +103,7 @@ func (s *shard) counterRecord(l *Limiter, t int64, r *Policy, key, cost uint64) 
 // failed; d is then the admission a fail-open rule makes.
 func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limit, cost uint64) (d Answer, failed bool) {
 	w := int64(r.Window)
-	start := windowStart(t, w)
+	start := algo.WindowStart(t, w)
 	s := l.shardOf(key)
 	s.mu.Lock()
 	i, _ := s.get(l, key, t, r)
@@ -125,11 +127,11 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	prevLocal := uint64(e.prev) + uint64(e.prevInfl) + uint64(e.prevPend)
 	s.mu.Unlock()
 
-	opsp := l.ops.Get().(*[]Op)
+	opsp := l.ops.Get().(*[]store.Op)
 	ops := (*opsp)[:0]
-	ops = append(ops, Op{Key: key, Start: start / 1e6, Delta: int64(cost + sent), TTL: 2 * r.Window})
+	ops = append(ops, store.Op{Key: key, Start: start / 1e6, Delta: int64(cost + sent), TTL: 2 * r.Window})
 	if needPrev {
-		ops = append(ops, Op{Key: key, Start: (start - w) / 1e6})
+		ops = append(ops, store.Op{Key: key, Start: (start - w) / 1e6})
 	}
 	l.syncDo(ctx, ops) // at most StoreTimeout, in a call shared with others of its part waiting
 	l.m.storeOps.Add(float64(len(ops)))
@@ -147,7 +149,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 		}
 		s.unsend(l, key, start, w, sent, cost)
 		s.mu.Unlock()
-		return Answer{Conformance: Conformance{Allowed: true, ResetAt: start + w}, Limit: limit}, true
+		return Answer{Conformance: algo.Conformance{Allowed: true, ResetAt: start + w}, Limit: limit}, true
 	}
 	// The reply counts this request: decide on the count before it, with
 	// the shape of the previous window as this edge saw it (hist.go).
@@ -158,7 +160,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	if ok && s.slab[i].start == start {
 		e = &s.slab[i]
 	}
-	var v Conformance
+	var v algo.Conformance
 	held := limit
 	if e != nil {
 		held = l.heldLimit(e, t, limit)
@@ -215,7 +217,7 @@ func (l *Limiter) counterSync(ctx context.Context, t int64, r *Policy, key, limi
 	s.mu.Unlock()
 	if !v.Allowed && r.Action == policy.Throttle {
 		// A throttle counts admitted requests only: take ours back.
-		ops = append(ops[:0], Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
+		ops = append(ops[:0], store.Op{Key: key, Start: start / 1e6, Delta: -int64(cost)})
 		l.syncDo(context.WithoutCancel(ctx), ops)
 		l.m.storeOps.Inc()
 		if ops[0].Err != nil {

@@ -1,8 +1,9 @@
 // Package window decides whether a request under a rate rule may pass,
 // across every edge of a PoP, from state shared in a Store. A Limiter runs
 // a Policy (limit, window, algorithm, action, mode, failure policy) for a
-// 64-bit key hash; Slots limits requests in flight; MemStore is a Store in
-// one process. The algorithms are also here as pure code, time a parameter.
+// 64-bit key hash over a store.Store. The algorithms it runs are package
+// algo's; the store contract and the in-memory store are package store's;
+// requests in flight are limited by package slots.
 //
 // Every algorithm is shared through the Store: the sliding and fixed
 // windows as two counters per key and window (Store.Do), the token and
@@ -19,24 +20,20 @@
 // (FlushInterval + store round trip), at least one request per edge, and
 // for a bucket, when a burst starts, one share of its room per other edge.
 //
-// The Store contract (see Store): Do and DoState perform every op, each
-// failing on its own, bounded by the store's own timeout as well as ctx,
-// and keep no reference to ops; Healthy is the store's opinion of itself;
-// Parts and Place name the part that fails on its own, Parts 0 none. A
-// decision the store could not inform follows the rule's failure policy (policy.Fail):
-// fail-open admits (FallbackOpen), fail-closed refuses (FallbackClosed),
-// both counted in poplimit_window_fallbacks_total. Units not yet sent wait
+// A decision the store could not inform follows the rule's failure policy
+// (policy.Fail): fail-open admits (store.FallbackOpen), fail-closed
+// refuses (store.FallbackClosed), both counted in
+// poplimit_window_fallbacks_total. Units not yet sent wait
 // out an outage and go with the first flush that succeeds; those evicted
 // or too old to matter are counted in poplimit_window_pending_dropped_total.
 //
-// Limiter, Slots and MemStore are safe for concurrent use. A Limiter holds
-// at most one shard mutex at a time and never calls the Store while holding
-// one; a sync decision of a bucket or log holds its key's stripe lock, and
+// A Limiter is safe for concurrent use. It holds at most one shard mutex
+// at a time and never calls the Store while holding one; a sync decision of a bucket or log holds its key's stripe lock, and
 // no other, across its store call, so one key's sync decisions take turns
 // on an edge. Its one goroutine, the flusher, runs from Start to Close. In
 // async mode Decide and Record allocate nothing once a key has a view.
-// Decide, Record and Flush take the time as a parameter; the Clock drives
-// the flusher and the time a decision that waited is made at.
+// Decide, Record and Flush take the time as a parameter; the store.Clock
+// drives the flusher and the time a decision that waited is made at.
 //
 // It does not parse rule files, match requests or extract keys (packages
 // rules and edge do), remember blocked keys (package blockcache), or know

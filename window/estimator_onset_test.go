@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // onsetWorst runs one heavy client through one edge: it starts at the given
@@ -20,11 +22,11 @@ func onsetWorst(t *testing.T, mode policy.Mode, phase time.Duration, hp histPara
 	const limit = 100
 	w := 10 * time.Second
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{hist: hp})
+	l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{hist: hp})
 	pol := &Policy{Limit: limit, Window: w, Mode: mode}
 	key := uint64(0x5eed)
-	judge := SlidingLog{Limit: limit, Window: w}
-	var log SlidingLogState
+	judge := algo.SlidingLog{Limit: limit, Window: w}
+	var log algo.SlidingLogState
 	ctx := context.Background()
 	begin := t0.Add(phase).UnixNano()
 	var release, lastFlush int64

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // replayConfig is one judged replay of a trace through one Limiter.
@@ -78,10 +80,10 @@ func loadTrace(t testing.TB, path string) []traceLine {
 // exceed the limit; a refused one when the attempts, it included, do not.
 func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 	clock := newSimClock(time.Unix(0, 0))
-	store := &opStore{Store: NewMemStore(clock)}
+	backend := &opStore{Store: store.NewMemStore(clock)}
 	edges := make([]*Limiter, max(c.edges, 1))
 	for i := range edges {
-		l, err := New(Config{FlushInterval: c.flush, Clock: clock, hist: c.hist, AsyncNearLimit: c.local, GuessPeers: c.guess, MaxDefer: c.maxDefer}, store)
+		l, err := New(Config{FlushInterval: c.flush, Clock: clock, hist: c.hist, AsyncNearLimit: c.local, GuessPeers: c.guess, MaxDefer: c.maxDefer}, backend)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,9 +91,9 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 		edges[i] = l
 	}
 	pol := &Policy{Limit: c.limit, Window: c.window, Mode: c.mode}
-	sl := SlidingLog{Limit: int64(c.limit), Window: c.window}
+	sl := algo.SlidingLog{Limit: int64(c.limit), Window: c.window}
 	type keyState struct {
-		admitted, attempts SlidingLogState
+		admitted, attempts algo.SlidingLogState
 		release            []int64 // per edge: its block cache
 		adm                []int64 // admitted instants (POPLIMIT_DUMP)
 		admBy              []int   // their edges
@@ -178,7 +180,7 @@ func replayTrace(t testing.TB, lines []traceLine, c replayConfig) replayResult {
 		l.Flush(ctx, clock.Now())
 		res.hists += l.Histograms()
 	}
-	res.storeOps = store.incrs + store.reads
+	res.storeOps = backend.incrs + backend.reads
 	return res
 }
 
@@ -250,7 +252,7 @@ func (l *Limiter) dumpKey(key uint64, t int64) string {
 	prev, curr := e.view()
 	ps, _ := s.shapes(e, curr)
 	sp := e.spans()
-	out := fmt.Sprintf("view prev %d curr %d (pend %d infl %d) share %d orate %d reply %.3fs spans %.3f/%.3f pfirst %d first %d hist %d", prev, curr, e.pend, e.infl, e.share, e.orate, float64(e.replied()-e.start)/1e9, float64(sp.prev)/1e9, float64(sp.next)/1e9, e.pfirst, e.first, e.hist)
+	out := fmt.Sprintf("view prev %d curr %d (pend %d infl %d) share %d orate %d reply %.3fs spans %.3f/%.3f pfirst %d first %d hist %d", prev, curr, e.pend, e.infl, e.share, e.orate, float64(e.replied()-e.start)/1e9, float64(sp.Prev)/1e9, float64(sp.Next)/1e9, e.pfirst, e.first, e.hist)
 	if ps.h != nil {
 		u := t - e.win
 		a, n, f, lst := ps.after(u)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
+	"github.com/poplimit/poplimit/store"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -19,7 +21,7 @@ func ExampleLimiter() {
 	p := &window.Policy{Limit: 3, Window: time.Minute, Burst: 3, Timeout: time.Minute}
 	now := time.Date(2026, 11, 29, 10, 0, 12, 0, time.UTC)
 	clock := fixedClock{now}
-	lim, err := window.New(window.Config{Clock: clock}, window.NewMemStore(clock))
+	lim, err := window.New(window.Config{Clock: clock}, store.NewMemStore(clock))
 	if err != nil {
 		panic(err)
 	}
@@ -44,7 +46,7 @@ func ExampleLimiter() {
 }
 
 func ExampleSlidingWindow_Decide() {
-	sw := window.SlidingWindow{Limit: 100, Window: time.Minute}
+	sw := algo.SlidingWindow{Limit: 100, Window: time.Minute}
 	start := time.Date(2026, 11, 29, 10, 3, 0, 0, time.UTC)
 	// 20 % into the minute, 80 requests in the previous minute and 15 in
 	// this one: 80 × 0.8 + 15 = 79.

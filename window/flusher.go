@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/poplimit/poplimit/store"
 )
 
 // maxFlushBackoff bounds how long the flusher waits between attempts while
@@ -162,7 +164,7 @@ func (l *Limiter) Flush(ctx context.Context, now time.Time) FlushStats {
 	if split {
 		l.splitAt.Store(t)
 	}
-	opsp := l.ops.Get().(*[]Op)
+	opsp := l.ops.Get().(*[]store.Op)
 	ops := (*opsp)[:0]
 	var st FlushStats
 	budget := l.cfg.MaxFlushOps
@@ -194,7 +196,7 @@ func (l *Limiter) Flush(ctx context.Context, now time.Time) FlushStats {
 
 // send performs one batch of a flush and folds its replies into the local
 // view; it returns ops emptied for the next batch.
-func (l *Limiter) send(ctx context.Context, t int64, ops []Op, st *FlushStats) []Op {
+func (l *Limiter) send(ctx context.Context, t int64, ops []store.Op, st *FlushStats) []store.Op {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	begin := time.Now()
 	l.store.Do(ctx, ops)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -12,20 +13,20 @@ import (
 // waking every FlushInterval (no store calls, one park while idle), and the
 // first decision after the idle spell is flushed at once.
 func TestIdleFlusherParks(t *testing.T) {
-	store := &countingStore{Store: NewMemStore(SystemClock)}
-	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond, StoreTimeout: 20 * time.Millisecond})
+	backend := &countingStore{Store: store.NewMemStore(store.SystemClock)}
+	l := newTestLimiter(t, store.SystemClock, backend, Config{FlushInterval: time.Millisecond, StoreTimeout: 20 * time.Millisecond})
 	l.Start()
 	r := mustRules(t, "rules: [{name: a, limit: 100, window: 1s}]").Rules[0]
 	ctx := context.Background()
 	l.Decide(ctx, time.Now(), &r.Policy, r.Hash([]byte("k")), r.Limit, 1)
-	calls := func() int64 { return store.incrs.Load() + store.reads.Load() + store.decrs.Load() }
+	calls := func() int64 { return backend.incrs.Load() + backend.reads.Load() + backend.decrs.Load() }
 	parks := func() float64 { return testutil.ToFloat64(l.m.flusherParks) }
 	deadline := time.Now().Add(5 * time.Second)
-	for (store.incrs.Load() != 1 || parks() < 1) && time.Now().Before(deadline) {
+	for (backend.incrs.Load() != 1 || parks() < 1) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if store.incrs.Load() != 1 || parks() < 1 {
-		t.Fatalf("after one decision: %d increments sent, %v parks; want 1 and the flusher parked", store.incrs.Load(), parks())
+	if backend.incrs.Load() != 1 || parks() < 1 {
+		t.Fatalf("after one decision: %d increments sent, %v parks; want 1 and the flusher parked", backend.incrs.Load(), parks())
 	}
 	c0, p0 := calls(), parks()
 	time.Sleep(100 * time.Millisecond) // 100 flush intervals
@@ -34,10 +35,10 @@ func TestIdleFlusherParks(t *testing.T) {
 	}
 	begin := time.Now()
 	l.Decide(ctx, time.Now(), &r.Policy, r.Hash([]byte("k")), r.Limit, 1)
-	for store.incrs.Load() != 2 && time.Since(begin) < 5*time.Second {
+	for backend.incrs.Load() != 2 && time.Since(begin) < 5*time.Second {
 		time.Sleep(100 * time.Microsecond)
 	}
-	if store.incrs.Load() != 2 {
+	if backend.incrs.Load() != 2 {
 		t.Fatalf("the decision after the idle spell was never flushed")
 	}
 	t.Logf("flushed %v after the decision that woke the flusher", time.Since(begin).Round(time.Microsecond))

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/bits"
 
+	"github.com/poplimit/poplimit/internal/wide"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -457,12 +458,12 @@ func (sh *shape) place(n uint64) (c0, c1 uint64) {
 func (sh *shape) fits(p, r, a, n uint64, f, l, u int64) bool {
 	m := uint64(sh.h.mass)
 	if n == 0 || l == f {
-		return le128(mul128(p, a), mul128(r, m))
+		return wide.LE(wide.Mul(p, a), wide.Mul(r, m))
 	}
 	c0, c1 := sh.place(n)
 	d := uint64(l - f)
-	x := add128(mul128(a+c0, d), mul128(c1, uint64(l-u)))
-	return le128(mul128x(x, p), mul128x(mul128(r, m), d))
+	x := wide.Add(wide.Mul(a+c0, d), wide.Mul(c1, uint64(l-u)))
+	return wide.LE(wide.MulX(x, p), wide.MulX(wide.Mul(r, m), d))
 }
 
 // prevPart returns p × m/M as a float, for reporting, m the mass after u
@@ -486,15 +487,15 @@ func (sh *shape) first(u0 int64, p, r uint64) int64 {
 	}
 	h := sh.h
 	m := uint64(h.mass)
-	rm := mul128(r, m)
+	rm := wide.Mul(r, m)
 	// The base, if the buckets alone fit.
-	if h.base > 0 && h.at > u0 && le128(mul128(p, m-uint64(h.base)), rm) {
+	if h.base > 0 && h.at > u0 && wide.LE(wide.Mul(p, m-uint64(h.base)), rm) {
 		return sh.within(u0, p, r, m-uint64(h.base), uint64(h.base), h.from, h.at)
 	}
 	lo, hi := 0, len(sh.b) // the first bucket once gone the rest fits
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if le128(mul128(p, m-uint64(sh.b[mid].cum)), rm) {
+		if wide.LE(wide.Mul(p, m-uint64(sh.b[mid].cum)), rm) {
 			hi = mid
 		} else {
 			lo = mid + 1
@@ -520,7 +521,7 @@ func (sh *shape) within(u0 int64, p, r, a, n uint64, f, l int64) int64 {
 	d := float64(l - f)
 	guess := l
 	if c1 > 0 {
-		x := f128(mul128(r, m)) - float64(p)*float64(a+c0)
+		x := wide.Float(wide.Mul(r, m)) - float64(p)*float64(a+c0)
 		c := max(0, min(d, x*d/(float64(c1)*float64(p))))
 		guess = max(lo, min(l, l-int64(c)))
 	}
@@ -560,14 +561,6 @@ func firstFit(lo, hi, guess int64, ok func(int64) bool) int64 {
 		}
 	}
 	return b
-}
-
-func f128(x u128) float64 { return float64(x.hi)*(1<<64) + float64(x.lo) }
-
-// mul128x returns a × b, which must fit in 128 bits.
-func mul128x(a u128, b uint64) u128 {
-	hi, lo := bits.Mul64(a.lo, b)
-	return u128{a.hi*b + hi, lo}
 }
 
 // histMetrics are the histograms' metrics.

@@ -8,6 +8,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/poplimit/poplimit/algo"
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -23,15 +25,15 @@ func TestEntryStays64Bytes(t *testing.T) {
 // now is prev, curr with shapes ps, cs, if it sends nothing more: in the
 // next window curr becomes prev, with its shape cs (zero when it will not
 // be kept), and two windows on the view is empty.
-func shapedDecideAt(sw SlidingWindow, now int64, prev, curr uint64, sp spans, ps, cs shape, t int64, cost uint64) bool {
+func shapedDecideAt(sw algo.SlidingWindow, now int64, prev, curr uint64, sp algo.Spans, ps, cs shape, t int64, cost uint64) bool {
 	var none shape
-	var v Conformance
-	switch windowStart(t, int64(sw.Window)) - windowStart(now, int64(sw.Window)) {
+	var v algo.Conformance
+	switch algo.WindowStart(t, int64(sw.Window)) - algo.WindowStart(now, int64(sw.Window)) {
 	case 0:
-		sw.decideShaped(&v, t, prev, curr, cost, sp, &ps, &cs)
+		decideShaped(sw, &v, t, prev, curr, cost, sp, &ps, &cs)
 		return v.Allowed
 	case int64(sw.Window):
-		sw.decideShaped(&v, t, curr, 0, cost, spans{sp.next, sw.even().next}, &cs, &none)
+		decideShaped(sw, &v, t, curr, 0, cost, algo.Spans{Prev: sp.Next, Next: sw.Even().Next}, &cs, &none)
 		return v.Allowed
 	}
 	return sw.Decide(t, 0, 0, cost).Allowed
@@ -59,7 +61,7 @@ func TestShapedReleaseIsExact(t *testing.T) {
 		}
 		limit := 1 + rng.Uint64N(300)
 		clock := newSimClock(t0)
-		l := newTestLimiter(t, clock, NewMemStore(clock), Config{hist: histParams{interp: interp}})
+		l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{hist: histParams{interp: interp}})
 		pol := &Policy{Limit: limit, Window: w}
 		key := rng.Uint64()
 		s := l.shardOf(key)
@@ -103,7 +105,7 @@ func TestShapedReleaseIsExact(t *testing.T) {
 				cs.h, cs.b = &csh, cb
 			}
 			s.mu.Unlock()
-			sw := SlidingWindow{Limit: limit, Window: w}
+			sw := algo.SlidingWindow{Limit: limit, Window: w}
 			if rel < tt || !shapedDecideAt(sw, tt, prev, curr, sp, ps, cs, rel, cost) {
 				t.Fatalf("trial %d (W %v, L %d, interp %d): refused at %d with ReleaseAt %d, which the estimate does not admit", trial, w, limit, interp, tt, rel)
 			}
@@ -142,7 +144,7 @@ func TestShapedReleaseIsExact(t *testing.T) {
 // its key's window ends below the threshold.
 func TestHistogramsAreBounded(t *testing.T) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{MaxKeys: 128, Shards: 1})
+	l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{MaxKeys: 128, Shards: 1})
 	pol := &Policy{Limit: 100, Window: 10 * time.Second}
 	ctx := context.Background()
 	for k := range 10 {
@@ -225,9 +227,9 @@ func TestHistogramsAreBounded(t *testing.T) {
 // so A admits 9 more, not the 24 that an even spread (101 × 0.75) lets.
 func TestOtherEdgesShapeIsRecorded(t *testing.T) {
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	a := newTestLimiter(t, clock, store, Config{})
-	b := newTestLimiter(t, clock, store, Config{})
+	backend := store.NewMemStore(clock)
+	a := newTestLimiter(t, clock, backend, Config{})
+	b := newTestLimiter(t, clock, backend, Config{})
 	pol := &Policy{Limit: 100, Window: 10 * time.Second}
 	ctx := context.Background()
 	key := uint64(42)
@@ -270,7 +272,7 @@ func TestOtherEdgesShapeIsRecorded(t *testing.T) {
 // allocating.
 func TestHotDecideDoesNotAllocate(t *testing.T) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{})
 	ctx := context.Background()
 	big := &Policy{Limit: 1_000_000_000, Window: time.Minute}
 	small := &Policy{Limit: 100, Window: time.Minute}
@@ -298,7 +300,7 @@ func TestHotDecideDoesNotAllocate(t *testing.T) {
 func hotKey(l *Limiter, clock *simClock, r *Policy, key uint64, late bool) {
 	ctx := context.Background()
 	w := int64(r.Window)
-	start := windowStart(clock.Now().UnixNano(), w) + w
+	start := algo.WindowStart(clock.Now().UnixNano(), w) + w
 	k := uint64(l.shards[0].hists.k)
 	per, from, span := r.Limit/k, start, w
 	if late {
@@ -319,7 +321,7 @@ func hotKey(l *Limiter, clock *simClock, r *Policy, key uint64, late bool) {
 // decision is recorded into the current one.
 func BenchmarkDecideAsyncHot(b *testing.B) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(b, clock, store.NewMemStore(clock), Config{})
 	r := &Policy{Limit: 1_000_000_000, Window: time.Minute}
 	hotKey(l, clock, r, 7, false)
 	now := clock.Now()
@@ -340,7 +342,7 @@ func BenchmarkDecideAsyncHotRefused(b *testing.B) {
 	for _, k := range []int{16, 32, 64} {
 		b.Run(fmt.Sprintf("k=%d", k), func(b *testing.B) {
 			clock := newSimClock(t0)
-			l := newTestLimiter(b, clock, NewMemStore(clock), Config{hist: histParams{buckets: k}})
+			l := newTestLimiter(b, clock, store.NewMemStore(clock), Config{hist: histParams{buckets: k}})
 			r := &Policy{Limit: 100, Window: time.Minute}
 			hotKey(l, clock, r, 7, true)
 			now := clock.Now()
@@ -362,8 +364,8 @@ func BenchmarkDecideAsyncHotRefused(b *testing.B) {
 // weigh fully in the trailing window for as long as they can be in it.
 func TestUnitsSeenAfterTheRollWeighAtTheWindowsEnd(t *testing.T) {
 	clock := newSimClock(t0) // t0 starts a 10 s window
-	store := NewMemStore(clock)
-	l := newTestLimiter(t, clock, store, Config{})
+	backend := store.NewMemStore(clock)
+	l := newTestLimiter(t, clock, backend, Config{})
 	r := &Policy{Limit: 100, Window: 10 * time.Second}
 	ctx := context.Background()
 	const key = 42
@@ -376,8 +378,8 @@ func TestUnitsSeenAfterTheRollWeighAtTheWindowsEnd(t *testing.T) {
 		clock.Add(100 * time.Millisecond)
 	}
 	// Another edge: 40 units at 9.9 s, which this edge never saw in the window.
-	ops := []Op{{Key: key, Start: t0.UnixMilli(), Delta: 40, TTL: 20 * time.Second}}
-	store.Do(ctx, ops)
+	ops := []store.Op{{Key: key, Start: t0.UnixMilli(), Delta: 40, TTL: 20 * time.Second}}
+	backend.Do(ctx, ops)
 	// The next window: the flusher reads the previous one once its grace is over.
 	clock.Add(10*time.Second - 4*time.Second + time.Second)
 	l.Decide(ctx, clock.Now(), r, key, r.Limit, 1)
@@ -413,16 +415,16 @@ func lateStart(t *testing.T, n int) uint64 {
 	const limit = 100
 	w := 10 * time.Second
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	edges := make([]*Limiter, n)
 	for i := range edges {
-		edges[i] = newTestLimiter(t, clock, store, Config{})
+		edges[i] = newTestLimiter(t, clock, backend, Config{})
 	}
 	pol := &Policy{Limit: limit, Window: w}
 	key := uint64(0x1a7e)
 	ctx := context.Background()
-	judge := SlidingLog{Limit: 1 << 20, Window: w}
-	var log SlidingLogState
+	judge := algo.SlidingLog{Limit: 1 << 20, Window: w}
+	var log algo.SlidingLogState
 	worst, k := uint64(0), 0
 	decide := func(tt int64) {
 		clock.t.Store(tt)

@@ -8,22 +8,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// Clock tells the Limiter what time it is. time.Now satisfies it through
-// SystemClock; tests pass their own.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
-// SystemClock is the wall clock.
-var SystemClock Clock = systemClock{}
 
 // Config configures a Limiter. The zero value of each field means the
 // default written beside it.
@@ -89,7 +78,7 @@ type Config struct {
 	// none is tried. GuessPeers applies only with AsyncNearLimit.
 	AsyncNearLimit bool
 	// Clock is the limiter's time source for its flusher.
-	Clock Clock // default SystemClock
+	Clock store.Clock // default SystemClock
 	// Registerer receives the limiter's metrics; nil registers none.
 	Registerer prometheus.Registerer
 
@@ -127,7 +116,7 @@ func (c *Config) setDefaults() {
 		c.MaxDefer = time.Second
 	}
 	if c.Clock == nil {
-		c.Clock = SystemClock
+		c.Clock = store.SystemClock
 	}
 }
 
@@ -161,21 +150,11 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Fallback says why a decision was made by a rule's failure policy instead of
-// by its counts.
-type Fallback uint8
-
-const (
-	FallbackNone   Fallback = iota
-	FallbackOpen            // the store failed; the rule fails open: admitted
-	FallbackClosed          // the store failed; the rule fails closed: refused
-)
-
 // Answer is the Limiter's answer for one request.
 type Answer struct {
-	Conformance
+	algo.Conformance
 	Limit    uint64
-	Fallback Fallback
+	Fallback store.Fallback
 	// Delay is how long an admitted request of a Delay rule waits before
 	// it is served: its place in the key's queue.
 	Delay time.Duration
@@ -193,7 +172,7 @@ type Answer struct {
 // which stops the flusher after a last flush.
 type Limiter struct {
 	cfg    Config
-	store  Store
+	store  store.Store
 	shards []shard
 	mask   uint64
 	grace  int64 // ns after a window starts before its previous window is read
@@ -234,13 +213,13 @@ type Limiter struct {
 	splitFrom, splitEnded atomic.Int64
 }
 
-// New returns a Limiter over store. Call Start to run its flusher (Flush can
+// New returns a Limiter over st. Call Start to run its flusher (Flush can
 // also be driven by hand, as tests do), and Close when done.
-func New(cfg Config, store Store) (*Limiter, error) {
+func New(cfg Config, st store.Store) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if store == nil {
+	if st == nil {
 		return nil, errors.New("window: New: store is nil")
 	}
 	cfg.setDefaults()
@@ -250,7 +229,7 @@ func New(cfg Config, store Store) (*Limiter, error) {
 	}
 	l := &Limiter{
 		cfg:    cfg,
-		store:  store,
+		store:  st,
 		shards: make([]shard, n),
 		mask:   uint64(n - 1),
 		grace:  int64(cfg.FlushInterval + cfg.StoreTimeout),
@@ -263,8 +242,8 @@ func New(cfg Config, store Store) (*Limiter, error) {
 	for i := range l.shards {
 		l.shards[i].init(perShard, hp, &l.park)
 	}
-	l.ops.New = func() any { s := make([]Op, 0, 64); return &s }
-	l.sops.New = func() any { s := make([]StateOp, 0, 16); return &s }
+	l.ops.New = func() any { s := make([]store.Op, 0, 64); return &s }
+	l.sops.New = func() any { s := make([]store.StateOp, 0, 16); return &s }
 	ch := make(chan struct{})
 	l.flushed.Store(&ch)
 	var err error
@@ -363,7 +342,7 @@ func (l *Limiter) closed(t int64, r *Policy, limit uint64) Answer {
 	w := int64(r.Window)
 	// Retry after one flush and store timeout: the soonest the store's
 	// health can be known again.
-	return Answer{Conformance: Conformance{ReleaseAt: t + l.grace, ResetAt: windowStart(t, w) + w}, Limit: limit, Fallback: FallbackClosed}
+	return Answer{Conformance: algo.Conformance{ReleaseAt: t + l.grace, ResetAt: algo.WindowStart(t, w) + w}, Limit: limit, Fallback: store.FallbackClosed}
 }
 
 // fellBack applies r's failure policy to d, decided without the store's
@@ -376,7 +355,7 @@ func (l *Limiter) fellBack(t int64, r *Policy, d Answer) Answer {
 		return l.closed(t, r, d.Limit)
 	}
 	l.m.fallbackOpen.Inc()
-	d.Fallback = FallbackOpen
+	d.Fallback = store.FallbackOpen
 	return d
 }
 

@@ -3,11 +3,13 @@ package window
 import (
 	"context"
 	"testing"
+
+	"github.com/poplimit/poplimit/store"
 )
 
 func TestLimiterDecideDoesNotAllocate(t *testing.T) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{})
 	rs := mustRules(t, `
 rules:
   - name: big
@@ -34,7 +36,7 @@ rules:
 
 func BenchmarkDecideAsync(b *testing.B) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(b, clock, store.NewMemStore(clock), Config{})
 	r := mustRules(b, "rules: [{name: b, limit: 1000000000, window: 1m}]").Rules[0]
 	key := r.Hash([]byte("203.0.113.7"))
 	now := clock.Now()
@@ -47,7 +49,7 @@ func BenchmarkDecideAsync(b *testing.B) {
 
 func BenchmarkDecideAsyncParallel(b *testing.B) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(b, clock, store.NewMemStore(clock), Config{})
 	r := mustRules(b, "rules: [{name: b, limit: 1000000000, window: 1m}]").Rules[0]
 	keys := make([]uint64, 1024)
 	for i := range keys {

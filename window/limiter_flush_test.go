@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/store"
 )
 
 // BenchmarkFlush measures one flush of the async path as the flusher runs
@@ -15,7 +17,7 @@ import (
 // bounds.
 func BenchmarkFlush(b *testing.B) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(b, clock, store.NewMemStore(clock), Config{})
 	r := mustRules(b, "rules: [{name: b, limit: 1000000000, window: 1m}]").Rules[0]
 	keys := make([]uint64, 10_000)
 	for i := range keys {
@@ -41,12 +43,12 @@ func BenchmarkFlush(b *testing.B) {
 
 // hintStore records, per flush, whether increments came hinted New.
 type hintStore struct {
-	*MemStore
+	*store.MemStore
 	mu    sync.Mutex
 	hints []bool // one per increment, in order
 }
 
-func (s *hintStore) Do(ctx context.Context, ops []Op) {
+func (s *hintStore) Do(ctx context.Context, ops []store.Op) {
 	s.mu.Lock()
 	for _, op := range ops {
 		if op.Delta > 0 {
@@ -63,8 +65,8 @@ func (s *hintStore) Do(ctx context.Context, ops []Op) {
 // window is again.
 func TestFlushHintsNewCounters(t *testing.T) {
 	clock := newSimClock(t0.Add(50 * time.Second))
-	store := &hintStore{MemStore: NewMemStore(clock)}
-	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, NewKeyWait: -1, MaxDefer: -1}) // every unit at the next flush
+	backend := &hintStore{MemStore: store.NewMemStore(clock)}
+	l := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond, NewKeyWait: -1, MaxDefer: -1}) // every unit at the next flush
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("k"))
 	step := func() {
@@ -78,7 +80,7 @@ func TestFlushHintsNewCounters(t *testing.T) {
 	clock.t.Store(t0.Add(time.Minute).UnixNano())
 	step()
 	step()
-	if want := []bool{true, false, false, true, false}; !slices.Equal(store.hints, want) {
-		t.Errorf("hints of a key's increments, flush by flush (3 in one window, 2 in the next): %v, want %v", store.hints, want)
+	if want := []bool{true, false, false, true, false}; !slices.Equal(backend.hints, want) {
+		t.Errorf("hints of a key's increments, flush by flush (3 in one window, 2 in the next): %v, want %v", backend.hints, want)
 	}
 }

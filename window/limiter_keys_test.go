@@ -4,11 +4,14 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/algo"
+	"github.com/poplimit/poplimit/store"
 )
 
 func TestLimiterMemoryIsBounded(t *testing.T) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{MaxKeys: 1024, Shards: 4})
+	l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{MaxKeys: 1024, Shards: 4})
 	r := mustRules(t, perMinute).Rules[0]
 	var key [8]byte
 	for i := 0; i < 100_000; i++ {
@@ -44,7 +47,7 @@ func TestLimiterMemoryIsBounded(t *testing.T) {
 // admitted).
 func TestFloodDoesNotEvictReturningKeys(t *testing.T) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{MaxKeys: 4096, Shards: 4})
+	l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{MaxKeys: 4096, Shards: 4})
 	r := mustRules(t, perMinute).Rules[0]
 	legit := []uint64{r.Hash([]byte("a")), r.Hash([]byte("b")), r.Hash([]byte("c"))}
 	admitted := make([]int, len(legit))
@@ -105,12 +108,12 @@ func TestAViewMadeAgainSpreadsWhatItFoundFromTheWindowsStart(t *testing.T) {
 		const limit = 50
 		w := 5 * time.Second
 		clock := newSimClock(t0)
-		l := newTestLimiter(t, clock, NewMemStore(clock), Config{hist: histParams{keysDiv: c.keysDiv}})
+		l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{hist: histParams{keysDiv: c.keysDiv}})
 		pol := &Policy{Limit: limit, Window: w}
 		key := uint64(0x1a7e)
 		ctx := context.Background()
-		exact := SlidingLog{Limit: limit, Window: w}
-		var log SlidingLogState
+		exact := algo.SlidingLog{Limit: limit, Window: w}
+		var log algo.SlidingLogState
 		admitted, want := 0, 0
 		base := t0.UnixNano() + int64(1234*time.Millisecond)
 		next := base + int64(c.every)

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/store"
 )
 
 // simClock is a clock the test moves by hand.
@@ -19,14 +21,14 @@ func (c *simClock) Add(d time.Duration) { c.t.Add(int64(d)) }
 // countingStore counts the ops that reach a Store and can be made to fail,
 // as a dead memcached shard would.
 type countingStore struct {
-	Store
+	store.Store
 	incrs, reads, decrs atomic.Int64
 	fail                atomic.Bool
 }
 
 var errDown = errors.New("store down")
 
-func (s *countingStore) Do(ctx context.Context, ops []Op) {
+func (s *countingStore) Do(ctx context.Context, ops []store.Op) {
 	for i := range ops {
 		switch {
 		case ops[i].Delta > 0:
@@ -49,10 +51,10 @@ func (s *countingStore) Do(ctx context.Context, ops []Op) {
 // t0 is a whole hour, so every window of a minute or less starts at it.
 var t0 = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 
-func newTestLimiter(t testing.TB, clock Clock, store Store, cfg Config) *Limiter {
+func newTestLimiter(t testing.TB, clock store.Clock, backend store.Store, cfg Config) *Limiter {
 	t.Helper()
 	cfg.Clock = clock
-	l, err := New(cfg, store)
+	l, err := New(cfg, backend)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -69,7 +71,7 @@ rules:
 
 func TestLimiterBurstAdmitsExactlyTheLimit(t *testing.T) {
 	clock := newSimClock(t0.Add(12 * time.Second))
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{})
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("203.0.113.7"))
 	allowed := 0
@@ -99,11 +101,11 @@ func TestLimiterBurstAdmitsExactlyTheLimit(t *testing.T) {
 
 func TestLimiterEdgesShareOneLimit(t *testing.T) {
 	clock := newSimClock(t0)
-	store := &countingStore{Store: NewMemStore(clock)}
+	backend := &countingStore{Store: store.NewMemStore(clock)}
 	r := mustRules(t, perMinute).Rules[0]
 	edges := []*Limiter{
-		newTestLimiter(t, clock, store, Config{}),
-		newTestLimiter(t, clock, store, Config{}),
+		newTestLimiter(t, clock, backend, Config{}),
+		newTestLimiter(t, clock, backend, Config{}),
 	}
 	key := r.Hash([]byte("client"))
 	// 1 request every 10 ms, alternating edges, flushing every 5 ms. An edge
@@ -126,8 +128,8 @@ func TestLimiterEdgesShareOneLimit(t *testing.T) {
 		t.Errorf("two edges admitted %d in 30 s of one window, want the limit once globally: 100, or 101", allowed)
 	}
 	// The store holds what was admitted.
-	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
-	store.Store.Do(context.Background(), ops)
+	ops := []store.Op{{Key: key, Start: t0.UnixMilli()}}
+	backend.Store.Do(context.Background(), ops)
 	if ops[0].Value != uint64(allowed) {
 		t.Errorf("store counter = %d, want the %d admitted", ops[0].Value, allowed)
 	}
@@ -138,9 +140,9 @@ func TestLimiterOverAdmissionBoundedByFlushInterval(t *testing.T) {
 	// edge learns of the other's admissions it may admit what arrives
 	// within one flush interval: about rate × interval = 5 requests.
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	r := mustRules(t, perMinute).Rules[0]
-	edges := []*Limiter{newTestLimiter(t, clock, store, Config{}), newTestLimiter(t, clock, store, Config{})}
+	edges := []*Limiter{newTestLimiter(t, clock, backend, Config{}), newTestLimiter(t, clock, backend, Config{})}
 	key := r.Hash([]byte("client"))
 	allowed := 0
 	for i := 0; i < 1000; i++ {
@@ -161,8 +163,8 @@ func TestLimiterOverAdmissionBoundedByFlushInterval(t *testing.T) {
 
 func TestLimiterReadsPreviousWindowOnceAfterGrace(t *testing.T) {
 	clock := newSimClock(t0.Add(50 * time.Second))
-	store := &countingStore{Store: NewMemStore(clock)}
-	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, StoreTimeout: 100 * time.Millisecond})
+	backend := &countingStore{Store: store.NewMemStore(clock)}
+	l := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond, StoreTimeout: 100 * time.Millisecond})
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("k"))
 	// A new key's previous window is read once; its current window's
@@ -172,45 +174,45 @@ func TestLimiterReadsPreviousWindowOnceAfterGrace(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 		if i%5 == 4 {
-			store.Store.Do(context.Background(), []Op{{Key: key, Start: t0.UnixMilli(), Delta: 1, TTL: 2 * time.Minute}})
+			backend.Store.Do(context.Background(), []store.Op{{Key: key, Start: t0.UnixMilli(), Delta: 1, TTL: 2 * time.Minute}})
 		}
 		clock.Add(5 * time.Millisecond)
 		l.Flush(context.Background(), clock.Now())
 	}
-	if got := store.reads.Load(); got != 1 {
+	if got := backend.reads.Load(); got != 1 {
 		t.Errorf("reads for a new key = %d, want 1 (its previous window; the increment's reply is the current one)", got)
 	}
-	if got := store.incrs.Load(); got != 20 {
+	if got := backend.incrs.Load(); got != 20 {
 		t.Errorf("increments = %d, want 20 (one per flush with traffic)", got)
 	}
 	// Into the next window: the previous window is read once, only after
 	// the grace of one flush interval plus the store timeout.
 	clock.t.Store(t0.Add(time.Minute).UnixNano())
-	store.reads.Store(0)
+	backend.reads.Store(0)
 	for i := 0; i < 40; i++ { // 200 ms
 		l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 		clock.Add(5 * time.Millisecond)
 		l.Flush(context.Background(), clock.Now())
-		if elapsed := clock.Now().Sub(t0.Add(time.Minute)); elapsed < 105*time.Millisecond && store.reads.Load() != 0 {
+		if elapsed := clock.Now().Sub(t0.Add(time.Minute)); elapsed < 105*time.Millisecond && backend.reads.Load() != 0 {
 			t.Fatalf("previous window read %v into the window, before the 105ms grace", elapsed)
 		}
 	}
-	if got := store.reads.Load(); got != 1 {
+	if got := backend.reads.Load(); got != 1 {
 		t.Errorf("reads of the previous window = %d, want 1", got)
 	}
 }
 
 func TestLimiterNewEdgeStartsFromSharedCounters(t *testing.T) {
 	clock := newSimClock(t0.Add(30 * time.Second))
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("k"))
-	a := newTestLimiter(t, clock, store, Config{})
+	a := newTestLimiter(t, clock, backend, Config{})
 	for i := 0; i < 90; i++ {
 		a.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 	}
 	a.Flush(context.Background(), clock.Now())
-	b := newTestLimiter(t, clock, store, Config{})
+	b := newTestLimiter(t, clock, backend, Config{})
 	b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1) // unknown yet: admitted
 	b.Flush(context.Background(), clock.Now())                              // reads the shared count
 	allowed := 0
@@ -226,8 +228,8 @@ func TestLimiterNewEdgeStartsFromSharedCounters(t *testing.T) {
 
 func TestLimiterBlockCountsEveryRequest(t *testing.T) {
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	l := newTestLimiter(t, clock, store, Config{})
+	backend := store.NewMemStore(clock)
+	l := newTestLimiter(t, clock, backend, Config{})
 	r := mustRules(t, `
 rules:
   - name: mitigate
@@ -252,8 +254,8 @@ rules:
 		l.Record(clock.Now(), &r.Policy, key, 1)
 	}
 	l.Flush(context.Background(), clock.Now())
-	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
-	store.Do(context.Background(), ops)
+	ops := []store.Op{{Key: key, Start: t0.UnixMilli()}}
+	backend.Do(context.Background(), ops)
 	if ops[0].Value != 100 {
 		t.Errorf("store counter = %d, want all 100 attempts", ops[0].Value)
 	}
@@ -261,7 +263,7 @@ rules:
 
 func TestLimiterSyncModeIsExactAcrossEdges(t *testing.T) {
 	clock := newSimClock(t0)
-	store := &countingStore{Store: NewMemStore(clock)}
+	backend := &countingStore{Store: store.NewMemStore(clock)}
 	r := mustRules(t, `
 rules:
   - name: login
@@ -270,8 +272,8 @@ rules:
     mode: sync
     fail: closed
 `).Rules[0]
-	a := newTestLimiter(t, clock, store, Config{})
-	b := newTestLimiter(t, clock, store, Config{})
+	a := newTestLimiter(t, clock, backend, Config{})
+	b := newTestLimiter(t, clock, backend, Config{})
 	key := r.Hash([]byte("user@example.com"))
 	allowed := 0
 	for i := 0; i < 20; i++ { // no flushes at all
@@ -286,8 +288,8 @@ rules:
 	if allowed != 5 {
 		t.Errorf("sync mode admitted %d across two edges, want exactly 5", allowed)
 	}
-	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
-	store.Store.Do(context.Background(), ops)
+	ops := []store.Op{{Key: key, Start: t0.UnixMilli()}}
+	backend.Store.Do(context.Background(), ops)
 	if ops[0].Value != 5 {
 		t.Errorf("store counter = %d, want 5 (refused increments taken back)", ops[0].Value)
 	}
@@ -295,8 +297,8 @@ rules:
 
 func TestLimiterConcurrentUse(t *testing.T) {
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	l := newTestLimiter(t, clock, store, Config{FlushInterval: time.Millisecond})
+	backend := store.NewMemStore(clock)
+	l := newTestLimiter(t, clock, backend, Config{FlushInterval: time.Millisecond})
 	l.Start()
 	r := mustRules(t, perMinute).Rules[0]
 	var allowed atomic.Int64
@@ -322,8 +324,8 @@ func TestLimiterConcurrentUse(t *testing.T) {
 	}
 	var sum uint64
 	for i := 0; i < 50; i++ {
-		ops := []Op{{Key: r.Hash([]byte{byte(i)}), Start: t0.UnixMilli()}}
-		store.Do(context.Background(), ops)
+		ops := []store.Op{{Key: r.Hash([]byte{byte(i)}), Start: t0.UnixMilli()}}
+		backend.Do(context.Background(), ops)
 		sum += ops[0].Value
 	}
 	if sum != 5000 {
@@ -337,8 +339,8 @@ func TestLimiterConcurrentUse(t *testing.T) {
 // has no room left, and no window counter was touched.
 func TestLimiterStateAlgorithms(t *testing.T) {
 	clock := newSimClock(t0)
-	store := &countingStore{Store: NewMemStore(clock)}
-	l := newTestLimiter(t, clock, store, Config{})
+	backend := &countingStore{Store: store.NewMemStore(clock)}
+	l := newTestLimiter(t, clock, backend, Config{})
 	rs := mustRules(t, `
 rules:
   - name: bucket
@@ -379,13 +381,13 @@ rules:
 			t.Errorf("%s: refusal released at %d, not after now", tc.rule, last.ReleaseAt)
 		}
 		l.Flush(context.Background(), clock.Now())
-		ops := []StateOp{{Kind: stateKind(r.Algorithm), Key: key, Bucket: bucketOf(&r.Policy, r.Limit), Log: logOf(&r.Policy, r.Limit), Now: clock.Now().UnixNano()}}
-		store.DoState(context.Background(), ops)
+		ops := []store.StateOp{{Kind: stateKind(r.Algorithm), Key: key, Bucket: bucketOf(&r.Policy, r.Limit), Log: logOf(&r.Policy, r.Limit), Now: clock.Now().UnixNano()}}
+		backend.DoState(context.Background(), ops)
 		if ops[0].Err != nil || ops[0].Remaining != 0 {
 			t.Errorf("%s: the store's state after a flush: room %d, err %v; want 0, nil", tc.rule, ops[0].Remaining, ops[0].Err)
 		}
 	}
-	if n := store.incrs.Load() + store.reads.Load(); n != 0 {
+	if n := backend.incrs.Load() + backend.reads.Load(); n != 0 {
 		t.Errorf("buckets and logs sent %d counter operations, want 0", n)
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -17,11 +19,11 @@ import (
 // decision (as its flusher does within a flush interval): what an edge
 // learns of the other's units comes only from the replies to its own
 // operations. It returns the requests admitted.
-func dealt(t *testing.T, cfg Config, store Store, clock *simClock, n int) (admitted int, ls [2]*Limiter) {
+func dealt(t *testing.T, cfg Config, backend store.Store, clock *simClock, n int) (admitted int, ls [2]*Limiter) {
 	t.Helper()
 	r := &Policy{Limit: 50, Window: time.Minute}
 	for i := range ls {
-		ls[i] = newTestLimiter(t, clock, store, cfg)
+		ls[i] = newTestLimiter(t, clock, backend, cfg)
 	}
 	const key = 9
 	ctx := context.Background()
@@ -40,10 +42,10 @@ func dealt(t *testing.T, cfg Config, store Store, clock *simClock, n int) (admit
 // decisions that the other edge's unseen units could turn take a round
 // trip; without it, the edges admit past the limit.
 func TestNearLimitHoldsAKeyDealtOverTwoEdges(t *testing.T) {
-	without, _ := dealt(t, Config{AsyncNearLimit: true}, NewMemStore(nil), newSimClock(t0), 200)
+	without, _ := dealt(t, Config{AsyncNearLimit: true}, store.NewMemStore(nil), newSimClock(t0), 200)
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	with, ls := dealt(t, Config{}, store, clock, 200)
+	backend := store.NewMemStore(clock)
+	with, ls := dealt(t, Config{}, backend, clock, 200)
 	syncs := testutil.ToFloat64(ls[0].m.nearSyncs) + testutil.ToFloat64(ls[1].m.nearSyncs)
 	t.Logf("limit 50: admitted %d without, %d with near-limit decisions taking a round trip (%v round trips)", without, with, syncs)
 	if without <= 50 {
@@ -57,8 +59,8 @@ func TestNearLimitHoldsAKeyDealtOverTwoEdges(t *testing.T) {
 	if syncs == 0 || syncs > 100 {
 		t.Errorf("%v near-limit round trips, want some and fewer than the 150 decisions past the limit's reach", syncs)
 	}
-	ops := []Op{{Key: 9, Start: t0.UnixMilli()}}
-	store.Do(context.Background(), ops)
+	ops := []store.Op{{Key: 9, Start: t0.UnixMilli()}}
+	backend.Do(context.Background(), ops)
 	if ops[0].Value != uint64(with) {
 		t.Errorf("store counts %d, want the %d admitted", ops[0].Value, with)
 	}
@@ -69,13 +71,13 @@ func TestNearLimitHoldsAKeyDealtOverTwoEdges(t *testing.T) {
 // carried.
 func TestNearLimitFailureFallsBackToTheView(t *testing.T) {
 	clock := newSimClock(t0)
-	store := &countingStore{Store: NewMemStore(clock)}
+	backend := &countingStore{Store: store.NewMemStore(clock)}
 	r := mustRules(t, "rules: [{name: k, limit: 50, window: 1m}]").Rules[0]
 	key := r.Hash([]byte("203.0.113.9"))
 	ctx := context.Background()
 	var ls [2]*Limiter
 	for i := range ls {
-		ls[i] = newTestLimiter(t, clock, store, Config{})
+		ls[i] = newTestLimiter(t, clock, backend, Config{})
 	}
 	// Both edges' replies show the other's units: up to 4 short of the limit.
 	admitted := 0
@@ -93,27 +95,27 @@ func TestNearLimitFailureFallsBackToTheView(t *testing.T) {
 		t.Fatal("the 47th request was refused")
 	}
 	admitted++
-	store.fail.Store(true)
+	backend.fail.Store(true)
 	var d Answer
 	for range 4 {
 		clock.Add(20 * time.Millisecond)
 		if d = l.Decide(ctx, clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed {
 			admitted++
 		}
-		if d.Fallback != FallbackNone {
+		if d.Fallback != store.FallbackNone {
 			break
 		}
 	}
-	if d.Fallback != FallbackOpen || !d.Allowed {
+	if d.Fallback != store.FallbackOpen || !d.Allowed {
 		t.Fatalf("with the store failing near the limit: fallback %d allowed %v, want the view's admission, failing open", d.Fallback, d.Allowed)
 	}
 	if testutil.ToFloat64(l.m.fallbackOpen) == 0 || testutil.ToFloat64(l.m.storeErrors) == 0 {
 		t.Error("the failed round trip or its fallback was not counted")
 	}
-	store.fail.Store(false)
+	backend.fail.Store(false)
 	l.Flush(ctx, clock.Now())
-	ops := []Op{{Key: key, Start: t0.UnixMilli()}}
-	store.Store.Do(ctx, ops)
+	ops := []store.Op{{Key: key, Start: t0.UnixMilli()}}
+	backend.Store.Do(ctx, ops)
 	if ops[0].Value != uint64(admitted) {
 		t.Errorf("store counts %d after recovery, want the %d admitted (the units the failed round trip carried are sent again)", ops[0].Value, admitted)
 	}
@@ -127,9 +129,9 @@ func TestNearLimitAllocatesAsASyncDecision(t *testing.T) {
 		t.Skip("the race detector drops sync.Pool items at random: allocation counts say nothing under it")
 	}
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	a := newTestLimiter(t, clock, store, Config{Shards: 1})
-	b := newTestLimiter(t, clock, store, Config{Shards: 1})
+	backend := store.NewMemStore(clock)
+	a := newTestLimiter(t, clock, backend, Config{Shards: 1})
+	b := newTestLimiter(t, clock, backend, Config{Shards: 1})
 	r := &Policy{Limit: 4, Window: time.Minute}
 	sr := &Policy{Limit: 1 << 30, Window: time.Minute, Mode: policy.Sync}
 	ctx := context.Background()
@@ -174,10 +176,10 @@ func TestNearLimitAllocatesAsASyncDecision(t *testing.T) {
 // round trips among them, count every admitted unit once and hold the
 // limit (run under -race by the test command).
 func TestNearLimitConcurrent(t *testing.T) {
-	store := NewMemStore(nil)
+	backend := store.NewMemStore(nil)
 	var ls [2]*Limiter
 	for i := range ls {
-		ls[i] = newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond})
+		ls[i] = newTestLimiter(t, store.SystemClock, backend, Config{FlushInterval: time.Millisecond})
 		ls[i].Start()
 	}
 	r := &Policy{Limit: 200, Window: time.Hour}
@@ -208,8 +210,8 @@ func TestNearLimitConcurrent(t *testing.T) {
 	for _, l := range ls {
 		l.Close(context.Background())
 	}
-	ops := []Op{{Key: key, Start: windowStart(time.Now().UnixNano(), int64(time.Hour)) / 1e6}}
-	store.Do(context.Background(), ops)
+	ops := []store.Op{{Key: key, Start: algo.WindowStart(time.Now().UnixNano(), int64(time.Hour)) / 1e6}}
+	backend.Do(context.Background(), ops)
 	t.Logf("1300 requests over two edges, limit 200: %d admitted, %v near-limit round trips, store %d", admitted.Load(), syncs, ops[0].Value)
 	if n := admitted.Load(); n > 208 || n < 190 {
 		t.Errorf("%d admitted, want the limit of 200 (within the 8 decisions in flight at once)", n)
@@ -222,12 +224,12 @@ func TestNearLimitConcurrent(t *testing.T) {
 // gateStore holds the first call that increments, once armed, until
 // released: a round trip out.
 type gateStore struct {
-	Store
+	store.Store
 	armed      atomic.Bool
 	held, free chan struct{}
 }
 
-func (s *gateStore) Do(ctx context.Context, ops []Op) {
+func (s *gateStore) Do(ctx context.Context, ops []store.Op) {
 	if len(ops) > 0 && ops[0].Delta > 0 && s.armed.CompareAndSwap(true, false) {
 		close(s.held)
 		<-s.free
@@ -244,8 +246,8 @@ func (s *gateStore) Do(ctx context.Context, ops []Op) {
 func TestRoundTripCountsInTheViewWhileOut(t *testing.T) {
 	ctx := context.Background()
 	clock := newSimClock(t0)
-	store := &gateStore{Store: NewMemStore(clock), held: make(chan struct{}), free: make(chan struct{})}
-	l := newTestLimiter(t, clock, store, Config{})
+	backend := &gateStore{Store: store.NewMemStore(clock), held: make(chan struct{}), free: make(chan struct{})}
+	l := newTestLimiter(t, clock, backend, Config{})
 	pol := &Policy{Limit: 10, Window: 10 * time.Second}
 	const key = 3
 	for range 9 {
@@ -259,17 +261,17 @@ func TestRoundTripCountsInTheViewWhileOut(t *testing.T) {
 		_, curr := s.lookup(key).view()
 		return curr
 	}
-	store.armed.Store(true)
+	backend.armed.Store(true)
 	done := make(chan Answer)
 	go func() {
 		d, _ := l.counterSync(ctx, clock.Now().UnixNano(), pol, key, pol.Limit, 1)
 		done <- d
 	}()
-	<-store.held
+	<-backend.held
 	if v := view(); v != 10 {
 		t.Errorf("the view counts %d while the round trip for the tenth unit is out, want 10", v)
 	}
-	close(store.free)
+	close(backend.free)
 	if d := <-done; !d.Allowed {
 		t.Fatal("the tenth unit refused")
 	}
@@ -288,10 +290,10 @@ func TestRoundTripCountsInTheViewWhileOut(t *testing.T) {
 // burst past the limit.
 func TestABurstAtABoundaryCountsTheOthersLastUnits(t *testing.T) {
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	var ls [2]*Limiter
 	for i := range ls {
-		ls[i] = newTestLimiter(t, clock, store, Config{})
+		ls[i] = newTestLimiter(t, clock, backend, Config{})
 	}
 	r := &Policy{Limit: 20, Window: time.Second}
 	const key = 0xb0

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -18,24 +19,24 @@ import (
 // zero, the others wait for the read of the shared count (one flush).
 func TestNewEdgeBurstIsLimitedBySharedCount(t *testing.T) {
 	clock := newSimClock(t0.Add(30 * time.Second))
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("k"))
-	a := newTestLimiter(t, clock, store, Config{})
+	a := newTestLimiter(t, clock, backend, Config{})
 	for range 90 {
 		a.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 	}
 	a.Flush(context.Background(), clock.Now())
 
 	reg := prometheus.NewRegistry()
-	b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, Registerer: reg})
+	b := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond, Registerer: reg})
 	b.Start()
 	var allowed, fallbacks atomic.Int64
 	for _, d := range atOnce(40, func() Answer { return b.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1) }) {
 		if d.Allowed {
 			allowed.Add(1)
 		}
-		if d.Fallback != FallbackNone {
+		if d.Fallback != store.FallbackNone {
 			fallbacks.Add(1)
 		}
 	}
@@ -74,8 +75,8 @@ func atOnce(n int, decide func() Answer) []Answer {
 // refused at once, even while the store hangs: a flood of keys that each try
 // twice is not slowed to the store's pace.
 func TestNewKeyRefusedLocallyDoesNotWait(t *testing.T) {
-	store := &hangingStore{}
-	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond, StoreTimeout: time.Second, NewKeyWait: time.Second})
+	backend := &hangingStore{}
+	l := newTestLimiter(t, store.SystemClock, backend, Config{FlushInterval: time.Millisecond, StoreTimeout: time.Second, NewKeyWait: time.Second})
 	l.Start()
 	r := mustRules(t, "rules: [{name: login, limit: 1, window: 1m}]").Rules[0]
 	key := r.Hash([]byte("k"))
@@ -101,11 +102,11 @@ func TestNewKeyRefusedLocallyDoesNotWait(t *testing.T) {
 // only have ended by NewKeyWait: no store call has answered when the
 // request is decided.
 func TestNewKeyWaitIsBounded(t *testing.T) {
-	store := newHeldStore()
+	backend := newHeldStore()
 	reg := prometheus.NewRegistry()
-	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond, StoreTimeout: time.Minute,
+	l := newTestLimiter(t, store.SystemClock, backend, Config{FlushInterval: time.Millisecond, StoreTimeout: time.Minute,
 		NewKeyWait: 30 * time.Millisecond, Registerer: reg})
-	t.Cleanup(store.release) // before the limiter closes
+	t.Cleanup(backend.release) // before the limiter closes
 	l.Start()
 	r := mustRules(t, perMinute).Rules[0]
 	key := r.Hash([]byte("k"))
@@ -116,7 +117,7 @@ func TestNewKeyWaitIsBounded(t *testing.T) {
 	if !d.Allowed || took < 30*time.Millisecond {
 		t.Errorf("second request: allowed %v after %v, want admitted from this edge's count after the 30ms wait", d.Allowed, took)
 	}
-	if n := store.answered.Load(); n != 0 {
+	if n := backend.answered.Load(); n != 0 {
 		t.Errorf("store calls answered before the request was decided: %d, want 0 (the store holds them all)", n)
 	}
 	if n := testutil.ToFloat64(l.m.newKeyTimeout); n != 1 {
@@ -151,14 +152,14 @@ func (s *heldStore) wait(ctx context.Context) error {
 
 var errHeld = errors.New("held store released")
 
-func (s *heldStore) Do(ctx context.Context, ops []Op) {
+func (s *heldStore) Do(ctx context.Context, ops []store.Op) {
 	err := s.wait(ctx)
 	for i := range ops {
 		ops[i].Err = err
 	}
 }
 
-func (s *heldStore) DoState(ctx context.Context, ops []StateOp) {
+func (s *heldStore) DoState(ctx context.Context, ops []store.StateOp) {
 	err := s.wait(ctx)
 	for i := range ops {
 		ops[i].Err = err
@@ -174,14 +175,14 @@ func (s *heldStore) Place(uint64) int { return -1 }
 // that stopped answering without closing its connections.
 type hangingStore struct{}
 
-func (hangingStore) Do(ctx context.Context, ops []Op) {
+func (hangingStore) Do(ctx context.Context, ops []store.Op) {
 	<-ctx.Done()
 	for i := range ops {
 		ops[i].Err = ctx.Err()
 	}
 }
 
-func (hangingStore) DoState(ctx context.Context, ops []StateOp) {
+func (hangingStore) DoState(ctx context.Context, ops []store.StateOp) {
 	<-ctx.Done()
 	for i := range ops {
 		ops[i].Err = ctx.Err()
@@ -196,13 +197,13 @@ func (hangingStore) Place(uint64) int { return -1 }
 
 // batchStore records the largest batch it was handed.
 type batchStore struct {
-	Store
+	store.Store
 	mu      sync.Mutex
 	calls   int
 	largest int
 }
 
-func (s *batchStore) Do(ctx context.Context, ops []Op) {
+func (s *batchStore) Do(ctx context.Context, ops []store.Op) {
 	s.mu.Lock()
 	s.calls++
 	s.largest = max(s.largest, len(ops))
@@ -215,9 +216,9 @@ func (s *batchStore) Do(ctx context.Context, ops []Op) {
 // and every increment arrives.
 func TestFlushBatchesAreBounded(t *testing.T) {
 	clock := newSimClock(t0.Add(30 * time.Second))
-	mem := NewMemStore(clock)
-	store := &batchStore{Store: mem}
-	l := newTestLimiter(t, clock, store, Config{MaxFlushOps: 100, Shards: 4})
+	mem := store.NewMemStore(clock)
+	backend := &batchStore{Store: mem}
+	l := newTestLimiter(t, clock, backend, Config{MaxFlushOps: 100, Shards: 4})
 	r := mustRules(t, perMinute).Rules[0]
 	const keys = 10000
 	for i := range keys {
@@ -227,17 +228,17 @@ func TestFlushBatchesAreBounded(t *testing.T) {
 	if st.Keys != keys || st.Failed != 0 {
 		t.Errorf("flush: %+v, want %d keys, none failed", st, keys)
 	}
-	if store.largest > 102 || store.calls < st.Ops/102 {
-		t.Errorf("%d ops in %d batches, the largest %d: want at most 100 + 2 each", st.Ops, store.calls, store.largest)
+	if backend.largest > 102 || backend.calls < st.Ops/102 {
+		t.Errorf("%d ops in %d batches, the largest %d: want at most 100 + 2 each", st.Ops, backend.calls, backend.largest)
 	}
 	for i := range keys {
-		ops := []Op{{Key: uint64(i) * 0x9e3779b97f4a7c15, Start: t0.UnixMilli()}}
+		ops := []store.Op{{Key: uint64(i) * 0x9e3779b97f4a7c15, Start: t0.UnixMilli()}}
 		mem.Do(context.Background(), ops)
 		if ops[0].Value != 1 {
 			t.Fatalf("key %d: store counter %d, want 1", i, ops[0].Value)
 		}
 	}
-	t.Logf("%d keys: %d ops in %d batches of at most %d", keys, st.Ops, store.calls, store.largest)
+	t.Logf("%d keys: %d ops in %d batches of at most %d", keys, st.Ops, backend.calls, backend.largest)
 }
 
 // TestReturningKeyDoesNotWait: a key back after a window or more without
@@ -266,20 +267,20 @@ func TestReturningKeyDoesNotWait(t *testing.T) {
 // the window ended) is seen by the next decision, which reads it again.
 func TestSyncRereadsPreviousWindowWithinGrace(t *testing.T) {
 	clock := newSimClock(t0.Add(time.Minute)) // a window starts
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	r := mustRules(t, "rules: [{name: s, limit: 10, window: 1m, mode: sync}]").Rules[0]
 	key := r.Hash([]byte("k"))
 	// 8 admitted in the previous window, spread over it.
-	ops := []Op{{Key: key, Start: t0.UnixMilli(), Delta: 8, TTL: 2 * time.Minute}}
-	store.Do(context.Background(), ops)
-	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, StoreTimeout: 100 * time.Millisecond})
+	ops := []store.Op{{Key: key, Start: t0.UnixMilli(), Delta: 8, TTL: 2 * time.Minute}}
+	backend.Do(context.Background(), ops)
+	l := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond, StoreTimeout: 100 * time.Millisecond})
 	// At the window's start the estimate is 8 + this one: admitted.
 	if d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1); !d.Allowed {
 		t.Fatal("first request of the window refused with 8 of 10 in the previous one")
 	}
 	// Another edge's increment for the previous window lands now.
-	ops = []Op{{Key: key, Start: t0.UnixMilli(), Delta: 1, TTL: 2 * time.Minute}}
-	store.Do(context.Background(), ops)
+	ops = []store.Op{{Key: key, Start: t0.UnixMilli(), Delta: 1, TTL: 2 * time.Minute}}
+	backend.Do(context.Background(), ops)
 	clock.Add(10 * time.Millisecond) // within the 105 ms grace
 	// 9 × (1 − 10ms/1m) + 1 + this one > 10: refused, if the previous
 	// window was read again (with the 8 first read, 9.999: admitted).
@@ -294,10 +295,10 @@ func TestSyncRereadsPreviousWindowWithinGrace(t *testing.T) {
 // weighs a previous window one request larger than what was admitted.
 func TestSyncRefusalDoesNotInflateTheCount(t *testing.T) {
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	r := mustRules(t, "rules: [{name: s, limit: 4, window: 1m, mode: sync}]").Rules[0]
 	key := r.Hash([]byte("k"))
-	l := newTestLimiter(t, clock, store, Config{})
+	l := newTestLimiter(t, clock, backend, Config{})
 	allowed := 0
 	for i := range 5 {
 		if i == 2 {
@@ -328,9 +329,9 @@ func TestSyncRefusalDoesNotInflateTheCount(t *testing.T) {
 // TestNewKeyDoesNotWaitForADeadStore: while every operation fails and the
 // flusher backs off, no read would answer a waiting request, so none waits.
 func TestNewKeyDoesNotWaitForADeadStore(t *testing.T) {
-	store := &countingStore{Store: NewMemStore(nil)}
-	store.fail.Store(true)
-	l := newTestLimiter(t, SystemClock, store, Config{FlushInterval: time.Millisecond, NewKeyWait: time.Second})
+	backend := &countingStore{Store: store.NewMemStore(nil)}
+	backend.fail.Store(true)
+	l := newTestLimiter(t, store.SystemClock, backend, Config{FlushInterval: time.Millisecond, NewKeyWait: time.Second})
 	l.Start()
 	r := mustRules(t, perMinute).Rules[0]
 	// Let the flusher find the store down and back off to a quarter second
@@ -366,10 +367,10 @@ func waitUntil(t *testing.T, cond func() bool) {
 // admitted (the estimate's room), not all (a fresh limit).
 func TestNewEdgeBurstCountsThePreviousWindow(t *testing.T) {
 	clock := newSimClock(t0.Add(9 * time.Second)) // t0 starts a 10 s window
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	r := &Policy{Limit: 100, Window: 10 * time.Second}
 	const key = 7
-	a := newTestLimiter(t, clock, store, Config{})
+	a := newTestLimiter(t, clock, backend, Config{})
 	for range 100 {
 		a.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1)
 	}
@@ -377,7 +378,7 @@ func TestNewEdgeBurstCountsThePreviousWindow(t *testing.T) {
 	// 0.5 s into the next window: 95 of the 100 still weigh.
 	clock.Add(1500 * time.Millisecond)
 
-	b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
+	b := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond})
 	b.Start()
 	var allowed atomic.Int64
 	for _, d := range atOnce(40, func() Answer { return b.Decide(context.Background(), clock.Now(), r, key, r.Limit, 1) }) {

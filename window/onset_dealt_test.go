@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/store"
 )
 
 // viewOf is key's view on l: its previous and current windows' counts.
@@ -29,10 +31,10 @@ type dealtPair struct {
 
 func newDealtPair(t *testing.T, key uint64) *dealtPair {
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	w := 10 * time.Second
 	return &dealtPair{
-		a: newTestLimiter(t, clock, store, Config{}), b: newTestLimiter(t, clock, store, Config{}),
+		a: newTestLimiter(t, clock, backend, Config{}), b: newTestLimiter(t, clock, backend, Config{}),
 		clock: clock, pol: &Policy{Limit: 100, Window: w}, key: key, ws: t0.Truncate(w).UnixNano(),
 	}
 }

@@ -6,9 +6,9 @@ import (
 	"github.com/poplimit/poplimit/policy"
 )
 
-// Policy is what the Limiter and Slots need of a rule: how much, over what
-// period, by which algorithm, and what to do past it. Rule files (package
-// rules) embed one in each rule. A Policy is a small value, immutable once
+// Policy is what the Limiter needs of a rule (package slots its Lease and
+// Fail): how much, over what period, by which algorithm, and what to do
+// past it. Rule files (package rules) embed one in each rule. A Policy is a small value, immutable once
 // built, safe to share between goroutines.
 type Policy struct {
 	Limit     uint64        // units per Window (for a token bucket, the refill per Window)

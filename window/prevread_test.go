@@ -5,17 +5,19 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/store"
 )
 
 // readLog is a Store that records the reads of ended windows.
 type readLog struct {
-	Store
+	store.Store
 	clock *simClock
 	mu    sync.Mutex
 	prev  map[uint64]int // key → reads of a window that had ended
 }
 
-func (s *readLog) Do(ctx context.Context, ops []Op) {
+func (s *readLog) Do(ctx context.Context, ops []store.Op) {
 	s.mu.Lock()
 	for _, op := range ops {
 		if op.Delta == 0 && op.Start*1e6+int64(10*time.Second) <= s.clock.Now().UnixNano() {
@@ -30,8 +32,8 @@ func (s *readLog) Do(ctx context.Context, ops []Op) {
 // ended 10 s windows, at t0 (which starts one).
 func twoEdgesReadLogged(t *testing.T) (*simClock, *readLog, *Limiter, *Limiter) {
 	clock := newSimClock(t0)
-	store := &readLog{Store: NewMemStore(clock), clock: clock, prev: map[uint64]int{}}
-	return clock, store, newTestLimiter(t, clock, store, Config{}), newTestLimiter(t, clock, store, Config{})
+	backend := &readLog{Store: store.NewMemStore(clock), clock: clock, prev: map[uint64]int{}}
+	return clock, backend, newTestLimiter(t, clock, backend, Config{}), newTestLimiter(t, clock, backend, Config{})
 }
 
 // A key whose units were this edge's alone until its window's last half
@@ -41,7 +43,7 @@ func twoEdgesReadLogged(t *testing.T) (*simClock, *readLog, *Limiter, *Limiter) 
 // in the window, whose client may have gone on elsewhere; that read brings
 // the other edge's units into the estimate.
 func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
-	clock, store, a, b := twoEdgesReadLogged(t)
+	clock, backend, a, b := twoEdgesReadLogged(t)
 	r := &Policy{Limit: 100, Window: 10 * time.Second}
 	ctx := context.Background()
 	const held, dealt, moved = 1, 2, 3
@@ -69,7 +71,7 @@ func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
 	// The third window: each key comes back to a, which flushes past the
 	// grace.
 	readsBefore := map[uint64]int{}
-	for k, n := range store.prev {
+	for k, n := range backend.prev {
 		readsBefore[k] = n
 	}
 	for _, k := range []uint64{held, dealt, moved} {
@@ -81,7 +83,7 @@ func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
 	}
 	est := a.Decide(ctx, clock.Now(), r, moved, r.Limit, 1).Estimate
 	for k, want := range map[uint64]int{held: 0, dealt: 1, moved: 1} {
-		if got := store.prev[k] - readsBefore[k]; got != want {
+		if got := backend.prev[k] - readsBefore[k]; got != want {
 			t.Errorf("key %d: %d reads of the ended window by a, want %d", k, got, want)
 		}
 	}
@@ -99,7 +101,7 @@ func TestAKeyHeldByOneEdgeSkipsTheReadOfItsLastWindow(t *testing.T) {
 // at its limit, after one request, is decided on them from the flush after
 // its second request on (which is decided without them).
 func TestAKeySeenOnceIsNotReadInItsPreviousWindow(t *testing.T) {
-	clock, store, a, b := twoEdgesReadLogged(t)
+	clock, backend, a, b := twoEdgesReadLogged(t)
 	r := &Policy{Limit: 100, Window: 10 * time.Second}
 	ctx := context.Background()
 	const moved = 1
@@ -127,14 +129,14 @@ func TestAKeySeenOnceIsNotReadInItsPreviousWindow(t *testing.T) {
 	}
 	flush()
 	for k := uint64(100); k < 150; k++ {
-		if n := store.prev[k]; n != 0 {
+		if n := backend.prev[k]; n != 0 {
 			t.Fatalf("key %d, seen once: %d reads of its previous window, want 0", k, n)
 		}
 	}
 	second := b.Decide(ctx, clock.Now(), r, moved, r.Limit, 1).Estimate
 	flush()
 	third := b.Decide(ctx, clock.Now(), r, moved, r.Limit, 1).Estimate
-	if n := store.prev[moved]; n != 1 || third < 90 {
+	if n := backend.prev[moved]; n != 1 || third < 90 {
 		t.Errorf("moved: %d reads of the window at its limit on a, want 1 (from its second decision on b); third request's estimate %.1f, want a's units counted (over 90)",
 			n, third)
 	}

@@ -8,7 +8,9 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // Reservations and give-backs: what a caller that waits its turn needs
@@ -89,7 +91,7 @@ func (l *Limiter) Reserve(ctx context.Context, now time.Time, r *Policy, key, li
 	}
 	mu := &l.syncMu[key%syncStripes]
 	mu.Lock()
-	ops := [1]StateOp{{Kind: StateGCRA, Key: key, Bucket: take, Now: t, N: n, Conditional: true}}
+	ops := [1]store.StateOp{{Kind: store.StateGCRA, Key: key, Bucket: take, Now: t, N: n, Conditional: true}}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	l.store.DoState(cctx, ops[:])
 	cancel()
@@ -107,13 +109,13 @@ func (l *Limiter) Reserve(ctx context.Context, now time.Time, r *Policy, key, li
 		s := l.shardOf(key)
 		s.mu.Lock()
 		v, _ := s.viewGet(l, key, t, r, lb)
-		v.lb.pour(&v.view, t, n)
+		v.lb.Pour(&v.view, t, n)
 		if v.flags&bvKnown == 0 {
 			s.enqueueView(key, v) // read what the others took
 		}
 		s.mu.Unlock()
 	}
-	after := LeakyBucketState{TAT: op.TAT, Frac: op.Frac}
+	after := algo.LeakyBucketState{TAT: op.TAT, Frac: op.Frac}
 	res := Reservation{OK: op.Allowed, Remaining: uint64(lb.Remaining(after, t))}
 	switch {
 	case !op.Allowed && op.ReleaseAt == math.MaxInt64:
@@ -122,19 +124,19 @@ func (l *Limiter) Reserve(ctx context.Context, now time.Time, r *Policy, key, li
 		res.At = op.ReleaseAt
 	case r.Action == policy.Delay:
 		// When the units before these have left: the state before them.
-		res.At = max(t, after.TAT+algCeilDiv(after.Frac-n*int64(lb.Per), lb.Rate))
+		res.At = max(t, lb.DrainedTo(after, n))
 	default:
 		// When the level, these units in, is within the capacity.
-		res.At = max(t, after.TAT+algCeilDiv(after.Frac-lb.Capacity*int64(lb.Per), lb.Rate))
+		res.At = max(t, lb.DrainedTo(after, lb.Capacity))
 	}
 	return res, nil
 }
 
 // leakedIn returns the whole units lb leaks in d, bounded so that a bucket
 // of lb.Capacity more still validates (its level fits int64 and drains
-// within maxDrain).
-func leakedIn(lb LeakyBucket, d time.Duration) int64 {
-	d = min(d, maxDrain/2)
+// within algo.MaxDrain).
+func leakedIn(lb algo.LeakyBucket, d time.Duration) int64 {
+	d = min(d, algo.MaxDrain/2)
 	hi, lo := bits.Mul64(uint64(d), uint64(lb.Rate))
 	var k uint64
 	if hi >= uint64(lb.Per) {
@@ -143,9 +145,9 @@ func leakedIn(lb LeakyBucket, d time.Duration) int64 {
 		k, _ = bits.Div64(hi, lo, uint64(lb.Per))
 	}
 	// (Capacity + k) × Per + Rate must fit in an int64, and drain within
-	// maxDrain: Capacity + k ≤ maxDrain/2 × Rate / Per is within it.
+	// algo.MaxDrain: Capacity + k ≤ algo.MaxDrain/2 × Rate / Per is within it.
 	bound := (math.MaxInt64-lb.Rate)/int64(lb.Per) - lb.Capacity
-	hi, lo = bits.Mul64(uint64(maxDrain/2), uint64(lb.Rate))
+	hi, lo = bits.Mul64(uint64(algo.MaxDrain/2), uint64(lb.Rate))
 	if hi < uint64(lb.Per) {
 		q, _ := bits.Div64(hi, lo, uint64(lb.Per))
 		bound = min(bound, int64(min(q, math.MaxInt64))-lb.Capacity)
@@ -169,7 +171,7 @@ func (l *Limiter) GiveBack(ctx context.Context, r *Policy, key, cost uint64, at 
 		return nil
 	}
 	w := int64(r.Window)
-	start := windowStart(at, w)
+	start := algo.WindowStart(at, w)
 	s := l.shardOf(key)
 	s.mu.Lock()
 	if e := s.lookup(key); e != nil && e.start == start && uint64(e.pend) >= cost {
@@ -179,7 +181,7 @@ func (l *Limiter) GiveBack(ctx context.Context, r *Policy, key, cost uint64, at 
 		return nil
 	}
 	s.mu.Unlock()
-	ops := [1]Op{{Key: key, Start: start / 1e6, Delta: -int64(min(cost, math.MaxInt64))}}
+	ops := [1]store.Op{{Key: key, Start: start / 1e6, Delta: -int64(min(cost, math.MaxInt64))}}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	l.store.Do(cctx, ops[:])
 	cancel()

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // A reservation's units are in the store: a sync decision of any edge
@@ -15,13 +17,13 @@ import (
 // the bucket has leaked room for it.
 func TestReserveMovesTheSharedBucket(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	store := NewMemStore(nil)
-	a, err := New(Config{}, store)
+	backend := store.NewMemStore(nil)
+	a, err := New(Config{}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close(context.Background())
-	b, err := New(Config{}, store) // another edge over the same store
+	b, err := New(Config{}, backend) // another edge over the same store
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +49,7 @@ func TestReserveMovesTheSharedBucket(t *testing.T) {
 // reservation is taken, at its exact instant.
 func TestReserveBoundsAFarDelay(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	l, err := New(Config{}, NewMemStore(nil))
+	l, err := New(Config{}, store.NewMemStore(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +83,7 @@ func TestReserveBoundsAFarDelay(t *testing.T) {
 // Only buckets of action throttle or delay hold reservations; only
 // counters give units back.
 func TestReserveAndGiveBackRefuseOtherAlgorithms(t *testing.T) {
-	l, err := New(Config{}, NewMemStore(nil))
+	l, err := New(Config{}, store.NewMemStore(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,8 +110,8 @@ func TestReserveAndGiveBackRefuseOtherAlgorithms(t *testing.T) {
 // out of this edge's own count: the flush sends none of them.
 func TestGiveBackUnsentUnits(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	store := NewMemStore(nil)
-	l, err := New(Config{}, store)
+	backend := store.NewMemStore(nil)
+	l, err := New(Config{}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,8 +126,8 @@ func TestGiveBackUnsentUnits(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Flush(context.Background(), now.Add(time.Millisecond))
-	ops := []Op{{Key: 9, Start: windowStart(now.UnixNano(), int64(time.Minute)) / 1e6}}
-	store.Do(context.Background(), ops)
+	ops := []store.Op{{Key: 9, Start: algo.WindowStart(now.UnixNano(), int64(time.Minute)) / 1e6}}
+	backend.Do(context.Background(), ops)
 	if ops[0].Value != 1 {
 		t.Fatalf("the store counts %d after 3 admitted and 2 given back, want 1", ops[0].Value)
 	}

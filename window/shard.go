@@ -5,7 +5,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // entry is the local view of one key under one rule: 64 bytes.
@@ -63,13 +65,13 @@ func (e *entry) off(t int64) uint32 { return uint32(max(t-e.start, 0) >> firstSh
 // before a window boundary): 0.0995 % wrong spread over the whole window,
 // 0.0245 % with this, clients dealt round-robin 0.245 % and 0.167 %. s.mu
 // must be held.
-func (e *entry) spans() spans {
-	sp := spans{e.win, e.win}
+func (e *entry) spans() algo.Spans {
+	sp := algo.Spans{Prev: e.win, Next: e.win}
 	if e.pfirst > 1 {
-		sp.prev -= int64(e.pfirst-1) << firstShift(e.win)
+		sp.Prev -= int64(e.pfirst-1) << firstShift(e.win)
 	}
 	if e.first > 1 {
-		sp.next -= int64(e.first-1) << firstShift(e.win)
+		sp.Next -= int64(e.first-1) << firstShift(e.win)
 	}
 	return sp
 }
@@ -192,7 +194,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 	// A new entry starts unreferenced: only a second request marks it, so
 	// a flood of one-request keys is evicted on the hand's first pass and
 	// cannot push out the keys that come back (CLOCK's scan resistance).
-	*e = entry{key: key, start: windowStart(t, w), win: w,
+	*e = entry{key: key, start: algo.WindowStart(t, w), win: w,
 		flags: flagNeedCurr | e.flags&flagQueued}
 	s.idx.put(key, i)
 	s.n.Add(1)
@@ -207,7 +209,7 @@ func (s *shard) get(l *Limiter, key uint64, t int64, r *Policy) (i uint32, fresh
 // (alone) and its rule is async. s.mu must be held.
 func (s *shard) roll(l *Limiter, i uint32, t int64, r *Policy) (reset bool) {
 	e := &s.slab[i]
-	start := windowStart(t, e.win)
+	start := algo.WindowStart(t, e.win)
 	s.histRoll(e, start, uint64(e.curr)+uint64(e.infl)+uint64(e.pend))
 	known := r.Mode != policy.Sync && e.alone(start)
 	if start == e.start+e.win {
@@ -443,7 +445,7 @@ func (s *shard) take(t int64) []uint32 {
 // the end of q it gives q back for reuse and frees a bounded number of idle
 // entries. Entries not yet visited keep their queued flag, so the request
 // path does not queue them twice. It locks s.mu.
-func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget int, st *FlushStats) (int, []Op) {
+func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []store.Op, budget int, st *FlushStats) (int, []store.Op) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for ; k < len(q) && len(ops) < budget; k++ {
@@ -466,11 +468,11 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 		once := e.flags&(flagNeedCurr|flagRefresh) == flagNeedCurr && e.own <= 1 && e.prev|e.prevInfl|e.prevPend == 0
 		readPrev := e.flags&flagPrevKnown == 0 && !once && t >= e.start+l.grace
 		if readPrev {
-			ops = append(ops, Op{Key: e.key, Start: (e.start - e.win) / 1e6})
+			ops = append(ops, store.Op{Key: e.key, Start: (e.start - e.win) / 1e6})
 			l.m.storeReads.Inc()
 		}
 		if e.prevPend > 0 {
-			ops = append(ops, Op{Key: e.key, Start: (e.start - e.win) / 1e6, Delta: int64(e.prevPend), TTL: durationOf(ttl)})
+			ops = append(ops, store.Op{Key: e.key, Start: (e.start - e.win) / 1e6, Delta: int64(e.prevPend), TTL: durationOf(ttl)})
 			e.prevInfl = sat32(uint64(e.prevInfl) + uint64(e.prevPend))
 			e.prevPend = 0
 			sent = true
@@ -480,7 +482,7 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 			// Nothing counted yet this window as far as this edge knows:
 			// the counter is probably not in the store.
 			fresh := e.curr == 0 && e.infl == 0
-			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6, Delta: int64(e.pend), TTL: durationOf(ttl), New: fresh})
+			ops = append(ops, store.Op{Key: e.key, Start: e.start / 1e6, Delta: int64(e.pend), TTL: durationOf(ttl), New: fresh})
 			e.infl = sat32(uint64(e.infl) + uint64(e.pend))
 			e.pend = 0
 			sent = true
@@ -493,7 +495,7 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 			// others, with nothing to send: read its current window now,
 			// so that its next decision counts what the other edges
 			// admitted (an increment's reply does as much).
-			ops = append(ops, Op{Key: e.key, Start: e.start / 1e6})
+			ops = append(ops, store.Op{Key: e.key, Start: e.start / 1e6})
 			l.m.storeReads.Inc()
 		}
 		e.flags &^= flagRefresh
@@ -534,7 +536,7 @@ func (s *shard) collect(l *Limiter, t int64, q []uint32, k int, ops []Op, budget
 
 // apply folds the replies to this shard's ops into the local view and
 // returns how many failed. It locks s.mu.
-func (s *shard) apply(l *Limiter, t int64, ops []Op) (failed int) {
+func (s *shard) apply(l *Limiter, t int64, ops []store.Op) (failed int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k := range ops {

@@ -5,7 +5,9 @@ import (
 	"math"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // The state strategy: token buckets, leaky buckets and sliding logs
@@ -49,23 +51,23 @@ import (
 
 // bucketView is one key's view of its shared state.
 type bucketView struct {
-	lb       LeakyBucket      // the bucket, as of the last request
-	shared   LeakyBucketState // the store's state at the last reply
-	view     LeakyBucketState // shared, with this edge's units since poured in
-	pend     int64            // units admitted, not yet sent
-	infl     int64            // units sent, reply awaited
-	at       int64            // the latest admitted unit's instant (the pour's now), Unix ns
-	last     int64            // last request, Unix ns
-	idle     int64            // after this long unused the bucket is empty again (ns)
-	unseen   int64            // units the other edges may have taken that the last reply did not show
-	share    int64            // this edge's share of the room the last reply showed
-	unseenAt int64            // when the reserve for unseen units was last renewed
-	knownAt  int64            // when the first reply came
-	replyAt  int64            // when the last reply came
-	alone    bool             // no reply has shown another edge's units, for a while
-	seq      uint32           // replies applied
-	peers    int32            // estimated edges spending this key, ≥ 1
-	kind     StateKind
+	lb       algo.LeakyBucket      // the bucket, as of the last request
+	shared   algo.LeakyBucketState // the store's state at the last reply
+	view     algo.LeakyBucketState // shared, with this edge's units since poured in
+	pend     int64                 // units admitted, not yet sent
+	infl     int64                 // units sent, reply awaited
+	at       int64                 // the latest admitted unit's instant (the pour's now), Unix ns
+	last     int64                 // last request, Unix ns
+	idle     int64                 // after this long unused the bucket is empty again (ns)
+	unseen   int64                 // units the other edges may have taken that the last reply did not show
+	share    int64                 // this edge's share of the room the last reply showed
+	unseenAt int64                 // when the reserve for unseen units was last renewed
+	knownAt  int64                 // when the first reply came
+	replyAt  int64                 // when the last reply came
+	alone    bool                  // no reply has shown another edge's units, for a while
+	seq      uint32                // replies applied
+	peers    int32                 // estimated edges spending this key, ≥ 1
+	kind     store.StateKind
 	flags    uint8
 }
 
@@ -78,7 +80,7 @@ const (
 
 // bucketOf returns the bucket rule r runs with for limit (a tier's limit
 // scales the default burst too).
-func bucketOf(r *Policy, limit uint64) LeakyBucket {
+func bucketOf(r *Policy, limit uint64) algo.LeakyBucket {
 	burst := int64(r.Burst)
 	if burst == 0 || (limit != r.Limit && r.Burst == r.Limit) {
 		burst = int64(limit)
@@ -86,7 +88,7 @@ func bucketOf(r *Policy, limit uint64) LeakyBucket {
 	if r.Action == policy.Delay {
 		burst++ // Burst requests wait while one is served
 	}
-	return LeakyBucket{Rate: int64(limit), Per: r.Window, Capacity: burst}
+	return algo.LeakyBucket{Rate: int64(limit), Per: r.Window, Capacity: burst}
 }
 
 // queueDelay is how long a request of a Delay rule admitted into a bucket
@@ -99,21 +101,21 @@ func queueDelay(r *Policy, tat, t int64) time.Duration {
 	return time.Duration(tat - t)
 }
 
-func logOf(r *Policy, limit uint64) SlidingLog {
-	return SlidingLog{Limit: int64(limit), Window: r.Window}
+func logOf(r *Policy, limit uint64) algo.SlidingLog {
+	return algo.SlidingLog{Limit: int64(limit), Window: r.Window}
 }
 
 // stateKind returns the StateKind of a non-counter algorithm.
-func stateKind(a policy.Algorithm) StateKind {
+func stateKind(a policy.Algorithm) store.StateKind {
 	if a == policy.SlidingLog {
-		return StateLog
+		return store.StateLog
 	}
-	return StateGCRA
+	return store.StateGCRA
 }
 
 // viewGet returns key's bucket view, creating it (and evicting an arbitrary
 // other when the shard holds its share of MaxKeys). s.mu must be held.
-func (s *shard) viewGet(l *Limiter, key uint64, t int64, r *Policy, lb LeakyBucket) (v *bucketView, fresh bool) {
+func (s *shard) viewGet(l *Limiter, key uint64, t int64, r *Policy, lb algo.LeakyBucket) (v *bucketView, fresh bool) {
 	if v, ok := s.views[key]; ok {
 		if t-v.last > v.idle && v.pend == 0 && v.infl == 0 {
 			// Idle long enough to have drained: forget it, so that a
@@ -149,7 +151,7 @@ func (s *shard) viewGet(l *Limiter, key uint64, t int64, r *Policy, lb LeakyBuck
 // idleFor is how long a view may go unused before its bucket has drained
 // (or its log forgotten): a bucket drains Burst in Burst/Limit windows.
 func (v *bucketView) idleFor(r *Policy) int64 {
-	if v.kind == StateLog {
+	if v.kind == store.StateLog {
 		return 2 * int64(r.Window)
 	}
 	return int64(2+v.lb.Capacity/max(v.lb.Rate, 1)) * int64(r.Window)
@@ -220,7 +222,7 @@ func (s *shard) stateStep(l *Limiter, w *waits, t int64, r *Policy, key, limit, 
 			delay = queueDelay(r, v.view.TAT, t)
 			v.view = try
 		} else {
-			lb.pour(&v.view, t, n) // a block counts every attempt
+			lb.Pour(&v.view, t, n) // a block counts every attempt
 			remaining, releaseAt = 0, lb.Release(v.view, t, n)
 		}
 		if n > 0 {
@@ -290,7 +292,7 @@ func stateDecision(d *Answer, t int64, r *Policy, limit, cost uint64, ok bool, r
 		d.Estimate -= float64(cost)
 	}
 	w := int64(r.Window)
-	d.ResetAt = windowStart(t, w) + w
+	d.ResetAt = algo.WindowStart(t, w) + w
 	if !ok {
 		d.ReleaseAt = releaseAt
 		if releaseAt == math.MaxInt64 {
@@ -315,9 +317,9 @@ func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit,
 	mu := &l.syncMu[key%syncStripes]
 	mu.Lock()
 	defer mu.Unlock()
-	opsp := l.sops.Get().(*[]StateOp)
+	opsp := l.sops.Get().(*[]store.StateOp)
 	defer func() { clear(*opsp); l.sops.Put(opsp) }()
-	ops := append((*opsp)[:0], StateOp{
+	ops := append((*opsp)[:0], store.StateOp{
 		Kind: stateKind(r.Algorithm), Key: key, Bucket: bucketOf(r, limit), Log: logOf(r, limit),
 		Now: t, N: int64(cost), Conditional: true,
 	})
@@ -357,8 +359,8 @@ func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit,
 func (s *shard) stateRecord(l *Limiter, t int64, r *Policy, key, cost uint64) {
 	lb := bucketOf(r, r.Limit)
 	v, _ := s.viewGet(l, key, t, r, lb)
-	if v.kind == StateGCRA {
-		lb.pour(&v.view, t, int64(cost))
+	if v.kind == store.StateGCRA {
+		lb.Pour(&v.view, t, int64(cost))
 	}
 	v.pend += int64(cost)
 	v.at = max(v.at, t)
@@ -369,7 +371,7 @@ func (s *shard) stateRecord(l *Limiter, t int64, r *Policy, key, cost uint64) {
 // here) as one StateOp per key, in batches of at most MaxFlushOps, and
 // folds the replies into the views.
 func (l *Limiter) flushStates(ctx context.Context, t int64, st *FlushStats) {
-	opsp := l.sops.Get().(*[]StateOp)
+	opsp := l.sops.Get().(*[]store.StateOp)
 	ops := (*opsp)[:0]
 	for i := range l.shards {
 		s := &l.shards[i]
@@ -385,7 +387,7 @@ func (l *Limiter) flushStates(ctx context.Context, t int64, st *FlushStats) {
 					continue
 				}
 				v.flags &^= bvQueued
-				op := StateOp{Kind: v.kind, Key: q[k], Bucket: v.lb, Log: SlidingLog{Limit: v.lb.Rate, Window: v.lb.Per}, Now: t}
+				op := store.StateOp{Kind: v.kind, Key: q[k], Bucket: v.lb, Log: algo.SlidingLog{Limit: v.lb.Rate, Window: v.lb.Per}, Now: t}
 				if v.pend > 0 {
 					op.N, op.Now = v.pend, v.at
 					v.infl += v.pend
@@ -412,7 +414,7 @@ func (l *Limiter) flushStates(ctx context.Context, t int64, st *FlushStats) {
 	l.sops.Put(opsp)
 }
 
-func (l *Limiter) sendStates(ctx context.Context, t int64, ops []StateOp, st *FlushStats) []StateOp {
+func (l *Limiter) sendStates(ctx context.Context, t int64, ops []store.StateOp, st *FlushStats) []store.StateOp {
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	begin := time.Now()
 	l.store.DoState(cctx, ops)
@@ -442,7 +444,7 @@ func (l *Limiter) sendStates(ctx context.Context, t int64, ops []StateOp, st *Fl
 }
 
 // applyView folds one reply into key's view. s.mu must be held.
-func (s *shard) applyView(l *Limiter, t int64, op *StateOp) {
+func (s *shard) applyView(l *Limiter, t int64, op *store.StateOp) {
 	v := s.views[op.Key]
 	if v == nil {
 		if op.Err != nil && op.N > 0 {
@@ -461,21 +463,21 @@ func (s *shard) applyView(l *Limiter, t int64, op *StateOp) {
 	}
 	v.flags &^= bvFailed
 	v.replyAt = t
-	if v.kind != StateGCRA {
+	if v.kind != store.StateGCRA {
 		v.flags |= bvKnown
 		return
 	}
-	reply := LeakyBucketState{TAT: op.TAT, Frac: op.Frac}
+	reply := algo.LeakyBucketState{TAT: op.TAT, Frac: op.Frac}
 	// What the shared bucket took beyond this edge's units: the other
 	// edges' pours since the last reply (for the first, all the bucket
 	// held beyond this edge's units). With no other pour the store did the
 	// same arithmetic as expect, so any difference is another edge's.
 	expect := v.shared // zero for a view with no reply yet
 	if sent > 0 {
-		v.lb.pour(&expect, op.Now, sent)
+		v.lb.Pour(&expect, op.Now, sent)
 	}
 	others := int64(0)
-	if diff := v.lb.level(reply, t) - v.lb.level(expect, t); diff > 0 {
+	if diff := v.lb.Level(reply, t) - v.lb.Level(expect, t); diff > 0 {
 		per := int64(v.lb.Per)
 		others = (diff + per - 1) / per
 		p := int32(2)
@@ -524,10 +526,10 @@ func (s *shard) applyView(l *Limiter, t int64, op *StateOp) {
 	v.shared = reply
 	v.view = reply
 	if v.pend > 0 {
-		v.lb.pour(&v.view, v.at, v.pend) // admitted since this op was sent
+		v.lb.Pour(&v.view, v.at, v.pend) // admitted since this op was sent
 	}
 	if v.infl > 0 {
-		v.lb.pour(&v.view, v.at, v.infl) // sent after this op, reply to come
+		v.lb.Pour(&v.view, v.at, v.infl) // sent after this op, reply to come
 	}
 	v.flags |= bvKnown
 }

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // maxInInterval returns the largest count of instants (sorted) in any
@@ -47,10 +49,10 @@ rules:
     mode: `+mode+`
 `)
 				r := rs.Rules[0]
-				store := NewMemStore(nil)
+				backend := store.NewMemStore(nil)
 				var edges [2]*Limiter
 				for i := range edges {
-					l, err := New(Config{FlushInterval: 5 * time.Millisecond}, store)
+					l, err := New(Config{FlushInterval: 5 * time.Millisecond}, backend)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -115,10 +117,10 @@ rules:
     algorithm: sliding_log
 `)
 	r := rs.Rules[0]
-	store := NewMemStore(nil)
+	backend := store.NewMemStore(nil)
 	var edges [2]*Limiter
 	for i := range edges {
-		l, err := New(Config{}, store)
+		l, err := New(Config{}, backend)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,8 +130,8 @@ rules:
 	}
 	key := r.Hash([]byte("login:alice"))
 	var admitted []int64
-	ref := SlidingLog{Limit: 5, Window: 200 * time.Millisecond}
-	var refState SlidingLogState
+	ref := algo.SlidingLog{Limit: 5, Window: 200 * time.Millisecond}
+	var refState algo.SlidingLogState
 	for i := range 300 {
 		now := time.Now()
 		d := edges[i%2].Decide(context.Background(), now, &r.Policy, key, r.Limit, 1)
@@ -167,7 +169,7 @@ rules:
 // nothing once its key has a view.
 func TestSharedBucketDecideDoesNotAllocate(t *testing.T) {
 	clock := newSimClock(t0)
-	l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+	l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{})
 	rs := mustRules(t, bucketRules)
 	for _, r := range rs.Rules {
 		key := r.Hash([]byte("k"))
@@ -189,7 +191,7 @@ func BenchmarkDecideAsyncBucket(b *testing.B) {
 	for _, r := range mustRules(b, bucketRules).Rules[:2] {
 		b.Run(r.Name, func(b *testing.B) {
 			clock := newSimClock(t0)
-			l := newTestLimiter(b, clock, NewMemStore(clock), Config{})
+			l := newTestLimiter(b, clock, store.NewMemStore(clock), Config{})
 			key := r.Hash([]byte("203.0.113.7"))
 			now := clock.Now()
 			ctx := context.Background()
@@ -213,7 +215,7 @@ rules:
 	r := rs.Rules[0]
 	for _, mode := range []policy.Mode{policy.Async, policy.Sync} {
 		clock := newSimClock(t0)
-		l := newTestLimiter(t, clock, NewMemStore(clock), Config{})
+		l := newTestLimiter(t, clock, store.NewMemStore(clock), Config{})
 		p := r.Policy
 		p.Mode = mode
 		key := r.Hash([]byte("k"))
@@ -248,7 +250,7 @@ rules:
   - {name: api, kind: ip, limit: 10, window: 1s, burst: 20, algorithm: token_bucket}
 `)
 	r := rs.Rules[0]
-	l, err := New(Config{FlushInterval: 5 * time.Millisecond}, NewMemStore(nil))
+	l, err := New(Config{FlushInterval: 5 * time.Millisecond}, store.NewMemStore(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,12 +291,12 @@ rules:
   - {name: api, kind: ip, limit: 10, window: 1s, burst: 20, algorithm: token_bucket}
 `)
 	r := rs.Rules[0]
-	store := NewMemStore(nil)
+	backend := store.NewMemStore(nil)
 	cfg := Config{FlushInterval: 5 * time.Millisecond, StoreTimeout: 20 * time.Millisecond}
 	var a, b *Limiter
 	for _, l := range []**Limiter{&a, &b} {
 		var err error
-		if *l, err = New(cfg, store); err != nil {
+		if *l, err = New(cfg, backend); err != nil {
 			t.Fatal(err)
 		}
 		defer (*l).Close(context.Background())

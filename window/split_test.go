@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // splitStore is what one edge sees of a PoP whose store splits: while
@@ -17,20 +19,20 @@ import (
 // edge does not look). tell says whether the split shows in Whole, as an
 // ejection does in memcachestore.
 type splitStore struct {
-	*MemStore
-	own   *MemStore
+	*store.MemStore
+	own   *store.MemStore
 	split *atomic.Bool
 	tell  bool
 }
 
-func (s splitStore) now() *MemStore {
+func (s splitStore) now() *store.MemStore {
 	if s.split.Load() {
 		return s.own
 	}
 	return s.MemStore
 }
-func (s splitStore) Do(ctx context.Context, ops []Op) { s.now().Do(ctx, ops) }
-func (s splitStore) Whole() bool                      { return !(s.tell && s.split.Load()) }
+func (s splitStore) Do(ctx context.Context, ops []store.Op) { s.now().Do(ctx, ops) }
+func (s splitStore) Whole() bool                            { return !(s.tell && s.split.Load()) }
 
 // splitRun deals one client at 1.5 times its limit over two edges, as a
 // balancer does, for five windows with the store whole, then five split,
@@ -44,16 +46,16 @@ func splitRun(t *testing.T, mode policy.Mode, tell bool) (worst float64, refused
 	const limit = 100
 	w := time.Second
 	clock := newSimClock(t0)
-	shared := NewMemStore(clock)
+	shared := store.NewMemStore(clock)
 	var split atomic.Bool
 	var edges [2]*Limiter
 	for i := range edges {
-		edges[i] = newTestLimiter(t, clock, splitStore{MemStore: shared, own: NewMemStore(clock), split: &split, tell: tell}, Config{})
+		edges[i] = newTestLimiter(t, clock, splitStore{MemStore: shared, own: store.NewMemStore(clock), split: &split, tell: tell}, Config{})
 	}
 	pol := &Policy{Limit: limit, Window: w, Mode: mode}
 	key := uint64(0x5917)
-	judge := SlidingLog{Limit: 100000, Window: w}
-	var log SlidingLogState
+	judge := algo.SlidingLog{Limit: 100000, Window: w}
+	var log algo.SlidingLogState
 	ctx := context.Background()
 	begin := t0.Add(w / 3).UnixNano() // off the window grid
 	splitAt := begin + int64(5*w)
@@ -147,10 +149,10 @@ func dealtClient(t *testing.T, limit, key uint64, rate, windows int, pick func(n
 	t.Helper()
 	w := time.Second
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
+	backend := store.NewMemStore(clock)
 	var edges [2]*Limiter
 	for i := range edges {
-		edges[i] = newTestLimiter(t, clock, store, Config{})
+		edges[i] = newTestLimiter(t, clock, backend, Config{})
 	}
 	pol := &Policy{Limit: limit, Window: w}
 	ctx := context.Background()

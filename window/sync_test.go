@@ -4,6 +4,9 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/algo"
+	"github.com/poplimit/poplimit/store"
 )
 
 // heldAlone gives key, under pol, a window of units on l alone before
@@ -42,8 +45,8 @@ func TestDeferredSends(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			clock := newSimClock(t0)
-			store := &countingStore{Store: NewMemStore(clock)}
-			l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, MaxDefer: tt.maxDefer})
+			backend := &countingStore{Store: store.NewMemStore(clock)}
+			l := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond, MaxDefer: tt.maxDefer})
 			pol := &Policy{Limit: tt.limit, Window: time.Minute}
 			key := uint64(7)
 			heldAlone(t, l, clock, pol, key)
@@ -56,16 +59,16 @@ func TestDeferredSends(t *testing.T) {
 				clock.Add(5 * time.Millisecond)
 				l.Flush(ctx, clock.Now())
 			}
-			base := store.incrs.Load()
+			base := backend.incrs.Load()
 			for k := range 100 {
 				if !l.Decide(ctx, clock.Now(), pol, key, tt.limit, 1).Allowed {
 					t.Fatal("refused within the limit")
 				}
 				if k == 99 && tt.limit == 107 { // no room left (the window before weighs 3.9): the unit goes at the next flush
-					before := store.incrs.Load()
+					before := backend.incrs.Load()
 					clock.Add(5 * time.Millisecond)
 					l.Flush(ctx, clock.Now())
-					if store.incrs.Load() == before {
+					if backend.incrs.Load() == before {
 						t.Error("the last unit before the limit waited")
 					}
 					clock.Add(5 * time.Millisecond)
@@ -77,15 +80,15 @@ func TestDeferredSends(t *testing.T) {
 					l.Flush(ctx, clock.Now())
 				}
 			}
-			if n := store.incrs.Load() - base; n < tt.minIncrs || n > tt.maxIncrs {
+			if n := backend.incrs.Load() - base; n < tt.minIncrs || n > tt.maxIncrs {
 				t.Errorf("%d increments for 100 requests, want %d to %d", n, tt.minIncrs, tt.maxIncrs)
 			}
 			// Nothing waits longer than MaxDefer: the store holds every unit
 			// once that long has passed.
 			clock.Add(max(tt.maxDefer, 0) + 5*time.Millisecond)
 			l.Flush(ctx, clock.Now())
-			ops := []Op{{Key: key, Start: windowStart(clock.Now().UnixNano(), int64(time.Minute)) / 1e6}}
-			store.Do(ctx, ops)
+			ops := []store.Op{{Key: key, Start: algo.WindowStart(clock.Now().UnixNano(), int64(time.Minute)) / 1e6}}
+			backend.Do(ctx, ops)
 			if ops[0].Value != 103 {
 				t.Errorf("the store counts %d after MaxDefer, want 103", ops[0].Value)
 			}
@@ -101,9 +104,9 @@ func TestDealtKeysSendAtEveryFlush(t *testing.T) {
 	ctx := context.Background()
 	for _, dealt := range []bool{true, false} {
 		clock := newSimClock(t0)
-		store := &countingStore{Store: NewMemStore(clock)}
-		a := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
-		b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
+		backend := &countingStore{Store: store.NewMemStore(clock)}
+		a := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond})
+		b := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond})
 		pol := &Policy{Limit: 1000, Window: 10 * time.Second}
 		const key = 5
 		// Two windows of the same spread, so that the replies say it,
@@ -111,7 +114,7 @@ func TestDealtKeysSendAtEveryFlush(t *testing.T) {
 		var incrs int64
 		for w := range 3 {
 			clock.t.Store(t0.Add(time.Duration(w)*pol.Window + time.Second).UnixNano())
-			incrs = store.incrs.Load()
+			incrs = backend.incrs.Load()
 			for k := range 40 {
 				e := a
 				if dealt && k%2 == 1 {
@@ -127,7 +130,7 @@ func TestDealtKeysSendAtEveryFlush(t *testing.T) {
 				}
 			}
 		}
-		n := store.incrs.Load() - incrs
+		n := backend.incrs.Load() - incrs
 		if dealt && n < 40 || !dealt && n > 4 {
 			t.Errorf("dealt %v: %d increments for the third window's 40 requests, want 40 dealt, at most 4 held", dealt, n)
 		}
@@ -142,9 +145,9 @@ func TestAKeyIsHeldOnceItsCountIsThisEdgesAlone(t *testing.T) {
 	ctx := context.Background()
 	for _, other := range []bool{false, true} {
 		clock := newSimClock(t0.Add(time.Second))
-		store := &countingStore{Store: NewMemStore(clock)}
-		a := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
-		b := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond})
+		backend := &countingStore{Store: store.NewMemStore(clock)}
+		a := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond})
+		b := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond})
 		pol := &Policy{Limit: 1000, Window: 10 * time.Second}
 		const key = 6
 		if other {
@@ -152,7 +155,7 @@ func TestAKeyIsHeldOnceItsCountIsThisEdgesAlone(t *testing.T) {
 			b.Flush(ctx, clock.Now())
 		}
 		decide := func(n int) int64 {
-			before := store.incrs.Load()
+			before := backend.incrs.Load()
 			for range n {
 				a.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1)
 				for range 2 {
@@ -160,7 +163,7 @@ func TestAKeyIsHeldOnceItsCountIsThisEdgesAlone(t *testing.T) {
 					a.Flush(ctx, clock.Now())
 				}
 			}
-			return store.incrs.Load() - before
+			return backend.incrs.Load() - before
 		}
 		if n := decide(20); n != 20 {
 			t.Errorf("another edge's unit in the count %v: %d increments for the first 20 requests (200 ms), want 20", other, n)
@@ -181,8 +184,8 @@ func TestAKeyIsHeldOnceItsCountIsThisEdgesAlone(t *testing.T) {
 func TestDeferredUnitsGoByTheirWindowsEnd(t *testing.T) {
 	ctx := context.Background()
 	clock := newSimClock(t0) // t0 starts a 10 s window
-	store := NewMemStore(clock)
-	l := newTestLimiter(t, clock, store, Config{FlushInterval: 5 * time.Millisecond, MaxDefer: 500 * time.Millisecond})
+	backend := store.NewMemStore(clock)
+	l := newTestLimiter(t, clock, backend, Config{FlushInterval: 5 * time.Millisecond, MaxDefer: 500 * time.Millisecond})
 	pol := &Policy{Limit: 1000, Window: 10 * time.Second}
 	const key = 9
 	heldAlone(t, l, clock, pol, key)
@@ -200,8 +203,8 @@ func TestDeferredUnitsGoByTheirWindowsEnd(t *testing.T) {
 		l.Decide(ctx, clock.Now(), pol, key, pol.Limit, 1)
 	}
 	count := func() uint64 {
-		ops := []Op{{Key: key, Start: t0.UnixNano() / 1e6}}
-		store.Do(ctx, ops)
+		ops := []store.Op{{Key: key, Start: t0.UnixNano() / 1e6}}
+		backend.Do(ctx, ops)
 		return ops[0].Value
 	}
 	clock.Add(100 * time.Millisecond)
@@ -220,8 +223,8 @@ func TestDeferredUnitsGoByTheirWindowsEnd(t *testing.T) {
 func TestCloseSendsDeferredUnits(t *testing.T) {
 	ctx := context.Background()
 	clock := newSimClock(t0)
-	store := NewMemStore(clock)
-	l, err := New(Config{FlushInterval: 5 * time.Millisecond, MaxDefer: time.Second, Clock: clock}, store)
+	backend := store.NewMemStore(clock)
+	l, err := New(Config{FlushInterval: 5 * time.Millisecond, MaxDefer: time.Second, Clock: clock}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,8 +241,8 @@ func TestCloseSendsDeferredUnits(t *testing.T) {
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ops := []Op{{Key: 9, Start: windowStart(clock.Now().UnixNano(), int64(time.Minute)) / 1e6}}
-	store.Do(ctx, ops)
+	ops := []store.Op{{Key: 9, Start: algo.WindowStart(clock.Now().UnixNano(), int64(time.Minute)) / 1e6}}
+	backend.Do(ctx, ops)
 	if ops[0].Value != 13 {
 		t.Errorf("the store counts %d after Close, want 13", ops[0].Value)
 	}

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -41,7 +42,7 @@ const maxSyncCalls = 2
 
 // A syncCall is one sync decision's store ops on their way.
 type syncCall struct {
-	ops      [2]Op
+	ops      [2]store.Op
 	n        int
 	deadline time.Time
 	// wake (capacity 1) tells the waiting decision that its ops have their
@@ -65,11 +66,11 @@ type combiner struct {
 	busy  int // store calls in flight, and senders designated
 	max   int // store calls in flight at most
 
-	send    func(ctx context.Context, ops []Op) // the store call
-	timeout time.Duration                       // a decision's wait at most (StoreTimeout)
-	maxOps  int                                 // ops in one call at most (MaxFlushOps)
-	sizes   prometheus.Observer                 // decisions per call
-	timers  *sync.Pool                          // *time.Timer, the limiter's
+	send    func(ctx context.Context, ops []store.Op) // the store call
+	timeout time.Duration                             // a decision's wait at most (StoreTimeout)
+	maxOps  int                                       // ops in one call at most (MaxFlushOps)
+	sizes   prometheus.Observer                       // decisions per call
+	timers  *sync.Pool                                // *time.Timer, the limiter's
 
 	calls   sync.Pool // *syncCall
 	batches sync.Pool // *[]*syncCall, the decisions of one call
@@ -96,7 +97,7 @@ func (c *combiner) put(sc *syncCall) {
 // outcomes into ops. It returns when they have their outcome or the
 // decision's deadline has passed (then the ops not answered fail with
 // context.DeadlineExceeded).
-func (c *combiner) do(ctx context.Context, ops []Op) {
+func (c *combiner) do(ctx context.Context, ops []store.Op) {
 	sc := c.get()
 	sc.n = copy(sc.ops[:], ops)
 	sc.deadline = time.Now().Add(c.timeout)
@@ -175,9 +176,9 @@ func (c *combiner) do(ctx context.Context, ops []Op) {
 // call bounded by lead's deadline, delivers every outcome, and then hands
 // the turn to the next queued decision, if any.
 func (c *combiner) lead(ctx context.Context, lead *syncCall) {
-	opsp, _ := c.bufs.Get().(*[]Op)
+	opsp, _ := c.bufs.Get().(*[]store.Op)
 	if opsp == nil {
-		s := make([]Op, 0, 64)
+		s := make([]store.Op, 0, 64)
 		opsp = &s
 	}
 	batch, _ := c.batches.Get().(*[]*syncCall)
@@ -247,7 +248,7 @@ func (c *combiner) remove(i int) {
 	c.queue = c.queue[:n]
 }
 
-func (c *combiner) failAll(ops []Op) {
+func (c *combiner) failAll(ops []store.Op) {
 	for i := range ops {
 		ops[i].Value, ops[i].Err = 0, context.DeadlineExceeded
 	}
@@ -274,7 +275,7 @@ func (l *Limiter) initCombiners() {
 // within StoreTimeout: in a call shared with the decisions of the same
 // part that wait meanwhile, or, when the store says no part, in a call of
 // their own.
-func (l *Limiter) syncDo(ctx context.Context, ops []Op) {
+func (l *Limiter) syncDo(ctx context.Context, ops []store.Op) {
 	if c := l.combinerFor(ops); c != nil {
 		c.do(ctx, ops)
 		return
@@ -287,7 +288,7 @@ func (l *Limiter) syncDo(ctx context.Context, ops []Op) {
 
 // combinerFor returns the queue of the part ops are on (one key's, so
 // one part's), or nil.
-func (l *Limiter) combinerFor(ops []Op) *combiner {
+func (l *Limiter) combinerFor(ops []store.Op) *combiner {
 	if len(l.sync) == 0 || len(ops) == 0 {
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/store"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -15,7 +16,7 @@ import (
 // counting calls and the most in flight at once, as a store with a long
 // round trip would.
 type gatedStore struct {
-	Store
+	store.Store
 	gate            chan struct{} // a receive lets one call through; closed: all
 	calls, inFlight atomic.Int64
 	maxInFlight     atomic.Int64
@@ -26,7 +27,7 @@ type gatedStore struct {
 func (s *gatedStore) Parts() int       { return 1 }
 func (s *gatedStore) Place(uint64) int { return 0 }
 
-func (s *gatedStore) Do(ctx context.Context, ops []Op) {
+func (s *gatedStore) Do(ctx context.Context, ops []store.Op) {
 	s.calls.Add(1)
 	s.ops.Add(int64(len(ops)))
 	n := s.inFlight.Add(1)
@@ -50,8 +51,8 @@ func (s *gatedStore) Do(ctx context.Context, ops []Op) {
 // 200 concurrent requests of one key.
 func TestSyncDecisionsShareStoreCalls(t *testing.T) {
 	clock := newSimClock(t0)
-	store := &gatedStore{Store: NewMemStore(clock), gate: make(chan struct{})}
-	l := newTestLimiter(t, clock, store, Config{StoreTimeout: 10 * time.Second})
+	backend := &gatedStore{Store: store.NewMemStore(clock), gate: make(chan struct{})}
+	l := newTestLimiter(t, clock, backend, Config{StoreTimeout: 10 * time.Second})
 	r := mustRules(t, "rules: [{name: s, limit: 50, window: 1m, mode: sync}]").Rules[0]
 	key := r.Hash([]byte("k"))
 	const n = 200
@@ -61,7 +62,7 @@ func TestSyncDecisionsShareStoreCalls(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed && d.Fallback == FallbackNone {
+			if d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1); d.Allowed && d.Fallback == store.FallbackNone {
 				allowed.Add(1)
 			}
 		}()
@@ -71,7 +72,7 @@ func TestSyncDecisionsShareStoreCalls(t *testing.T) {
 	go func() { wg.Wait(); close(done) }()
 	for open := true; open; {
 		select {
-		case store.gate <- struct{}{}:
+		case backend.gate <- struct{}{}:
 			time.Sleep(time.Millisecond) // let decisions queue behind the calls in flight
 		case <-done:
 			open = false
@@ -80,10 +81,10 @@ func TestSyncDecisionsShareStoreCalls(t *testing.T) {
 	if got := allowed.Load(); got != 50 {
 		t.Errorf("%d of %d admitted, want exactly 50", got, n)
 	}
-	if m := store.maxInFlight.Load(); m > maxSyncCalls {
+	if m := backend.maxInFlight.Load(); m > maxSyncCalls {
 		t.Errorf("%d store calls in flight at once, want at most %d", m, maxSyncCalls)
 	}
-	calls := store.calls.Load()
+	calls := backend.calls.Load()
 	if calls >= n/4 {
 		t.Errorf("%d store calls for %d sync decisions, want them shared (fewer than %d)", calls, n, n/4)
 	}
@@ -95,7 +96,7 @@ func TestSyncDecisionsShareStoreCalls(t *testing.T) {
 		t.Errorf("sync_call_requests: %d calls, %v decisions; want %d and %d (%d increments, %d take-backs)",
 			h.GetSampleCount(), h.GetSampleSum(), calls, n+n-50, n, n-50)
 	}
-	t.Logf("%d sync decisions in %d store calls (%d ops)", n, calls, store.ops.Load())
+	t.Logf("%d sync decisions in %d store calls (%d ops)", n, calls, backend.ops.Load())
 }
 
 // TestSyncDecisionWaitsAtMostItsTimeout: with the store holding every call,
@@ -105,9 +106,9 @@ func TestSyncDecisionsShareStoreCalls(t *testing.T) {
 // twice the timeout), and nothing is left queued or busy after.
 func TestSyncDecisionWaitsAtMostItsTimeout(t *testing.T) {
 	clock := newSimClock(t0)
-	store := &gatedStore{Store: NewMemStore(clock), gate: make(chan struct{})}
+	backend := &gatedStore{Store: store.NewMemStore(clock), gate: make(chan struct{})}
 	const timeout = 200 * time.Millisecond
-	l := newTestLimiter(t, clock, store, Config{StoreTimeout: timeout})
+	l := newTestLimiter(t, clock, backend, Config{StoreTimeout: timeout})
 	r := mustRules(t, "rules: [{name: s, limit: 5, window: 1m, mode: sync, fail: closed}]").Rules[0]
 	const n = 40
 	var wg sync.WaitGroup
@@ -121,7 +122,7 @@ func TestSyncDecisionWaitsAtMostItsTimeout(t *testing.T) {
 			took := int64(time.Since(begin))
 			for w := worst.Load(); took > w && !worst.CompareAndSwap(w, took); w = worst.Load() {
 			}
-			if d.Fallback == FallbackClosed && !d.Allowed {
+			if d.Fallback == store.FallbackClosed && !d.Allowed {
 				closed.Add(1)
 			}
 		}()
@@ -143,8 +144,8 @@ func TestSyncDecisionWaitsAtMostItsTimeout(t *testing.T) {
 		t.Errorf("after: %d queued, %d calls busy, want none", q, busy)
 	}
 	// The store recovers: decisions are made by the count again.
-	close(store.gate)
-	if d := l.Decide(context.Background(), clock.Now(), &r.Policy, 99, r.Limit, 1); !d.Allowed || d.Fallback != FallbackNone {
+	close(backend.gate)
+	if d := l.Decide(context.Background(), clock.Now(), &r.Policy, 99, r.Limit, 1); !d.Allowed || d.Fallback != store.FallbackNone {
 		t.Errorf("a decision after the store recovered: %+v, want allowed by the count", d)
 	}
 }
@@ -153,7 +154,7 @@ func TestSyncDecisionWaitsAtMostItsTimeout(t *testing.T) {
 // hangs while hung is set: a call with any op of part 1 waits for its
 // context, as a call to a hung memcached shard does.
 type partedStore struct {
-	*MemStore
+	*store.MemStore
 	hung  atomic.Bool
 	mixed atomic.Int64 // calls that carried ops of both parts
 }
@@ -161,7 +162,7 @@ type partedStore struct {
 func (s *partedStore) Parts() int           { return 2 }
 func (s *partedStore) Place(key uint64) int { return int(key % 2) }
 
-func (s *partedStore) Do(ctx context.Context, ops []Op) {
+func (s *partedStore) Do(ctx context.Context, ops []store.Op) {
 	var parts [2]bool
 	for _, op := range ops {
 		parts[op.Key%2] = true
@@ -187,9 +188,9 @@ func (s *partedStore) Do(ctx context.Context, ops []Op) {
 // would wait on part 1 and part 0's decisions behind them fall back.
 func TestSyncSharingKeepsPartsApart(t *testing.T) {
 	clock := newSimClock(t0)
-	store := &partedStore{MemStore: NewMemStore(clock)}
-	store.hung.Store(true)
-	l := newTestLimiter(t, clock, store, Config{StoreTimeout: 300 * time.Millisecond})
+	backend := &partedStore{MemStore: store.NewMemStore(clock)}
+	backend.hung.Store(true)
+	l := newTestLimiter(t, clock, backend, Config{StoreTimeout: 300 * time.Millisecond})
 	r := mustRules(t, "rules: [{name: s, limit: 1000000, window: 1m, mode: sync, fail: closed}]").Rules[0]
 	const n = 400
 	var wg sync.WaitGroup
@@ -201,9 +202,9 @@ func TestSyncSharingKeepsPartsApart(t *testing.T) {
 			key := uint64(i) // even on part 0, odd on part 1
 			d := l.Decide(context.Background(), clock.Now(), &r.Policy, key, r.Limit, 1)
 			switch {
-			case key%2 == 1 && d.Fallback != FallbackNone:
+			case key%2 == 1 && d.Fallback != store.FallbackNone:
 				hungFallbacks.Add(1)
-			case key%2 == 0 && d.Fallback != FallbackNone:
+			case key%2 == 0 && d.Fallback != store.FallbackNone:
 				healthyFallbacks.Add(1)
 			case key%2 == 0:
 				healthy.Add(1)
@@ -217,7 +218,7 @@ func TestSyncSharingKeepsPartsApart(t *testing.T) {
 	if got := hungFallbacks.Load(); got != n/2 {
 		t.Errorf("%d of %d decisions of the hung part fell back, want all", got, n/2)
 	}
-	if m := store.mixed.Load(); m != 0 {
+	if m := backend.mixed.Load(); m != 0 {
 		t.Errorf("%d store calls mixed the two parts, want none", m)
 	}
 	var m dto.Metric
@@ -238,10 +239,10 @@ func TestSyncSharingKeepsPartsApart(t *testing.T) {
 // (Parts 0) gets a store call per sync decision.
 func TestSyncWithoutPlacerCallsEach(t *testing.T) {
 	clock := newSimClock(t0)
-	gated := &gatedStore{Store: NewMemStore(clock), gate: make(chan struct{})}
+	gated := &gatedStore{Store: store.NewMemStore(clock), gate: make(chan struct{})}
 	close(gated.gate)
-	store := unplacedStore{gated}
-	l := newTestLimiter(t, clock, store, Config{})
+	backend := unplacedStore{gated}
+	l := newTestLimiter(t, clock, backend, Config{})
 	r := mustRules(t, "rules: [{name: s, limit: 1000000, window: 1m, mode: sync}]").Rules[0]
 	const n = 100
 	var wg sync.WaitGroup
@@ -264,9 +265,9 @@ func TestSyncWithoutPlacerCallsEach(t *testing.T) {
 // unplacedStore is gatedStore that does not place its keys.
 type unplacedStore struct{ s *gatedStore }
 
-func (u unplacedStore) Do(ctx context.Context, ops []Op)           { u.s.Do(ctx, ops) }
-func (u unplacedStore) DoState(ctx context.Context, ops []StateOp) { u.s.DoState(ctx, ops) }
-func (u unplacedStore) Healthy() bool                              { return u.s.Healthy() }
-func (u unplacedStore) Whole() bool                                { return u.s.Whole() }
-func (u unplacedStore) Parts() int                                 { return 0 }
-func (u unplacedStore) Place(uint64) int                           { return -1 }
+func (u unplacedStore) Do(ctx context.Context, ops []store.Op)           { u.s.Do(ctx, ops) }
+func (u unplacedStore) DoState(ctx context.Context, ops []store.StateOp) { u.s.DoState(ctx, ops) }
+func (u unplacedStore) Healthy() bool                                    { return u.s.Healthy() }
+func (u unplacedStore) Whole() bool                                      { return u.s.Whole() }
+func (u unplacedStore) Parts() int                                       { return 0 }
+func (u unplacedStore) Place(uint64) int                                 { return -1 }

@@ -4,10 +4,10 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/window"
 )
 
@@ -19,7 +19,7 @@ import (
 // row by row: tokens before the refill, the refill, tokens after the
 // requests, and how many were allowed and rejected.
 func TestTokenBucketRefillTable(t *testing.T) {
-	tb := window.TokenBucketMeter(window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20})
+	tb := window.TokenBucketMeter(algo.TokenBucket{Rate: 10, Per: time.Second, Burst: 20})
 	rows := []struct {
 		time                              time.Duration
 		requests                          int
@@ -32,8 +32,8 @@ func TestTokenBucketRefillTable(t *testing.T) {
 		{2100 * time.Millisecond, 1, 0, 20, 19, 1, 0}, // 2.1 s: 0 +20 (capped) → 19, allow
 		{10 * time.Second, 1, 19, 1, 19, 1, 0},        // 10 s: 7.9 s of refill is capped at +1
 	}
-	var st window.LeakyBucketState // the zero value is a full bucket of tokens, even at t = 0
-	last := int64(0)               // the previous row's instant
+	var st algo.LeakyBucketState // the zero value is a full bucket of tokens, even at t = 0
+	last := int64(0)             // the previous row's instant
 	for _, row := range rows {
 		now := int64(row.time)
 		before := tb.Remaining(st, last)
@@ -61,78 +61,78 @@ func TestTokenBucketAllow(t *testing.T) {
 	ms := int64(time.Millisecond)
 	tests := []struct {
 		name          string
-		tb            window.TokenBucket // run as TokenBucketMeter
-		steps         [][2]int64         // {now, n}
-		wantOK        bool               // of the last step
+		tb            algo.TokenBucket // run as TokenBucketMeter
+		steps         [][2]int64       // {now, n}
+		wantOK        bool             // of the last step
 		wantRemaining int64
 		wantRelease   int64
 	}{
 		{
 			name:  "release after the 6 rejected of a burst of 25 is one token later",
-			tb:    window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			tb:    algo.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
 			steps: [][2]int64{{0, 1}, {100 * ms, 1}, {100 * ms, 19}, {100 * ms, 1}},
 			// empty at 0.1 s; one token per 100 ms.
 			wantOK: false, wantRemaining: 0, wantRelease: 200 * ms,
 		},
 		{
 			name:   "release of n waits for n tokens",
-			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			tb:     algo.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
 			steps:  [][2]int64{{0, 20}, {0, 5}},
 			wantOK: false, wantRemaining: 0, wantRelease: 500 * ms,
 		},
 		{
 			name:   "a partial token counts toward the release",
-			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			tb:     algo.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
 			steps:  [][2]int64{{0, 20}, {150 * ms, 3}},
 			wantOK: false, wantRemaining: 1, wantRelease: 300 * ms,
 		},
 		{
 			name:   "n above Burst is never admitted",
-			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			tb:     algo.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
 			steps:  [][2]int64{{0, 21}},
 			wantOK: false, wantRemaining: 20, wantRelease: math.MaxInt64,
 		},
 		{
 			name:   "admitted with tokens left releases at once",
-			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			tb:     algo.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
 			steps:  [][2]int64{{5 * ms, 4}},
 			wantOK: true, wantRemaining: 16, wantRelease: 5 * ms,
 		},
 		{
 			name:   "n = 0 is a query",
-			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			tb:     algo.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
 			steps:  [][2]int64{{0, 20}, {50 * ms, 0}},
 			wantOK: true, wantRemaining: 0, wantRelease: 50 * ms,
 		},
 		{
 			name:   "a clock that steps back refills nothing",
-			tb:     window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
+			tb:     algo.TokenBucket{Rate: 10, Per: time.Second, Burst: 20},
 			steps:  [][2]int64{{1000 * ms, 20}, {500 * ms, 1}},
 			wantOK: false, wantRemaining: 0, wantRelease: 1100 * ms,
 		},
 		{
 			name: "3 per second refills exactly 3 in a second, no drift",
-			tb:   window.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
+			tb:   algo.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
 			// 333,333,333⅓ ns per token: the first comes back at ⌈⅓ s⌉.
 			steps:  [][2]int64{{0, 3}, {0, 1}},
 			wantOK: false, wantRemaining: 0, wantRelease: 333_333_334,
 		},
 		{
 			name:   "3 per second: all 3 back at exactly 1 s",
-			tb:     window.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
+			tb:     algo.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
 			steps:  [][2]int64{{0, 3}, {int64(time.Second), 3}},
 			wantOK: true, wantRemaining: 0, wantRelease: 2 * int64(time.Second), // the next 3
 		},
 		{
 			name:   "3 per second: one nanosecond short of 1 s is one token short",
-			tb:     window.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
+			tb:     algo.TokenBucket{Rate: 3, Per: time.Second, Burst: 3},
 			steps:  [][2]int64{{0, 3}, {int64(time.Second) - 1, 3}},
 			wantOK: false, wantRemaining: 2, wantRelease: int64(time.Second),
 		},
 	}
 	for _, tt := range tests {
 		tb := window.TokenBucketMeter(tt.tb)
-		var st window.LeakyBucketState
+		var st algo.LeakyBucketState
 		var ok bool
 		var remaining, release int64
 		for _, step := range tt.steps {
@@ -148,12 +148,12 @@ func TestTokenBucketAllow(t *testing.T) {
 // ratBucket is a token bucket in exact rational arithmetic: the
 // reference the token_bucket rule's meter is checked against.
 type ratBucket struct {
-	tb     window.TokenBucket
+	tb     algo.TokenBucket
 	tokens *big.Rat
 	last   int64
 }
 
-func newRatBucket(tb window.TokenBucket) *ratBucket {
+func newRatBucket(tb algo.TokenBucket) *ratBucket {
 	return &ratBucket{tb: tb, tokens: new(big.Rat).SetInt64(tb.Burst)}
 }
 
@@ -201,7 +201,7 @@ func TestTokenBucketProperties(t *testing.T) {
 	rng := rand.New(rand.NewPCG(0x5eed, 000))
 	pers := []time.Duration{time.Second, 100 * time.Millisecond, 3 * time.Second, time.Minute, 7}
 	for trial := range 400 {
-		tb := window.TokenBucket{
+		tb := algo.TokenBucket{
 			Rate:  1 + rng.Int64N(50),
 			Per:   pers[rng.IntN(len(pers))],
 			Burst: 1 + rng.Int64N(30),
@@ -209,7 +209,7 @@ func TestTokenBucketProperties(t *testing.T) {
 		interval := max(1, int64(tb.Per)/tb.Rate)
 		model := newRatBucket(tb)
 		meter := window.TokenBucketMeter(tb)
-		var st window.LeakyBucketState
+		var st algo.LeakyBucketState
 		var admitted []algEvent
 		now := int64(0)
 		for range 300 {
@@ -253,35 +253,3 @@ func TestTokenBucketProperties(t *testing.T) {
 }
 
 func algOK(ok bool, _, _ int64) bool { return ok }
-
-func TestTokenBucketValidate(t *testing.T) {
-	tests := []struct {
-		tb   window.TokenBucket
-		want []string // substrings, one per problem
-	}{
-		{window.TokenBucket{Rate: 10, Per: time.Second, Burst: 20}, nil},
-		{window.TokenBucket{Rate: 0, Per: time.Second, Burst: 20}, []string{"TokenBucket.Rate 0"}},
-		{window.TokenBucket{Rate: 1, Per: -time.Second, Burst: 20}, []string{"TokenBucket.Per -1s"}},
-		{window.TokenBucket{Rate: 1, Per: time.Second, Burst: -3}, []string{"TokenBucket.Burst -3"}},
-		{window.TokenBucket{}, []string{"Rate 0", "Per 0s", "Burst 0"}},
-		{window.TokenBucket{Rate: 1, Per: time.Hour, Burst: 10_000_000}, []string{"Burst 10000000 × Per 1h0m0s overflows"}},
-	}
-	for _, tt := range tests {
-		err := tt.tb.Validate()
-		if (err == nil) != (tt.want == nil) {
-			t.Errorf("%+v.Validate() = %v, want problems %q", tt.tb, err, tt.want)
-			continue
-		}
-		if err == nil {
-			continue
-		}
-		if got := strings.Count(err.Error(), "\n") + 1; got != len(tt.want) {
-			t.Errorf("%+v.Validate() = %q: %d problems, want %d", tt.tb, err, got, len(tt.want))
-		}
-		for _, w := range tt.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%+v.Validate() = %q, want it to mention %q", tt.tb, err, w)
-			}
-		}
-	}
-}

@@ -6,17 +6,19 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/store"
 )
 
 // opStore counts store operations as the design prices them: one per
 // increment, and one per key read (a key's previous and current window are
 // one multi-get on one shard).
 type opStore struct {
-	Store
+	store.Store
 	incrs, reads int
 }
 
-func (s *opStore) Do(ctx context.Context, ops []Op) {
+func (s *opStore) Do(ctx context.Context, ops []store.Op) {
 	var lastRead uint64
 	for i, op := range ops {
 		switch {
@@ -47,8 +49,8 @@ func (r trafficResult) ratio() float64             { return float64(r.incrs+r.re
 // touched in each flush interval plus one read per key per window.
 func simulateTraffic(t testing.TB, n, rate int, interval time.Duration, next func() uint64) trafficResult {
 	clock := newSimClock(t0)
-	store := &opStore{Store: NewMemStore(clock)}
-	l, err := New(Config{FlushInterval: interval, Clock: clock}, store)
+	backend := &opStore{Store: store.NewMemStore(clock)}
+	l, err := New(Config{FlushInterval: interval, Clock: clock}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +83,7 @@ func simulateTraffic(t testing.TB, n, rate int, interval time.Duration, next fun
 	clock.Add(time.Second)
 	l.Flush(ctx, clock.Now())
 	res.optimum += len(touched) + len(seen) // the last flush, and one read per key (one window)
-	res.incrs, res.reads = store.incrs, store.reads
+	res.incrs, res.reads = backend.incrs, backend.reads
 	return res
 }
 
@@ -143,7 +145,7 @@ func TestMemoryPerKey(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	l, err := New(Config{MaxKeys: n, Clock: clock}, NewMemStore(clock))
+	l, err := New(Config{MaxKeys: n, Clock: clock}, store.NewMemStore(clock))
 	if err != nil {
 		t.Fatal(err)
 	}

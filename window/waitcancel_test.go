@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/poplimit/poplimit/store"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -12,11 +13,11 @@ import (
 // operation before the call's context ends, as a shard that stopped
 // answering, until released; then it fails them at once.
 type stateHangingStore struct {
-	*MemStore
+	*store.MemStore
 	released chan struct{}
 }
 
-func (s stateHangingStore) DoState(ctx context.Context, ops []StateOp) {
+func (s stateHangingStore) DoState(ctx context.Context, ops []store.StateOp) {
 	select {
 	case <-ctx.Done():
 	case <-s.released:
@@ -39,9 +40,9 @@ rules:
 `)
 	for _, r := range rs.Rules {
 		t.Run(r.Name, func(t *testing.T) {
-			store := stateHangingStore{NewMemStore(nil), make(chan struct{})}
-			l := newTestLimiter(t, SystemClock, store, Config{StoreTimeout: 20 * time.Second, NewKeyWait: 10 * time.Second})
-			t.Cleanup(func() { close(store.released) }) // before the limiter's Close
+			backend := stateHangingStore{store.NewMemStore(nil), make(chan struct{})}
+			l := newTestLimiter(t, store.SystemClock, backend, Config{StoreTimeout: 20 * time.Second, NewKeyWait: 10 * time.Second})
+			t.Cleanup(func() { close(backend.released) }) // before the limiter's Close
 			l.Start()
 			key := r.Hash([]byte("k"))
 			// The first request of a key new here is decided at once; the

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -85,4 +86,50 @@ func TopicEvents(t testing.TB, addr, topic string, partitions int) int64 {
 		conn.Close()
 	}
 	return n
+}
+
+// WaitCommitted waits until group has committed every partition of topic
+// up to the log's end. A consumer that commits only what it has applied
+// has then applied every message the log holds, copies included: the
+// signal that nothing more can arrive, where a sleep would only make it
+// likely.
+func WaitCommitted(t testing.TB, timeout time.Duration, addr, topic, group string, partitions int) {
+	t.Helper()
+	client := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 5 * time.Second}
+	ids := make([]int, partitions)
+	last := make([]kafka.OffsetRequest, partitions)
+	for p := range partitions {
+		ids[p], last[p] = p, kafka.LastOffsetOf(p)
+	}
+	var behind string
+	caught := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ends, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: last}})
+		if err != nil {
+			behind = err.Error()
+			return false
+		}
+		done, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ids}})
+		if err != nil {
+			behind = err.Error()
+			return false
+		}
+		committed := map[int]int64{}
+		for _, p := range done.Topics[topic] {
+			committed[p.Partition] = p.CommittedOffset
+		}
+		for _, p := range ends.Topics[topic] {
+			if c := committed[p.Partition]; p.Error != nil || (c < p.LastOffset && p.LastOffset > 0) {
+				behind = fmt.Sprintf("partition %d: committed %d of %d", p.Partition, committed[p.Partition], p.LastOffset)
+				return false
+			}
+		}
+		return len(ends.Topics[topic]) == partitions
+	}
+	for deadline := time.Now().Add(timeout); !caught(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for group %s to commit %s to its end: %s", timeout, group, topic, behind)
+		}
+	}
 }

@@ -5,7 +5,7 @@
 // upstream). It is a package of its own so that net/http programs do not
 // import fasthttp.
 //
-//	core, err := decision.New(rs, window.NewMemStore(nil), decision.Options{})
+//	core, err := decision.New(rs, store.NewMemStore(nil), decision.Options{})
 //	...
 //	wrap, err := fasthttpmw.New(core, middleware.Config{})
 //	...

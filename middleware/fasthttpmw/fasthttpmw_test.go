@@ -14,7 +14,7 @@ import (
 	"github.com/poplimit/poplimit/middleware"
 	"github.com/poplimit/poplimit/middleware/fasthttpmw"
 	"github.com/poplimit/poplimit/rules"
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/store"
 )
 
 func newCore(t testing.TB, yaml string) *decision.Core {
@@ -23,7 +23,7 @@ func newCore(t testing.TB, yaml string) *decision.Core {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := decision.New(rs, window.NewMemStore(nil), decision.Options{})
+	c, err := decision.New(rs, store.NewMemStore(nil), decision.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	core, err := decision.New(rs, window.NewMemStore(nil), decision.Options{})
+	core, err := decision.New(rs, store.NewMemStore(nil), decision.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

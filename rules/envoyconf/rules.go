@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
@@ -346,16 +347,18 @@ func limitRuleOf(l *Limit) (*rules.Rule, string) {
 		pol.Burst = l.Burst
 		var err error
 		if pol.Algorithm == policy.TokenBucket {
-			err = window.TokenBucket{Rate: int64(pol.Limit), Per: pol.Window, Burst: int64(pol.Burst)}.Validate()
+			err = algo.TokenBucket{Rate: int64(pol.Limit), Per: pol.Window, Burst: int64(pol.Burst)}.Validate()
 		} else {
-			err = window.LeakyBucket{Rate: int64(pol.Limit), Per: pol.Window, Capacity: int64(pol.Burst)}.Validate()
+			err = algo.LeakyBucket{Rate: int64(pol.Limit), Per: pol.Window, Capacity: int64(pol.Burst)}.Validate()
 		}
 		if err != nil {
 			return nil, "burst " + strconv.FormatUint(pol.Burst, 10) + " does not fit the " + l.Algorithm.String() +
 				"'s exact arithmetic with this limit and window: " + err.Error()
 		}
 	}
-	return descriptorRule(ruleName(l.FullKey), pol, l.ShadowMode), ""
+	r := descriptorRule(ruleName(l.FullKey), pol, l.ShadowMode)
+	r.Count = l.Count
+	return r, ""
 }
 
 // overrideDefaults returns the defaults an override rule runs with: the

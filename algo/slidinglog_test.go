@@ -1,4 +1,4 @@
-package window
+package algo
 
 import (
 	"fmt"
@@ -306,8 +306,8 @@ func TestSlidingLogValidate(t *testing.T) {
 		want string
 	}{
 		{SlidingLog{Limit: 10, Window: time.Hour}, ""},
-		{SlidingLog{Limit: -1, Window: time.Hour}, "window: SlidingLog.Limit -1: must be > 0"},
-		{SlidingLog{Limit: 1}, "window: SlidingLog.Window 0s: must be > 0"},
+		{SlidingLog{Limit: -1, Window: time.Hour}, "algo: SlidingLog.Limit -1: must be > 0"},
+		{SlidingLog{Limit: 1}, "algo: SlidingLog.Window 0s: must be > 0"},
 	}
 	for _, tt := range tests {
 		got := ""

@@ -1,4 +1,4 @@
-package window
+package algo
 
 import (
 	"math"
@@ -78,7 +78,7 @@ func TestSlidingWindowReleaseIsExact(t *testing.T) {
 // decideLater decides at t ≥ now for a key with counts prev, curr at now
 // that sends nothing more: in the next window curr has become prev.
 func decideLater(sw SlidingWindow, now int64, prev, curr uint64, t int64, cost uint64) bool {
-	switch windowStart(t, int64(sw.Window)) - windowStart(now, int64(sw.Window)) {
+	switch WindowStart(t, int64(sw.Window)) - WindowStart(now, int64(sw.Window)) {
 	case 0:
 		return sw.Decide(t, prev, curr, cost).Allowed
 	case int64(sw.Window):

@@ -1,4 +1,4 @@
-package window_test
+package algo_test
 
 import (
 	"fmt"
@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/algo"
 )
 
 // TestLeakyBucketRefillTable runs TestTokenBucketRefillTable's table through the
 // meter with Capacity 20 leaking 10/s: the same decisions, and the GCRA state
 // (the theoretical arrival time) after each row.
 func TestLeakyBucketRefillTable(t *testing.T) {
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
 	ms := int64(time.Millisecond)
 	rows := []struct {
 		now                       int64
@@ -28,7 +28,7 @@ func TestLeakyBucketRefillTable(t *testing.T) {
 		{100 * ms, 25, 19, 6, 0, 2100 * ms},
 		{2100 * ms, 1, 1, 0, 19, 2200 * ms},
 	}
-	var st window.LeakyBucketState // zero: an empty bucket
+	var st algo.LeakyBucketState // zero: an empty bucket
 	for _, row := range rows {
 		allowed, rejected := 0, 0
 		for range row.requests {
@@ -51,64 +51,64 @@ func TestLeakyBucketAllow(t *testing.T) {
 	ms := int64(time.Millisecond)
 	tests := []struct {
 		name          string
-		lb            window.LeakyBucket
+		lb            algo.LeakyBucket
 		steps         [][2]int64 // {now, n}
 		wantOK        bool       // of the last step
 		wantRemaining int64
 		wantRelease   int64
-		wantState     window.LeakyBucketState
+		wantState     algo.LeakyBucketState
 	}{
 		{
 			name:   "full bucket refuses until one unit has leaked",
-			lb:     window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
+			lb:     algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
 			steps:  [][2]int64{{0, 5}, {10 * ms, 1}},
 			wantOK: false, wantRemaining: 0, wantRelease: 100 * ms,
-			wantState: window.LeakyBucketState{TAT: 500 * ms},
+			wantState: algo.LeakyBucketState{TAT: 500 * ms},
 		},
 		{
 			name:   "n units wait for n units of room",
-			lb:     window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
+			lb:     algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
 			steps:  [][2]int64{{0, 5}, {150 * ms, 4}},
 			wantOK: false, wantRemaining: 1, wantRelease: 400 * ms,
-			wantState: window.LeakyBucketState{TAT: 500 * ms},
+			wantState: algo.LeakyBucketState{TAT: 500 * ms},
 		},
 		{
 			name:   "an emptied bucket restarts from now",
-			lb:     window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
+			lb:     algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
 			steps:  [][2]int64{{0, 5}, {10_000 * ms, 2}},
 			wantOK: true, wantRemaining: 3, wantRelease: 10_000 * ms,
-			wantState: window.LeakyBucketState{TAT: 10_200 * ms},
+			wantState: algo.LeakyBucketState{TAT: 10_200 * ms},
 		},
 		{
 			name:   "n above Capacity never fits",
-			lb:     window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
+			lb:     algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
 			steps:  [][2]int64{{0, 6}},
 			wantOK: false, wantRemaining: 5, wantRelease: math.MaxInt64,
 		},
 		{
 			name:   "3 per second keeps the third of a nanosecond",
-			lb:     window.LeakyBucket{Rate: 3, Per: time.Second, Capacity: 1},
+			lb:     algo.LeakyBucket{Rate: 3, Per: time.Second, Capacity: 1},
 			steps:  [][2]int64{{0, 1}, {0, 1}},
 			wantOK: false, wantRemaining: 0, wantRelease: 333_333_334,
-			wantState: window.LeakyBucketState{TAT: 333_333_333, Frac: 1},
+			wantState: algo.LeakyBucketState{TAT: 333_333_333, Frac: 1},
 		},
 		{
 			name:   "3 per second: the fractions add up to exactly 1 s",
-			lb:     window.LeakyBucket{Rate: 3, Per: time.Second, Capacity: 3},
+			lb:     algo.LeakyBucket{Rate: 3, Per: time.Second, Capacity: 3},
 			steps:  [][2]int64{{0, 1}, {0, 1}, {0, 1}},
 			wantOK: true, wantRemaining: 0, wantRelease: 333_333_334,
-			wantState: window.LeakyBucketState{TAT: 1_000_000_000, Frac: 0},
+			wantState: algo.LeakyBucketState{TAT: 1_000_000_000, Frac: 0},
 		},
 		{
 			name:   "a clock that steps back sees a fuller bucket",
-			lb:     window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
+			lb:     algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 5},
 			steps:  [][2]int64{{1000 * ms, 3}, {900 * ms, 3}},
 			wantOK: false, wantRemaining: 1, wantRelease: 1100 * ms,
-			wantState: window.LeakyBucketState{TAT: 1300 * ms},
+			wantState: algo.LeakyBucketState{TAT: 1300 * ms},
 		},
 	}
 	for _, tt := range tests {
-		var st window.LeakyBucketState
+		var st algo.LeakyBucketState
 		var ok bool
 		var remaining, release int64
 		for _, step := range tt.steps {
@@ -123,14 +123,14 @@ func TestLeakyBucketAllow(t *testing.T) {
 
 func TestLeakyBucketValidate(t *testing.T) {
 	tests := []struct {
-		lb   window.LeakyBucket
+		lb   algo.LeakyBucket
 		want []string
 	}{
-		{window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}, nil},
-		{window.LeakyBucket{Rate: -1, Per: time.Second, Capacity: 20}, []string{"LeakyBucket.Rate -1"}},
-		{window.LeakyBucket{Rate: 1, Per: 0, Capacity: 20}, []string{"LeakyBucket.Per 0s"}},
-		{window.LeakyBucket{Rate: 1, Per: time.Second}, []string{"LeakyBucket.Capacity 0"}},
-		{window.LeakyBucket{Rate: 1, Per: 24 * time.Hour, Capacity: 1_000_000}, []string{"Capacity 1000000 × Per 24h0m0s overflows"}},
+		{algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}, nil},
+		{algo.LeakyBucket{Rate: -1, Per: time.Second, Capacity: 20}, []string{"LeakyBucket.Rate -1"}},
+		{algo.LeakyBucket{Rate: 1, Per: 0, Capacity: 20}, []string{"LeakyBucket.Per 0s"}},
+		{algo.LeakyBucket{Rate: 1, Per: time.Second}, []string{"LeakyBucket.Capacity 0"}},
+		{algo.LeakyBucket{Rate: 1, Per: 24 * time.Hour, Capacity: 1_000_000}, []string{"Capacity 1000000 × Per 24h0m0s overflows"}},
 	}
 	for _, tt := range tests {
 		algCheckProblems(t, fmt.Sprintf("%+v", tt.lb), tt.lb.Validate(), tt.want)
@@ -159,8 +159,8 @@ func algCheckProblems(t *testing.T, what string, err error, want []string) {
 }
 
 func TestLeakyBucketInvalidDoesNotPanic(t *testing.T) {
-	for _, lb := range []window.LeakyBucket{{}, {Rate: 1}, {Per: time.Second}, {Capacity: 1}, {Rate: -1, Per: -1, Capacity: -1}} {
-		var st window.LeakyBucketState
+	for _, lb := range []algo.LeakyBucket{{}, {Rate: 1}, {Per: time.Second}, {Capacity: 1}, {Rate: -1, Per: -1, Capacity: -1}} {
+		var st algo.LeakyBucketState
 		ok, remaining, release := lb.Allow(&st, 1, 1)
 		if ok || remaining != 0 || release != math.MaxInt64 || lb.Remaining(st, 1) != 0 || lb.Release(st, 1, 1) != math.MaxInt64 {
 			t.Errorf("%+v.Allow(1, 1) = (%v, %d, %d), want (false, 0, MaxInt64)", lb, ok, remaining, release)
@@ -169,8 +169,8 @@ func TestLeakyBucketInvalidDoesNotPanic(t *testing.T) {
 }
 
 func TestLeakyAllocs(t *testing.T) {
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
-	var bs window.LeakyBucketState
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	var bs algo.LeakyBucketState
 	now := algWall(10, 0, 0)
 	allocs := testing.AllocsPerRun(1000, func() {
 		now += int64(time.Millisecond)
@@ -184,8 +184,8 @@ func TestLeakyAllocs(t *testing.T) {
 }
 
 func BenchmarkLeakyBucketAllow(b *testing.B) {
-	lb := window.LeakyBucket{Rate: 100, Per: time.Second, Capacity: 200}
-	var st window.LeakyBucketState
+	lb := algo.LeakyBucket{Rate: 100, Per: time.Second, Capacity: 200}
+	var st algo.LeakyBucketState
 	now := algWall(10, 0, 0)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -195,8 +195,8 @@ func BenchmarkLeakyBucketAllow(b *testing.B) {
 }
 
 func BenchmarkLeakyBucketRemaining(b *testing.B) {
-	lb := window.LeakyBucket{Rate: 100, Per: time.Second, Capacity: 200}
-	st := window.LeakyBucketState{TAT: algWall(10, 0, 1)}
+	lb := algo.LeakyBucket{Rate: 100, Per: time.Second, Capacity: 200}
+	st := algo.LeakyBucketState{TAT: algWall(10, 0, 1)}
 	now := algWall(10, 0, 0)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -206,8 +206,8 @@ func BenchmarkLeakyBucketRemaining(b *testing.B) {
 }
 
 func BenchmarkLeakyBucketRelease(b *testing.B) {
-	lb := window.LeakyBucket{Rate: 100, Per: time.Second, Capacity: 200}
-	st := window.LeakyBucketState{TAT: algWall(10, 0, 2)}
+	lb := algo.LeakyBucket{Rate: 100, Per: time.Second, Capacity: 200}
+	st := algo.LeakyBucketState{TAT: algWall(10, 0, 2)}
 	now := algWall(10, 0, 0)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -217,8 +217,8 @@ func BenchmarkLeakyBucketRelease(b *testing.B) {
 
 // A meter: 10 per second with room for a burst of 20, nothing queued.
 func ExampleLeakyBucket_Allow() {
-	lb := window.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
-	var st window.LeakyBucketState // one per key; zero is an empty bucket
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	var st algo.LeakyBucketState // one per key; zero is an empty bucket
 
 	admitted := 0
 	var release int64
@@ -247,9 +247,9 @@ func FuzzLeakyBucket(f *testing.F) {
 	f.Add(int64(-1), int64(0), int64(-5), []byte{255, 255, 255})
 	f.Add(int64(1), int64(math.MaxInt64), int64(math.MaxInt64), []byte{7, 7, 7})
 	f.Fuzz(func(t *testing.T, rate, per, capacity int64, ops []byte) {
-		lb := window.LeakyBucket{Rate: rate, Per: time.Duration(per), Capacity: capacity}
+		lb := algo.LeakyBucket{Rate: rate, Per: time.Duration(per), Capacity: capacity}
 		valid := lb.Validate() == nil
-		var ls window.LeakyBucketState
+		var ls algo.LeakyBucketState
 		now := int64(0)
 		for i := 0; i+1 < len(ops); i += 2 {
 			now += int64(ops[i]) * min(max(1, per/200), 1<<40)
@@ -275,12 +275,12 @@ func FuzzLeakyBucket(f *testing.F) {
 // int64 is refused by Validate, and Allow saturates instead of wrapping
 // (a wrapped TAT admitted a second request into a full bucket).
 func TestLeakyBucketHugeDrain(t *testing.T) {
-	lb := window.LeakyBucket{Rate: 1, Per: 8e18, Capacity: 1}
+	lb := algo.LeakyBucket{Rate: 1, Per: 8e18, Capacity: 1}
 	if err := lb.Validate(); err == nil {
 		t.Error("Validate accepted a bucket that drains in 253 years")
 	}
 	now := int64(1.7e18)
-	var s window.LeakyBucketState
+	var s algo.LeakyBucketState
 	if ok, _, _ := lb.Allow(&s, now, 1); !ok {
 		t.Fatal("first unit refused")
 	}

@@ -1,11 +1,13 @@
-package window
+package slots
 
 import (
 	"context"
 	"sync"
 	"time"
 
+	"github.com/poplimit/poplimit/algo"
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/store"
 )
 
 // Slots limits requests in flight per key across the PoP (rules of Kind
@@ -29,7 +31,7 @@ import (
 // coalesced: the slot is the admission). Its failure policy is the rule's.
 // Slots is safe for concurrent use.
 type Slots struct {
-	store   Store
+	store   store.Store
 	timeout time.Duration
 	grace   time.Duration
 
@@ -52,14 +54,14 @@ type heldSlots struct {
 	failedOpen int64 // slots admitted by fail-open, never counted in the store
 }
 
-// SlotsConfig configures Slots.
-type SlotsConfig struct {
+// Config configures Slots.
+type Config struct {
 	StoreTimeout  time.Duration // default 100ms
 	RenewInterval time.Duration // how often epochs are checked for carrying; default 100ms
 }
 
 // WithDefaults returns c with every unset field at its default.
-func (c SlotsConfig) WithDefaults() SlotsConfig {
+func (c Config) WithDefaults() Config {
 	if c.StoreTimeout <= 0 {
 		c.StoreTimeout = 100 * time.Millisecond
 	}
@@ -69,19 +71,19 @@ func (c SlotsConfig) WithDefaults() SlotsConfig {
 	return c
 }
 
-// NewSlots returns Slots over store. Call Start to carry slots across epochs
+// New returns Slots over st. Call Start to carry slots across epochs
 // in the background, and Close to stop.
-func NewSlots(cfg SlotsConfig, store Store) *Slots {
+func New(cfg Config, st store.Store) *Slots {
 	cfg = cfg.WithDefaults()
-	return &Slots{store: store, timeout: cfg.StoreTimeout, grace: cfg.RenewInterval + cfg.StoreTimeout,
+	return &Slots{store: st, timeout: cfg.StoreTimeout, grace: cfg.RenewInterval + cfg.StoreTimeout,
 		held: make(map[uint64]*heldSlots), done: make(chan struct{})}
 }
 
 // Start carries held slots into each new epoch every RenewInterval until
 // Close.
-func (s *Slots) Start(interval time.Duration, clock Clock) {
+func (s *Slots) Start(interval time.Duration, clock store.Clock) {
 	if clock == nil {
-		clock = SystemClock
+		clock = store.SystemClock
 	}
 	if interval <= 0 {
 		interval = s.grace - s.timeout
@@ -108,29 +110,30 @@ func (s *Slots) Close() {
 	s.once.Do(func() { close(s.done); s.wg.Wait() })
 }
 
-// Acquire takes one slot for key under r (limit slots at most) at now. It
+// Acquire takes one slot for key (limit slots at most) at now, under a
+// rule whose slots live lease and which fails by fail. It
 // returns whether the request may proceed, and the fallback when the store
 // failed. A true result must be matched by one Release.
-func (s *Slots) Acquire(ctx context.Context, now time.Time, r *Policy, key, limit uint64) (ok bool, fb Fallback) {
+func (s *Slots) Acquire(ctx context.Context, now time.Time, lease time.Duration, fail policy.Fail, key, limit uint64) (ok bool, fb store.Fallback) {
 	t := now.UnixNano()
-	lease := int64(r.Lease)
-	epoch := windowStart(t, lease)
-	ops := []Op{{Key: key, Start: epoch / 1e6, Delta: 1, TTL: 2 * r.Lease}}
+	ns := int64(lease)
+	epoch := algo.WindowStart(t, ns)
+	ops := []store.Op{{Key: key, Start: epoch / 1e6, Delta: 1, TTL: 2 * lease}}
 	inGrace := t < epoch+int64(s.grace)
 	if inGrace {
-		ops = append(ops, Op{Key: key, Start: (epoch - lease) / 1e6})
+		ops = append(ops, store.Op{Key: key, Start: (epoch - ns) / 1e6})
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	s.store.Do(ctx, ops)
 	cancel()
 	if ops[0].Err != nil {
-		if r.Fail == policy.FailClosed {
-			return false, FallbackClosed
+		if fail == policy.FailClosed {
+			return false, store.FallbackClosed
 		}
 		s.mu.Lock()
-		s.get(key, lease, epoch).failedOpen++
+		s.get(key, ns, epoch).failedOpen++
 		s.mu.Unlock()
-		return true, FallbackOpen
+		return true, store.FallbackOpen
 	}
 	count := ops[0].Value
 	if inGrace && ops[1].Err == nil {
@@ -138,17 +141,17 @@ func (s *Slots) Acquire(ctx context.Context, now time.Time, r *Policy, key, limi
 	}
 	if count > limit {
 		ops = ops[:1]
-		ops[0] = Op{Key: key, Start: epoch / 1e6, Delta: -1}
+		ops[0] = store.Op{Key: key, Start: epoch / 1e6, Delta: -1}
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 		s.store.Do(ctx, ops)
 		cancel()
-		return false, FallbackNone
+		return false, store.FallbackNone
 	}
 	s.mu.Lock()
-	h := s.get(key, lease, epoch)
+	h := s.get(key, ns, epoch)
 	h.n++
 	s.mu.Unlock()
-	return true, FallbackNone
+	return true, store.FallbackNone
 }
 
 // get returns key's held slots rolled to epoch. s.mu must be held.
@@ -168,23 +171,23 @@ func (s *Slots) get(key uint64, lease, epoch int64) *heldSlots {
 }
 
 // Release gives back one slot of key taken by Acquire at any earlier time.
-func (s *Slots) Release(r *Policy, key uint64) {
+func (s *Slots) Release(key uint64) {
 	s.mu.Lock()
 	h := s.held[key]
 	if h == nil {
 		s.mu.Unlock()
 		return
 	}
-	var op Op
+	var op store.Op
 	switch {
 	case h.failedOpen > 0:
 		h.failedOpen--
 	case h.old > 0:
 		h.old--
-		op = Op{Key: key, Start: h.oldEpoch / 1e6, Delta: -1}
+		op = store.Op{Key: key, Start: h.oldEpoch / 1e6, Delta: -1}
 	case h.n > 0:
 		h.n--
-		op = Op{Key: key, Start: h.epoch / 1e6, Delta: -1}
+		op = store.Op{Key: key, Start: h.epoch / 1e6, Delta: -1}
 	}
 	if h.n == 0 && h.old == 0 && h.failedOpen == 0 {
 		delete(s.held, key)
@@ -193,7 +196,7 @@ func (s *Slots) Release(r *Policy, key uint64) {
 	if op.Delta == 0 {
 		return
 	}
-	ops := []Op{op}
+	ops := []store.Op{op}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	s.store.Do(ctx, ops)
 	cancel()
@@ -204,10 +207,10 @@ func (s *Slots) Release(r *Policy, key uint64) {
 // carried.
 func (s *Slots) Renew(ctx context.Context, now time.Time) int {
 	t := now.UnixNano()
-	var ops []Op
+	var ops []store.Op
 	s.mu.Lock()
 	for key, h := range s.held {
-		epoch := windowStart(t, h.lease)
+		epoch := algo.WindowStart(t, h.lease)
 		if epoch <= h.epoch && h.old == 0 {
 			continue
 		}
@@ -216,7 +219,7 @@ func (s *Slots) Renew(ctx context.Context, now time.Time) int {
 			h.n, h.epoch = 0, epoch
 		}
 		if h.old > 0 {
-			ops = append(ops, Op{Key: key, Start: epoch / 1e6, Delta: h.old, TTL: 2 * time.Duration(h.lease)})
+			ops = append(ops, store.Op{Key: key, Start: epoch / 1e6, Delta: h.old, TTL: 2 * time.Duration(h.lease)})
 			h.n += h.old
 			h.old = 0
 		}

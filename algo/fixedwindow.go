@@ -1,4 +1,4 @@
-package window
+package algo
 
 import (
 	"errors"
@@ -52,10 +52,10 @@ type FixedWindowState struct {
 func (fw FixedWindow) Validate() error {
 	var errs []error
 	if fw.Limit <= 0 {
-		errs = append(errs, fmt.Errorf("window: FixedWindow.Limit %d: must be > 0", fw.Limit))
+		errs = append(errs, fmt.Errorf("algo: FixedWindow.Limit %d: must be > 0", fw.Limit))
 	}
 	if fw.Window <= 0 {
-		errs = append(errs, fmt.Errorf("window: FixedWindow.Window %v: must be > 0", fw.Window))
+		errs = append(errs, fmt.Errorf("algo: FixedWindow.Window %v: must be > 0", fw.Window))
 	}
 	return errors.Join(errs...)
 }

@@ -1,4 +1,4 @@
-package window_test
+package algo_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/poplimit/poplimit/window"
+	"github.com/poplimit/poplimit/algo"
 )
 
 // algWall returns 2024-01-08 hh:mm:ss UTC in Unix nanoseconds, the day the
@@ -19,8 +19,8 @@ func algWall(hh, mm, ss int) int64 {
 // 100 per minute, 100 requests at 10:03:59 and 100 more at 10:04:00, all
 // admitted: 200 in two seconds.
 func TestFixedWindowBoundaryDoubleBurst(t *testing.T) {
-	fw := window.FixedWindow{Limit: 100, Window: time.Minute}
-	var st window.FixedWindowState
+	fw := algo.FixedWindow{Limit: 100, Window: time.Minute}
+	var st algo.FixedWindowState
 	admitted := 0
 	for _, now := range []int64{algWall(10, 3, 59), algWall(10, 4, 0)} {
 		for i := range 100 {
@@ -43,7 +43,7 @@ func TestFixedWindowBoundaryDoubleBurst(t *testing.T) {
 }
 
 func TestFixedWindowAllow(t *testing.T) {
-	fw := window.FixedWindow{Limit: 3, Window: 10 * time.Second}
+	fw := algo.FixedWindow{Limit: 3, Window: 10 * time.Second}
 	s := int64(time.Second)
 	steps := []struct {
 		name          string
@@ -63,7 +63,7 @@ func TestFixedWindowAllow(t *testing.T) {
 		{"clock steps back: counted in the newer window", 5 * s, 2, true, 0, 20 * s},
 		{"skipped windows start empty", 95 * s, 3, true, 0, 100 * s},
 	}
-	var st window.FixedWindowState
+	var st algo.FixedWindowState
 	for _, step := range steps {
 		ok, remaining, release := fw.Allow(&st, step.now, step.n)
 		if ok != step.wantOK || remaining != step.wantRemaining || release != step.wantRelease {
@@ -78,8 +78,8 @@ func TestFixedWindowAllow(t *testing.T) {
 
 func TestFixedWindowReleaseIsExact(t *testing.T) {
 	// Release(now, n) is the first instant Allow(·, n) succeeds.
-	fw := window.FixedWindow{Limit: 5, Window: time.Second}
-	st := window.FixedWindowState{}
+	fw := algo.FixedWindow{Limit: 5, Window: time.Second}
+	st := algo.FixedWindowState{}
 	fw.Allow(&st, 1_500_000_000, 4)
 	for _, n := range []int64{1, 2, 5} {
 		rel := fw.Release(st, 1_500_000_000, n)
@@ -111,7 +111,7 @@ func TestFixedWindowWindowStart(t *testing.T) {
 		{0, 12345, 12345},
 	}
 	for _, tt := range tests {
-		fw := window.FixedWindow{Limit: 1, Window: tt.window}
+		fw := algo.FixedWindow{Limit: 1, Window: tt.window}
 		if got := fw.WindowStart(tt.now); got != tt.want {
 			t.Errorf("FixedWindow{Window: %v}.WindowStart(%d) = %d, want %d", tt.window, tt.now, got, tt.want)
 		}
@@ -120,13 +120,13 @@ func TestFixedWindowWindowStart(t *testing.T) {
 
 func TestFixedWindowValidate(t *testing.T) {
 	tests := []struct {
-		fw      window.FixedWindow
+		fw      algo.FixedWindow
 		wantErr string
 	}{
-		{window.FixedWindow{Limit: 100, Window: time.Minute}, ""},
-		{window.FixedWindow{Limit: 0, Window: time.Minute}, "window: FixedWindow.Limit 0: must be > 0"},
-		{window.FixedWindow{Limit: 1, Window: -time.Second}, "window: FixedWindow.Window -1s: must be > 0"},
-		{window.FixedWindow{}, "window: FixedWindow.Limit 0: must be > 0\nwindow: FixedWindow.Window 0s: must be > 0"},
+		{algo.FixedWindow{Limit: 100, Window: time.Minute}, ""},
+		{algo.FixedWindow{Limit: 0, Window: time.Minute}, "algo: FixedWindow.Limit 0: must be > 0"},
+		{algo.FixedWindow{Limit: 1, Window: -time.Second}, "algo: FixedWindow.Window -1s: must be > 0"},
+		{algo.FixedWindow{}, "algo: FixedWindow.Limit 0: must be > 0\nalgo: FixedWindow.Window 0s: must be > 0"},
 	}
 	for _, tt := range tests {
 		err := tt.fw.Validate()
@@ -141,8 +141,8 @@ func TestFixedWindowValidate(t *testing.T) {
 }
 
 func TestFixedWindowInvalidRefuses(t *testing.T) {
-	for _, fw := range []window.FixedWindow{{}, {Limit: 5}, {Window: time.Second}, {Limit: -1, Window: time.Second}} {
-		var st window.FixedWindowState
+	for _, fw := range []algo.FixedWindow{{}, {Limit: 5}, {Window: time.Second}, {Limit: -1, Window: time.Second}} {
+		var st algo.FixedWindowState
 		ok, remaining, release := fw.Allow(&st, 42, 1)
 		if ok || remaining != 0 || release != math.MaxInt64 {
 			t.Errorf("%+v.Allow(42, 1) = (%v, %d, %d), want (false, 0, MaxInt64)", fw, ok, remaining, release)
@@ -151,8 +151,8 @@ func TestFixedWindowInvalidRefuses(t *testing.T) {
 }
 
 func TestFixedWindowAllocs(t *testing.T) {
-	fw := window.FixedWindow{Limit: 100, Window: time.Minute}
-	var st window.FixedWindowState
+	fw := algo.FixedWindow{Limit: 100, Window: time.Minute}
+	var st algo.FixedWindowState
 	now := algWall(10, 0, 0)
 	allocs := testing.AllocsPerRun(1000, func() {
 		now += int64(time.Millisecond)
@@ -166,8 +166,8 @@ func TestFixedWindowAllocs(t *testing.T) {
 }
 
 func BenchmarkFixedWindowAllow(b *testing.B) {
-	fw := window.FixedWindow{Limit: 100, Window: time.Second}
-	var st window.FixedWindowState
+	fw := algo.FixedWindow{Limit: 100, Window: time.Second}
+	var st algo.FixedWindowState
 	now := algWall(10, 0, 0)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -177,8 +177,8 @@ func BenchmarkFixedWindowAllow(b *testing.B) {
 }
 
 func BenchmarkFixedWindowRemaining(b *testing.B) {
-	fw := window.FixedWindow{Limit: 100, Window: time.Second}
-	st := window.FixedWindowState{Start: algWall(10, 0, 0), Count: 40}
+	fw := algo.FixedWindow{Limit: 100, Window: time.Second}
+	st := algo.FixedWindowState{Start: algWall(10, 0, 0), Count: 40}
 	now := algWall(10, 0, 0)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -188,8 +188,8 @@ func BenchmarkFixedWindowRemaining(b *testing.B) {
 }
 
 func BenchmarkFixedWindowRelease(b *testing.B) {
-	fw := window.FixedWindow{Limit: 100, Window: time.Second}
-	st := window.FixedWindowState{Start: algWall(10, 0, 0), Count: 100}
+	fw := algo.FixedWindow{Limit: 100, Window: time.Second}
+	st := algo.FixedWindowState{Start: algWall(10, 0, 0), Count: 100}
 	now := algWall(10, 0, 0)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -200,8 +200,8 @@ func BenchmarkFixedWindowRelease(b *testing.B) {
 
 // The boundary double burst: 100 per minute admits 200 in two seconds.
 func ExampleFixedWindow_Allow() {
-	fw := window.FixedWindow{Limit: 100, Window: time.Minute}
-	var st window.FixedWindowState // one per key; zero is a key never seen
+	fw := algo.FixedWindow{Limit: 100, Window: time.Minute}
+	var st algo.FixedWindowState // one per key; zero is a key never seen
 
 	at := func(hh, mm, ss int) int64 { return time.Date(2024, 1, 8, hh, mm, ss, 0, time.UTC).UnixNano() }
 	admitted := 0

@@ -1,4 +1,4 @@
-package window
+package store
 
 import (
 	"context"
@@ -85,3 +85,13 @@ type Placer interface {
 	// by another, which costs only the sharing. It must not allocate.
 	Place(key uint64) int
 }
+
+// Fallback says why a decision was made by a rule's failure policy instead of
+// by its counts.
+type Fallback uint8
+
+const (
+	FallbackNone   Fallback = iota
+	FallbackOpen            // the store failed; the rule fails open: admitted
+	FallbackClosed          // the store failed; the rule fails closed: refused
+)

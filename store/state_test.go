@@ -1,21 +1,23 @@
-package window
+package store
 
 import (
 	"context"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/algo"
 )
 
 // Several limiters' worth of conditional ops on one store admit at most
 // Capacity + Rate·t in any interval, and the log's state survives its
 // encoding: the store's answers equal the in-memory algorithm's.
 func TestStateApplyMatchesAlgorithms(t *testing.T) {
-	lb := LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
-	sl := SlidingLog{Limit: 5, Window: time.Second}
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	sl := algo.SlidingLog{Limit: 5, Window: time.Second}
 	var val, logVal []byte
-	var ref LeakyBucketState
-	var refLog SlidingLogState
+	var ref algo.LeakyBucketState
+	var refLog algo.SlidingLogState
 	now := int64(1e18)
 	for i := range 500 {
 		now += int64(i%7) * int64(time.Millisecond) * 13
@@ -31,7 +33,7 @@ func TestStateApplyMatchesAlgorithms(t *testing.T) {
 		if op.Conditional {
 			ok, _, _ = lb.Allow(&ref, now, 1)
 		} else {
-			lb.pour(&ref, now, 1)
+			lb.Pour(&ref, now, 1)
 			ok = true
 		}
 		if ok != op.Allowed || ref.TAT != op.TAT || ref.Frac != op.Frac {
@@ -65,14 +67,14 @@ func TestStateApplyRejectsBadValues(t *testing.T) {
 		{StateGCRA, "G123"}, {StateGCRA, "L" + string(make([]byte, 16))},
 		{StateLog, "G"}, {StateLog, "L\x01\x05"}, {StateLog, "L\x05\x01\x06\x01"}, {StateLog, "L\x05\x00x"},
 	} {
-		op := StateOp{Kind: tc.kind, Bucket: LeakyBucket{Rate: 1, Per: time.Second, Capacity: 1}, Log: SlidingLog{Limit: 1, Window: time.Second}, Now: 10, N: 1, Conditional: true}
-		if _, _, write, err := op.Apply([]byte(tc.val), nil); !errors.Is(err, ErrBadState) || write {
-			t.Errorf("%d %q: write %v err %v, want ErrBadState", tc.kind, tc.val, write, err)
+		op := StateOp{Kind: tc.kind, Bucket: algo.LeakyBucket{Rate: 1, Per: time.Second, Capacity: 1}, Log: algo.SlidingLog{Limit: 1, Window: time.Second}, Now: 10, N: 1, Conditional: true}
+		if _, _, write, err := op.Apply([]byte(tc.val), nil); !errors.Is(err, algo.ErrBadState) || write {
+			t.Errorf("%d %q: write %v err %v, want algo.ErrBadState", tc.kind, tc.val, write, err)
 		}
 	}
-	op := StateOp{Kind: StateLog, Log: SlidingLog{Limit: MaxSharedLogLimit + 1, Window: time.Second}, N: 1}
+	op := StateOp{Kind: StateLog, Log: algo.SlidingLog{Limit: algo.MaxSharedLogLimit + 1, Window: time.Second}, N: 1}
 	if err := op.Validate(); err == nil {
-		t.Error("a log above MaxSharedLogLimit was accepted")
+		t.Error("a log above algo.MaxSharedLogLimit was accepted")
 	}
 }
 
@@ -80,7 +82,7 @@ func TestMemStoreDoState(t *testing.T) {
 	clk := &simClock{}
 	clk.t.Store(1000e9)
 	s := NewMemStore(clk)
-	lb := LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
+	lb := algo.LeakyBucket{Rate: 10, Per: time.Second, Capacity: 20}
 	admitted := 0
 	for range 60 {
 		ops := []StateOp{{Kind: StateGCRA, Key: 7, Bucket: lb, Now: clk.Now().UnixNano(), N: 1, Conditional: true}}

@@ -1,4 +1,4 @@
-package window
+package algo
 
 import (
 	"errors"
@@ -34,16 +34,16 @@ type TokenBucket struct {
 func (tb TokenBucket) Validate() error {
 	var errs []error
 	if tb.Rate <= 0 {
-		errs = append(errs, fmt.Errorf("window: TokenBucket.Rate %d: must be > 0", tb.Rate))
+		errs = append(errs, fmt.Errorf("algo: TokenBucket.Rate %d: must be > 0", tb.Rate))
 	}
 	if tb.Per <= 0 {
-		errs = append(errs, fmt.Errorf("window: TokenBucket.Per %v: must be > 0", tb.Per))
+		errs = append(errs, fmt.Errorf("algo: TokenBucket.Per %v: must be > 0", tb.Per))
 	}
 	if tb.Burst <= 0 {
-		errs = append(errs, fmt.Errorf("window: TokenBucket.Burst %d: must be > 0", tb.Burst))
+		errs = append(errs, fmt.Errorf("algo: TokenBucket.Burst %d: must be > 0", tb.Burst))
 	}
 	if tb.Per > 0 && tb.Burst > 0 && !algMulFits(tb.Burst, int64(tb.Per)) {
-		errs = append(errs, fmt.Errorf("window: TokenBucket.Burst %d × Per %v overflows int64 nanoseconds: state a shorter Per", tb.Burst, tb.Per))
+		errs = append(errs, fmt.Errorf("algo: TokenBucket.Burst %d × Per %v overflows int64 nanoseconds: state a shorter Per", tb.Burst, tb.Per))
 	}
 	return errors.Join(errs...)
 }

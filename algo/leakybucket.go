@@ -1,4 +1,4 @@
-package window
+package algo
 
 import (
 	"errors"
@@ -66,33 +66,33 @@ type LeakyBucketState struct {
 func (lb LeakyBucket) Validate() error {
 	var errs []error
 	if lb.Rate <= 0 {
-		errs = append(errs, fmt.Errorf("window: LeakyBucket.Rate %d: must be > 0", lb.Rate))
+		errs = append(errs, fmt.Errorf("algo: LeakyBucket.Rate %d: must be > 0", lb.Rate))
 	}
 	if lb.Per <= 0 {
-		errs = append(errs, fmt.Errorf("window: LeakyBucket.Per %v: must be > 0", lb.Per))
+		errs = append(errs, fmt.Errorf("algo: LeakyBucket.Per %v: must be > 0", lb.Per))
 	}
 	if lb.Capacity <= 0 {
-		errs = append(errs, fmt.Errorf("window: LeakyBucket.Capacity %d: must be > 0", lb.Capacity))
+		errs = append(errs, fmt.Errorf("algo: LeakyBucket.Capacity %d: must be > 0", lb.Capacity))
 	}
 	if lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 && !algMulAddFits(lb.Capacity, int64(lb.Per), lb.Rate) {
-		errs = append(errs, fmt.Errorf("window: LeakyBucket.Capacity %d × Per %v overflows int64 nanoseconds: state a shorter Per", lb.Capacity, lb.Per))
-	} else if lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 && lb.Capacity*int64(lb.Per)/lb.Rate > int64(maxDrain) {
-		errs = append(errs, fmt.Errorf("window: LeakyBucket of Capacity %d draining %d per %v: a full bucket drains in more than %v", lb.Capacity, lb.Rate, lb.Per, maxDrain))
+		errs = append(errs, fmt.Errorf("algo: LeakyBucket.Capacity %d × Per %v overflows int64 nanoseconds: state a shorter Per", lb.Capacity, lb.Per))
+	} else if lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 && lb.Capacity*int64(lb.Per)/lb.Rate > int64(MaxDrain) {
+		errs = append(errs, fmt.Errorf("algo: LeakyBucket of Capacity %d draining %d per %v: a full bucket drains in more than %v", lb.Capacity, lb.Rate, lb.Per, MaxDrain))
 	}
 	return errors.Join(errs...)
 }
 
-// maxDrain bounds the time a full bucket takes to drain, so that a
+// MaxDrain bounds the time a full bucket takes to drain, so that a
 // theoretical arrival time (now plus at most that) fits in int64 Unix
 // nanoseconds for centuries.
-const maxDrain = 100 * 365 * 24 * time.Hour
+const MaxDrain = 100 * 365 * 24 * time.Hour
 
 func (lb LeakyBucket) valid() bool { return lb.Rate > 0 && lb.Per > 0 && lb.Capacity > 0 }
 
-// level returns the bucket's level at now in units of 1/Per unit (so one
+// Level returns the bucket's level at now in units of 1/Per unit (so one
 // unit is Per, and a full bucket Capacity·Per), or math.MaxInt64 when now is
 // so far before TAT that the level does not fit.
-func (lb LeakyBucket) level(s LeakyBucketState, now int64) int64 {
+func (lb LeakyBucket) Level(s LeakyBucketState, now int64) int64 {
 	if s.TAT < now || (s.TAT == now && s.Frac == 0) {
 		return 0
 	}
@@ -121,7 +121,7 @@ func (lb LeakyBucket) Allow(s *LeakyBucketState, now, n int64) (ok bool, remaini
 	if !lb.valid() {
 		return n <= 0, 0, lb.releaseInvalid(now, n)
 	}
-	lvl := lb.level(*s, now)
+	lvl := lb.Level(*s, now)
 	ok = n <= 0
 	if n > 0 && lb.fits(lvl, n) {
 		tat, frac := s.TAT, s.Frac
@@ -145,7 +145,7 @@ func (lb LeakyBucket) Remaining(s LeakyBucketState, now int64) int64 {
 	if !lb.valid() {
 		return 0
 	}
-	return lb.room(lb.level(s, now))
+	return lb.room(lb.Level(s, now))
 }
 
 // Release returns the earliest instant ≥ now, in Unix nanoseconds, at which n
@@ -156,7 +156,7 @@ func (lb LeakyBucket) Release(s LeakyBucketState, now, n int64) int64 {
 	if !lb.valid() {
 		return lb.releaseInvalid(now, n)
 	}
-	return lb.release(s, now, n, lb.level(s, now))
+	return lb.release(s, now, n, lb.Level(s, now))
 }
 
 func (lb LeakyBucket) room(lvl int64) int64 {
@@ -184,6 +184,13 @@ func (LeakyBucket) releaseInvalid(now, n int64) int64 {
 		return now
 	}
 	return math.MaxInt64
+}
+
+// DrainedTo returns the first instant (Unix ns) at which the level of
+// the bucket in state s, sent nothing more, is at most level units: s.TAT
+// for level 0. It may be before now.
+func (lb LeakyBucket) DrainedTo(s LeakyBucketState, level int64) int64 {
+	return s.TAT + algCeilDiv(s.Frac-level*int64(lb.Per), lb.Rate)
 }
 
 // algCeilDiv returns ⌈a/b⌉ for b > 0 and any a.

@@ -1,4 +1,4 @@
-package window
+package algo
 
 import (
 	"errors"
@@ -86,10 +86,10 @@ const slMinRing = 8 // smallest ring allocated, entries
 func (l SlidingLog) Validate() error {
 	var errs []error
 	if l.Limit <= 0 {
-		errs = append(errs, fmt.Errorf("window: SlidingLog.Limit %d: must be > 0", l.Limit))
+		errs = append(errs, fmt.Errorf("algo: SlidingLog.Limit %d: must be > 0", l.Limit))
 	}
 	if l.Window <= 0 {
-		errs = append(errs, fmt.Errorf("window: SlidingLog.Window %v: must be > 0", l.Window))
+		errs = append(errs, fmt.Errorf("algo: SlidingLog.Window %v: must be > 0", l.Window))
 	}
 	return errors.Join(errs...)
 }
