@@ -86,6 +86,7 @@ func buildMetricSet() (metricSet, error) {
 	o := edge.Options{Brokers: []string{"127.0.0.1:1"}, Pop: "pop1", Registry: rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	o.Memcache.Servers = []shardproxy.Server{{Addr: "127.0.0.1:1"}}
 	o.BlockCache.MaxEntries = 1024
+	o.XDS.Server = "127.0.0.1:1" // the rate limit configuration over xDS, refused likewise
 	e, err := edge.Build(o)
 	if err != nil {
 		return metricSet{}, err

@@ -32,6 +32,7 @@ import (
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/rls"
+	"github.com/poplimit/poplimit/rls/xds"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/shardproxy"
 	"github.com/poplimit/poplimit/slots"
@@ -78,6 +79,15 @@ type Options struct {
 	// RulesMaxBytes bounds the rules file, the overrides file and each
 	// envoyproxy/ratelimit file: a larger one is refused unread.
 	RulesMaxBytes int64 // default rules.DefaultMaxFileBytes (4 MiB)
+
+	// XDS, when XDS.Server is set, takes envoyproxy/ratelimit's rate
+	// limit configuration from an xDS management server (state of the
+	// world, go-control-plane's RateLimitConfig resources; package
+	// rls/xds) instead of RulesFile, which must then be empty: each
+	// configuration received applies as a reload of the files does, or is
+	// NACKed with the error and the running rules stay. Without
+	// XDS.ForceStart, WaitConfig waits for the first one.
+	XDS xds.Config
 
 	Server  httpedge.Config // the fasthttp front end: mode, upstream, client addresses, limits, TLS
 	Limiter window.Config   // flush interval, store timeout, key table bounds
@@ -319,6 +329,8 @@ type Edge struct {
 	// reloadMu serializes reloads.
 	reloadMu sync.Mutex
 	reload   *reloader
+
+	xds *xds.Subscriber // nil without Options.XDS.Server
 }
 
 // Build builds an edge from o, with its rules read from o.Server's files
@@ -432,7 +444,12 @@ func Build(o Options) (e *Edge, err error) {
 		if rc.Ready == nil {
 			rc.Ready = e.Ready
 		}
-		e.RLS, err = rls.New(e.Core, rc, o.Logger, reg)
+		if e.RLS, err = rls.New(e.Core, rc, o.Logger, reg); err != nil {
+			return e, err
+		}
+	}
+	if o.XDS.Server != "" {
+		err = e.startXDS(reg)
 	}
 	return e, err
 }
@@ -601,7 +618,9 @@ func (e *Edge) LogStart() {
 		events = strings.Join(o.Brokers, ",") + " topic " + o.Topic
 	}
 	rulesFrom := o.RulesFile
-	if rulesFrom == "" {
+	if o.XDS.Server != "" {
+		rulesFrom = "xds " + o.XDS.Server + " version " + cmp.Or(e.XDSVersion(), "none yet")
+	} else if rulesFrom == "" {
 		rulesFrom = "built-in: default-per-client, 100 per 1m per client IP"
 	}
 	o.Logger.Info("edge: started", "listen", e.Addr(), "admin", e.AdminAddr(), "rls", cmp.Or(e.RLSAddr(), "off (pass -rls-listen)"), "mode", string(o.Server.Mode),

@@ -77,12 +77,20 @@ func (e *Edge) apply(src *decision.Sources, stamp string, readErr error) error {
 	e.reloadMu.Lock()
 	defer e.reloadMu.Unlock()
 	e.reload.loaded = stamp
-	o := &e.Options
 	var rs *rules.Rules
 	err := readErr
 	if err == nil {
 		rs, err = src.Rules()
 	}
+	return e.swapLocked(rs, err, "file", e.Options.RulesFile)
+}
+
+// swapLocked puts rs in force for every front end, or, when err (why rs
+// could not be built) is set or the core refuses rs, keeps the running
+// rules; either way it is counted and logged, naming the source (from:
+// "file" or "xds", and which). reloadMu must be held.
+func (e *Edge) swapLocked(rs *rules.Rules, err error, from, which string) error {
+	o := &e.Options
 	if err == nil {
 		err = e.Core.SetRules(rs)
 	}
@@ -98,7 +106,7 @@ func (e *Edge) apply(src *decision.Sources, stamp string, readErr error) error {
 	e.Server.CheckRules(rs)
 	e.reload.reloads.WithLabelValues("applied").Inc()
 	e.reload.ok.Set(1)
-	o.Logger.Info("edge: rules reloaded", "rules", len(rs.Rules), "file", o.RulesFile)
+	o.Logger.Info("edge: rules reloaded", "rules", len(rs.Rules), from, which)
 	return nil
 }
 

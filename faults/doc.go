@@ -19,7 +19,11 @@
 //     counted, and its successor starts from the shared counters.
 //   - TestPartition, TestAddShard: edges that each reach part of the
 //     shards, and a shard added under load: what clients saw, and
-//     convergence without any action.
+//     convergence without any action. TestPartition draws it: a page
+//     (package internal/plotpage, opened in headless Chromium) of each
+//     class of client's admitted requests per second through each side
+//     of the split against its allowance (POPLIMIT_PARTITION_PAGE names
+//     the file; faults/partition.png is a full run's).
 //   - TestClockSkew: one edge's clock ahead by 10, 100 and 1000 ms.
 //   - TestSoak, TestKeyFlood, TestEdgeSurvivesItsOpenFileLimit: a steady
 //     load (no growth of goroutines, file descriptors or heap), a flood of

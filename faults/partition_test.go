@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -72,7 +73,24 @@ rules:
 		keyOwner[key] = i
 		clients = append(clients, c)
 	}
-	reqs, _ := steady(clients, total, 2)
+	// For the page, two more classes of clients: 12 within their limit (6
+	// requests/s) and 12 at it (10/s), half per rule. The checks below are
+	// of the 24 over it.
+	nOver := len(clients)
+	for i := range 24 {
+		c := client{ip: clientIP(200 + i), path: "/a", rate: 6}
+		if i >= 12 {
+			c.rate = limit
+		}
+		if i%2 == 1 {
+			c.path = "/s"
+		}
+		_, key := c.ruleKey(edges[0].rules)
+		home[key] = homeShard(t, servers, key)
+		keyOwner[key] = len(clients)
+		clients = append(clients, c)
+	}
+	reqs, owner := steady(clients, total, 2)
 
 	start := alignedStart(win)
 	var splitAt, healAt time.Time
@@ -100,7 +118,7 @@ rules:
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
-	_, rep := replay(t, context.Background(), loadtest.ReplayConfig{Targets: targets, Spread: loadtest.RoundRobin, Align: win}, reqs)
+	results, rep := replay(t, context.Background(), loadtest.ReplayConfig{Targets: targets, Spread: loadtest.RoundRobin, Align: win}, reqs)
 	<-done
 	testenv.WaitFor(t, 20*time.Second, "both rings whole again", func() bool { return converged.Load() != 0 })
 	convergedAt := time.Unix(0, converged.Load())
@@ -160,7 +178,7 @@ rules:
 	}
 	sum := map[class]*[4]tally{}
 	over := map[class]*[4]float64{}
-	for ci, c := range clients {
+	for ci, c := range clients[:nOver] {
 		rule, key := c.ruleKey(edges[0].rules)
 		k := class{rule, home[key] == 1}
 		if sum[k] == nil {
@@ -196,6 +214,69 @@ rules:
 	t.Logf("per class of client:%s", table(rows))
 
 	t.Logf("in the partition: worst client %.2f× its allowance (%s)", worst, clients[worstClient].ip)
+
+	// The page: per class, admitted per second through each edge against
+	// the allowance, for the clients whose counters sat on a lost shard.
+	classes := []clientClass{
+		{name: "within their limit", id: "within", rate: 6, allowance: 6},
+		{name: "at their limit", id: "at", rate: limit, allowance: limit},
+		{name: "over their limit", id: "over", rate: 15, allowance: limit},
+	}
+	for ci, c := range clients {
+		_, key := c.ruleKey(edges[0].rules)
+		if home[key] == 1 {
+			continue // both edges reach its counters: the split does not touch it
+		}
+		for k := range classes {
+			if classes[k].rate == c.rate {
+				classes[k].members = append(classes[k].members, ci)
+			}
+		}
+	}
+	var series []sideSeries
+	want := make([]int64, len(classes))
+	phaseTable := map[string][][]string{}
+	at := func(tm time.Time) float64 { return tm.Sub(start).Seconds() }
+	for k := range classes {
+		cl := &classes[k]
+		series = append(series, sides(results, owner, cl, start, total))
+		in := map[int]bool{}
+		for _, ci := range cl.members {
+			in[ci] = true
+		}
+		for i := range recs {
+			if r := &recs[i]; r.ev.Decision == event.Allowed && in[keyOwner[r.ev.KeyHash]] {
+				want[k]++
+			}
+		}
+		var rows [][]string
+		for side, name := range []string{"through edge 1", "through edge 2", "both edges"} {
+			row := []string{name}
+			for ph := range phases {
+				var n int
+				for i := range results {
+					r := &results[i]
+					if in[owner[i]] && r.Status >= 200 && r.Status < 300 && (side == 2 || r.Target == side) &&
+						!r.Scheduled.Before(bounds[ph]) && r.Scheduled.Before(bounds[ph+1]) {
+						n++
+					}
+				}
+				row = append(row, fmt.Sprintf("%.2f", float64(n)/float64(max(1, len(cl.members)))/bounds[ph+1].Sub(bounds[ph]).Seconds()))
+			}
+			rows = append(rows, row)
+		}
+		rows = append(rows, append([]string{"allowance"}, slices.Repeat([]string{fmt.Sprintf("%g", cl.allowance)}, len(phases))...))
+		phaseTable[cl.id] = rows
+		t.Logf("clients %s (%d on a lost shard), admitted per second per client, %v:%s", cl.name, len(cl.members), phases, table(rows))
+	}
+	settings := [][2]string{
+		{"rules", "async: 10 per 1s on /a; sync: 10 per 1s on /s (mode: sync); sliding window"},
+		{"edges", "2, over 3 memcached shards; every client dealt round-robin over both"},
+		{"split", "edge 1 loses shard 2, edge 2 loses shard 0; both keep shard 1"},
+		{"timeline", fmt.Sprintf("partition at +%.2fs for %v, healed at +%.2fs, both rings whole at +%.2fs", at(splitAt), split, at(healAt), at(convergedAt))},
+		{"clients", "12 within their limit (6/s), 12 at it (10/s), 24 over it (15/s); half per rule"},
+	}
+	writePartitionPage(t, partitionPage(classes, series, settings, at(splitAt), at(healAt), at(settled), phases, phaseTable), classes, want)
 
 	// Convergence: once healed, every class is decided as well as before.
 	if why := overloaded(rep); why != "" {

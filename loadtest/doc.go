@@ -26,7 +26,10 @@
 // latency percentiles, rates, statuses, and per rule the allowed and
 // limited requests read from each response's quota fields, then the
 // aggregator's report when given its URL. ReplayConfig.Results receives a
-// line per request, written off the request path.
+// line per request, written off the request path. ReplayConfig.Timeline
+// records the replay over time, bounded, and WritePage draws it as one
+// self-contained HTML page (internal/plotpage); ReadResults rebuilds the
+// report and the timeline from a results file.
 //
 // Offline runs rules over a trace in simulated time through
 // decision.Core, as one edge fed the trace exactly on time would decide

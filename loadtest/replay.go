@@ -151,7 +151,7 @@ func Replay(ctx context.Context, cfg ReplayConfig, trace Trace) (*Report, error)
 		rp.shards[i].lag = hdrhistogram.New(1, histMaxUsec, 3)
 	}
 
-	rp.detail = cfg.OnResult != nil || cfg.Results != nil
+	rp.detail = cfg.OnResult != nil || cfg.Results != nil || cfg.Timeline != nil
 	if cfg.Results != nil {
 		var err error
 		if rp.results, err = newResultsWriter(cfg.Results); err != nil {
@@ -160,6 +160,9 @@ func Replay(ctx context.Context, cfg ReplayConfig, trace Trace) (*Report, error)
 	}
 
 	start := AlignedStart(time.Now(), cfg.Align, cfg.Phase)
+	if cfg.Timeline != nil {
+		cfg.Timeline.begin(start)
+	}
 	if cfg.OnStart != nil {
 		cfg.OnStart(start)
 	}
@@ -403,6 +406,9 @@ func (rp *replayer) fillRequest(res *Result, j *job) {
 func (rp *replayer) record(res *Result) {
 	if rp.cfg.OnResult != nil {
 		rp.cfg.OnResult(*res)
+	}
+	if rp.cfg.Timeline != nil {
+		rp.cfg.Timeline.Add(res)
 	}
 	if rp.results == nil {
 		return

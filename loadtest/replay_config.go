@@ -95,6 +95,11 @@ type ReplayConfig struct {
 	// by index. It is written in 64 KiB chunks by one goroutine, off the
 	// request path. Replay does not close it.
 	Results io.Writer
+	// Timeline, when not nil, records the replay over time (requests by
+	// outcome and latency per second, the rules' worst keys in their
+	// windows) for loadtest's HTML page; Replay sets its start. Memory is
+	// bounded (see Timeline). Default nil.
+	Timeline *TimelineRecorder
 	// OnStart, when not nil, is called once the start (the wall time of the
 	// trace's offset 0, after Align and Phase) is fixed, before waiting for
 	// it.

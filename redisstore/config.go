@@ -22,6 +22,11 @@ const (
 	// ModeCluster is Redis Cluster; connecting fails if the servers are not
 	// one.
 	ModeCluster Mode = "cluster"
+	// ModeSentinel is a master and its replicas watched by Redis Sentinel:
+	// Addrs are the sentinels, which name the master of SentinelMaster;
+	// when they promote a replica, the Store follows (their +switch-master
+	// event, and a poll every SentinelRefresh).
+	ModeSentinel Mode = "sentinel"
 )
 
 // Defaults of Config, used where a field is zero.
@@ -35,6 +40,7 @@ const (
 	DefaultReconnectInterval = time.Second
 	DefaultMaxLogEntries     = 100_000
 	DefaultClockSkew         = time.Second
+	DefaultSentinelRefresh   = 2 * time.Second
 )
 
 // Upper bounds that Validate enforces, so that no setting can make a Store
@@ -59,8 +65,26 @@ type Config struct {
 	// nodes of a cluster (the rest are discovered). Required, at most 1024.
 	Addrs []string
 
-	// Mode is ModeAuto (default), ModeStandalone or ModeCluster.
+	// Mode is ModeAuto (default), ModeStandalone, ModeCluster or
+	// ModeSentinel.
 	Mode Mode
+
+	// SentinelMaster is the name of the master set the sentinels watch
+	// (their "sentinel monitor NAME ..."); required with ModeSentinel, and
+	// only with it.
+	SentinelMaster string
+	// SentinelUsername and SentinelPassword authenticate the connections
+	// to the sentinels (Username and Password are the master's). Empty: no
+	// authentication.
+	SentinelUsername, SentinelPassword string
+	// SentinelTLS, when not nil, wraps the connections to the sentinels in
+	// TLS with this configuration; nil: the same as TLS (as
+	// envoyproxy/ratelimit's REDIS_TLS applies to its sentinels too).
+	SentinelTLS *tls.Config
+	// SentinelRefresh is how often the sentinels are asked for the master
+	// besides their +switch-master events, so that a missed event cannot
+	// keep the Store on a demoted master. Default 2s, at most one hour.
+	SentinelRefresh time.Duration
 
 	// Username and Password authenticate every connection (AUTH, or ACL
 	// users with Username). Empty: no authentication.
@@ -138,6 +162,7 @@ func (c Config) withDefaults() Config {
 	set(&c.ConnTimeout, DefaultConnTimeout)
 	set(&c.ReconnectInterval, DefaultReconnectInterval)
 	set(&c.ClockSkew, DefaultClockSkew)
+	set(&c.SentinelRefresh, DefaultSentinelRefresh)
 	if c.ConnsPerNode == 0 {
 		c.ConnsPerNode = DefaultConnsPerNode
 	}
@@ -175,8 +200,15 @@ func (c Config) Validate() error {
 		if len(c.Addrs) > 1 {
 			bad("Mode: %q with %d addresses: a standalone server has one (put a proxy in front of several)", c.Mode, len(c.Addrs))
 		}
+	case ModeSentinel:
+		if c.SentinelMaster == "" {
+			bad("SentinelMaster: empty: mode %q needs the name of the master set the sentinels watch", c.Mode)
+		}
 	default:
-		bad("Mode: %q: want %q (auto), %q or %q", c.Mode, ModeAuto, ModeStandalone, ModeCluster)
+		bad("Mode: %q: want %q (auto), %q, %q or %q", c.Mode, ModeAuto, ModeStandalone, ModeCluster, ModeSentinel)
+	}
+	if c.Mode != ModeSentinel && (c.SentinelMaster != "" || c.SentinelUsername != "" || c.SentinelPassword != "" || c.SentinelTLS != nil) {
+		bad("SentinelMaster: %q (or another Sentinel field) set with mode %q: only mode %q has sentinels", c.SentinelMaster, c.Mode, ModeSentinel)
 	}
 	if c.DB < 0 || c.DB > maxDB {
 		bad("DB: %d: want 0 to %d", c.DB, maxDB)
@@ -194,6 +226,7 @@ func (c Config) Validate() error {
 	dur("ConnTimeout", c.ConnTimeout, maxTimeout)
 	dur("ReconnectInterval", c.ReconnectInterval, maxReconnect)
 	dur("ClockSkew", c.ClockSkew, maxClockSkew)
+	dur("SentinelRefresh", c.SentinelRefresh, maxReconnect)
 	if d := c.withDefaults(); c.ConnTimeout > 0 && d.ConnTimeout < d.Timeout {
 		bad("ConnTimeout: %v: less than Timeout (%v)", c.ConnTimeout, d.Timeout)
 	}

@@ -107,6 +107,17 @@
 // servers are down at New still starts: its ops fail with ErrUnavailable
 // while it tries to connect every ReconnectInterval.
 //
+// # Sentinel
+//
+// With ModeSentinel, Addrs are Redis Sentinel's sentinels: rueidis's
+// sentinel client asks them for the master of Config.SentinelMaster,
+// connects to it, and follows their +switch-master event to a promoted
+// replica (and asks again every SentinelRefresh, in case an event was
+// missed). While the master is dead its ops fail within Timeout, as any
+// dead server's do; the counts a replica had received when it was promoted
+// are the counts from then on (replication is asynchronous: the last
+// increments before a crash can be lost, as with any Redis failover).
+//
 // # The client
 //
 // The package uses github.com/redis/rueidis rather than

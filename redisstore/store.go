@@ -93,6 +93,11 @@ func New(cfg Config, reg prometheus.Registerer) (*Store, error) {
 	if cfg.TLS != nil {
 		cfg.TLS = cfg.TLS.Clone()
 	}
+	if cfg.SentinelTLS != nil {
+		cfg.SentinelTLS = cfg.SentinelTLS.Clone()
+	} else if cfg.Mode == ModeSentinel {
+		cfg.SentinelTLS = cfg.TLS
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
@@ -128,6 +133,17 @@ func (s *Store) options() rueidis.ClientOption {
 		ClientSetInfo:       rueidis.DisableClientSetInfo,
 	}
 	o.Dialer.Timeout = c.DialTimeout
+	if c.Mode == ModeSentinel {
+		o.Sentinel = rueidis.SentinelOption{
+			MasterSet:               c.SentinelMaster,
+			Username:                c.SentinelUsername,
+			Password:                c.SentinelPassword,
+			TLSConfig:               c.SentinelTLS,
+			ClientName:              "poplimit",
+			TopologyRefreshInterval: c.SentinelRefresh,
+		}
+		o.Sentinel.Dialer.Timeout = c.DialTimeout
+	}
 	return o
 }
 
@@ -138,6 +154,10 @@ func (s *Store) connect() error {
 	if err == nil && s.cfg.Mode == ModeCluster && c.Mode() != rueidis.ClientModeCluster {
 		c.Close()
 		err = fmt.Errorf("mode %q: the server is not a cluster node", ModeCluster)
+	}
+	if err == nil && s.cfg.Mode == ModeSentinel && c.Mode() != rueidis.ClientModeSentinel {
+		c.Close()
+		err = fmt.Errorf("mode %q: not a sentinel client", ModeSentinel)
 	}
 	if err != nil {
 		s.m.connectKO.Inc()

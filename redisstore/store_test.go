@@ -39,7 +39,11 @@ func TestConfigValidate(t *testing.T) {
 		{"no address", Config{}, []string{"Addrs: empty"}},
 		{"bad address", Config{Addrs: []string{"localhost"}}, []string{`Addrs[0]: "localhost"`}},
 		{"standalone with two", Config{Addrs: []string{"a:1", "b:1"}, Mode: ModeStandalone}, []string{`Mode: "standalone" with 2 addresses`}},
-		{"unknown mode", Config{Addrs: []string{"a:1"}, Mode: "sentinel"}, []string{`Mode: "sentinel"`}},
+		{"unknown mode", Config{Addrs: []string{"a:1"}, Mode: "sentinal"}, []string{`Mode: "sentinal"`}},
+		{"sentinels", Config{Addrs: []string{"s1:26379", "s2:26379", "s3:26379"}, Mode: ModeSentinel, SentinelMaster: "mymaster", SentinelPassword: "x"}, nil},
+		{"sentinel without master", Config{Addrs: []string{"s1:26379"}, Mode: ModeSentinel}, []string{`SentinelMaster: empty: mode "sentinel"`}},
+		{"master without sentinel", Config{Addrs: []string{"a:1"}, SentinelMaster: "mymaster"}, []string{`SentinelMaster: "mymaster" (or another Sentinel field) set with mode ""`}},
+		{"sentinel refresh", Config{Addrs: []string{"s1:26379"}, Mode: ModeSentinel, SentinelMaster: "m", SentinelRefresh: -time.Second}, []string{"SentinelRefresh: -1s"}},
 		{"db in a cluster", Config{Addrs: []string{"a:1"}, Mode: ModeCluster, DB: 2}, []string{"DB: 2: a cluster"}},
 		{"everything wrong at once", Config{
 			Addrs: []string{"a:1"}, DB: -1, Timeout: -time.Second, DialTimeout: 2 * time.Minute,

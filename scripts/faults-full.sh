@@ -9,7 +9,9 @@
 # measured at their real speed (the soak, the flood and the restarts run the
 # binaries, built without it, either way); pass -race to add it. Extra
 # arguments go to `go test` (e.g. -run 'Soak|KeyFlood'). The log, with every
-# figure the tests print, is kept in $LOG (default: a new file in $TMPDIR).
+# figure the tests print, is kept in $LOG (default: a new file in $TMPDIR);
+# the partition's page (each class of client's admitted requests per second
+# through each side of the split, drawn) beside it, in $PARTITION_PAGE.
 #
 #   scripts/faults-full.sh
 #   POPLIMIT_SOAK_RATE=3000 scripts/faults-full.sh -run Soak
@@ -22,9 +24,10 @@ for bin in memcached; do
 done
 log=${LOG:-$(mktemp -t poplimit-faults-full.XXXXXX.log)}
 fuzztime=${FUZZTIME:-30s}
+page=${PARTITION_PAGE:-${log%.log}-partition.html}
 
 echo "faults-full.sh: POPLIMIT_FULL=1 go test -count=1 -v -timeout 90m $* ./faults/  (log: $log)"
-POPLIMIT_FULL=1 go test -count=1 -v -timeout 90m "$@" ./faults/ 2>&1 | tee "$log"
+POPLIMIT_FULL=1 POPLIMIT_PARTITION_PAGE="$page" go test -count=1 -v -timeout 90m "$@" ./faults/ 2>&1 | tee "$log"
 
 if [ "$fuzztime" != 0 ]; then
   for target in FuzzHostileRequestKey FuzzMemcachedReply; do
@@ -33,3 +36,4 @@ if [ "$fuzztime" != 0 ]; then
   done
 fi
 echo "faults-full.sh: passed; log in $log"
+[ -f "$page" ] && echo "faults-full.sh: the partition drawn: $page"

@@ -2,8 +2,9 @@
 # The whole test suite, on a fresh Debian machine with Go.
 #
 # It installs what the tests start for real (memcached, nutcracker,
-# prometheus for promtool and the consoles, redis-server, and the proxies
-# caddy, nginx and haproxy) with apt when run as root and they are missing;
+# prometheus for promtool and the consoles, redis-server, the proxies
+# caddy, nginx and haproxy, and chromium for the tests that open the HTML
+# pages in a browser) with apt when run as root and they are missing;
 # otherwise it names exactly what to install and stops. Then it vets the code and runs every package's tests
 # with the race detector. Extra arguments go to `go test` (e.g. -run Edge).
 set -euo pipefail
@@ -18,6 +19,7 @@ command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v caddy >/dev/null 2>&1 || need+=(caddy)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -20,6 +20,7 @@ import (
 	"github.com/poplimit/poplimit/pipeline"
 	"github.com/poplimit/poplimit/redisstore"
 	"github.com/poplimit/poplimit/rls"
+	"github.com/poplimit/poplimit/rls/xds"
 	"github.com/poplimit/poplimit/shardproxy"
 )
 
@@ -46,6 +47,22 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 	fs.IntVar(&c.UpstreamHealthThreshold, "upstream-health-threshold", c.UpstreamHealthThreshold, "failed health checks in a row that make an upstream skipped (one pass brings it back)")
 	fs.IntVar(&c.UpstreamRetries, "upstream-retries", c.UpstreamRetries, "times an idempotent request is sent again, to the next upstream, after a connection error (-1: never)")
 	fs.StringVar(&c.UpstreamIdempotencyHeader, "upstream-idempotency-header", c.UpstreamIdempotencyHeader, `header that makes a POST or PATCH retryable ("-": none)`)
+	// Rate limit configuration over xDS (envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW).
+	x := &o.XDS
+	fs.StringVar(&x.Server, "rls-xds", "", "xDS management server host:port (gRPC): take the rate limit configuration from it (state of the world, RateLimitConfig resources) instead of -rules; default off")
+	fs.StringVar(&x.NodeID, "rls-xds-node-id", xds.DefaultNodeID, "node id sent to the xDS management server")
+	fs.Func("rls-xds-node-metadata", "node metadata sent to the xDS management server: key=value,key=value", func(s string) (err error) {
+		x.NodeMetadata, err = xds.ParseMetadata(s)
+		return err
+	})
+	fs.BoolVar(&x.ForceStart, "rls-xds-force-start", false, "serve before the first configuration from the xDS management server (default: start-up waits for it)")
+	fs.BoolVar(&x.TLS, "rls-xds-tls", false, "talk TLS to the xDS management server (system CAs, or -rls-xds-tls-ca)")
+	fs.StringVar(&x.CAFile, "rls-xds-tls-ca", "", "PEM CA of the xDS management server's certificate (implies -rls-xds-tls)")
+	fs.StringVar(&x.CertFile, "rls-xds-tls-cert", "", "PEM client certificate for the xDS management server (with -rls-xds-tls-key; implies -rls-xds-tls)")
+	fs.StringVar(&x.KeyFile, "rls-xds-tls-key", "", "PEM private key of -rls-xds-tls-cert")
+	fs.StringVar(&x.ServerName, "rls-xds-tls-server-name", "", "name the xDS management server's certificate must carry (default: the host of -rls-xds; implies -rls-xds-tls)")
+	fs.DurationVar(&x.BackoffInitial, "rls-xds-backoff-initial", xds.DefaultBackoffInitial, "first wait before a new stream to the xDS management server after one failed (doubling, jittered)")
+	fs.DurationVar(&x.BackoffMax, "rls-xds-backoff-max", xds.DefaultBackoffMax, "longest wait between streams to the xDS management server")
 	fs.StringVar(&o.RulesFile, "rules", "", "rules YAML file (or envoyproxy/ratelimit files: one, or a directory of them), reloaded on change and SIGHUP (default: the built-in rule)")
 	fs.StringVar(&o.OverridesFile, "overrides", "", "key → tier overrides YAML file")
 	fs.DurationVar(&o.ReloadSettle, "reload-settle", o.ReloadSettle, "apply changed rules files only once their contents stayed the same this long (read twice this far apart), on change and on SIGHUP; negative: at once")
@@ -82,7 +99,7 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 		o.Redis.Addrs = strings.Split(s, ",")
 		return nil
 	})
-	fs.Var(textVar[redisstore.Mode]{&o.Redis.Mode}, "redis-mode", `"" (ask the servers), "standalone" or "cluster"`)
+	fs.Var(textVar[redisstore.Mode]{&o.Redis.Mode}, "redis-mode", `"" (ask the servers), "standalone", "cluster" or "sentinel" (-redis names the sentinels)`)
 	fs.StringVar(&o.Redis.Username, "redis-user", "", "Redis ACL user")
 	fs.Func("redis-password-file", "file holding the Redis password", func(f string) (err error) {
 		o.Redis.Password, err = readToken(f)
@@ -99,6 +116,13 @@ func parseFlags(args []string, stderr io.Writer) (edge.Options, string, error) {
 		}
 		o.Redis.TLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 		return nil
+	})
+	// Redis Sentinel: with -redis-mode sentinel, -redis names the sentinels.
+	fs.StringVar(&o.Redis.SentinelMaster, "redis-sentinel-master", "", "with -redis-mode sentinel: the master set's name the sentinels watch (their sentinel monitor NAME)")
+	fs.StringVar(&o.Redis.SentinelUsername, "redis-sentinel-user", "", "ACL user of the sentinels (-redis-user is the master's)")
+	fs.Func("redis-sentinel-password-file", "file holding the sentinels' password (-redis-password-file is the master's)", func(f string) (err error) {
+		o.Redis.SentinelPassword, err = readToken(f)
+		return err
 	})
 	fs.DurationVar(&o.Limiter.StoreTimeout, "store-timeout", o.Limiter.StoreTimeout, "timeout of one store operation")
 	fs.DurationVar(&o.Limiter.FlushInterval, "flush-interval", o.Limiter.FlushInterval, "how often coalesced increments go to the store")

@@ -50,6 +50,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.XDS.Server != "" && !o.XDS.ForceStart {
+		o.Logger.Info("edge: waiting for the first rate limit configuration from the xDS management server (-rls-xds-force-start serves before it)", "server", o.XDS.Server)
+	}
+	if err := e.WaitConfig(ctx); err != nil {
+		e.Close(context.Background())
+		if ctx.Err() != nil {
+			return nil // stopped while waiting: a clean exit
+		}
+		return err
+	}
 	if err := e.Listen(); err != nil {
 		e.Close(context.Background())
 		return err

@@ -6,6 +6,8 @@
 //	loadtest replay -targets 127.0.0.1:7070,127.0.0.1:7080 -trace trace.jsonl [-aggregator http://127.0.0.1:7072/report] [-json]
 //	loadtest replay -trace trace.jsonl -align 10s -phase 2.5s -results results.tsv
 //	loadtest offline -rules rules.yaml -trace trace.jsonl
+//	loadtest replay -trace trace.jsonl -results results.tsv -html replay.html
+//	loadtest report -results results.tsv [-replay-json report.json] -html replay.html
 //
 // replay -align W -phase D starts the trace's offset 0 at D past a
 // wall-clock multiple of W (a rule's window), so a live replay is measured
@@ -15,6 +17,13 @@
 // Unix ns, edge, client, method, host and target, status, outcome, and the
 // deciding rule's limit, remaining, reset, window and Retry-After from the
 // response headers.
+//
+// replay -html FILE writes the replay as one self-contained HTML page of
+// charts (loadtest.WritePage): requests per second by outcome, latency over
+// time, and per rule the judged decisions and the worst keys' admitted
+// count in every trailing window against the limit. report -html draws the
+// same page later from a -results file (and the replay's -json report, for
+// its settings and the aggregator's judgment).
 //
 // Every flag has a working default: `loadtest gen | loadtest replay` drives
 // an edge started with no flags (127.0.0.1:7070) with a mix of traffic, and
@@ -63,6 +72,7 @@ commands:
   import    convert Common/Combined Log Format access logs to a trace
   replay    send a trace to edges, open-loop, and report
   offline   run rules over a trace with no server: what would they limit?
+  report    rebuild a replay's report (and its -html page) from a -results file
 
 "loadtest COMMAND -h" lists a command's flags.
 `
@@ -82,6 +92,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return runReplay(ctx, rest, stdin, stdout, stderr)
 	case "offline":
 		return runOffline(ctx, rest, stdin, stdout, stderr)
+	case "report":
+		return runReport(rest, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -300,8 +312,12 @@ func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 	fs.DurationVar(&cfg.AggregatorWait, "aggregator-wait", time.Second, "wait before fetching the aggregator's report (its allowed lateness)")
 	progress := fs.String("progress", "auto", `"auto" (when stderr is a terminal), "on" or "off"`)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	htmlPath := fs.String("html", "", "write the replay as one self-contained HTML page of charts to this file")
 	if err := parse(fs, args, 0); err != nil {
 		return err
+	}
+	if *htmlPath != "" {
+		cfg.Timeline = loadtest.NewTimelineRecorder(time.Time{})
 	}
 	cfg.Targets = splitList(*targets)
 	switch *spread {
@@ -358,7 +374,72 @@ func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 	if err == nil && rep.ResultsError != "" {
 		err = fmt.Errorf("loadtest replay: -results %s: %s", *resultsPath, rep.ResultsError)
 	}
+	if *htmlPath != "" {
+		if herr := writePage(*htmlPath, rep, cfg.Timeline.Timeline, stderr); err == nil {
+			err = herr
+		}
+	}
 	return err
+}
+
+// writePage writes the replay's HTML page to path and says on stderr how
+// big it is and how long it took (the timeline's summing included).
+func writePage(path string, rep *loadtest.Report, timeline func() *loadtest.Timeline, stderr io.Writer) error {
+	t0 := time.Now()
+	tl := timeline()
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("loadtest: -html: %w", err)
+	}
+	if err := loadtest.WritePage(f, rep, tl); err != nil {
+		f.Close()
+		return fmt.Errorf("loadtest: -html %s: %w", path, err)
+	}
+	st, err := f.Stat()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("loadtest: -html: %w", err)
+	}
+	fmt.Fprintf(stderr, "loadtest: wrote %s (%d bytes) in %s\n", path, st.Size(), time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+func runReport(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("report", stderr)
+	resultsPath := fs.String("results", "", "the results file a replay wrote (replay -results)")
+	basePath := fs.String("replay-json", "", "the replay's JSON report (replay -json), for its settings and the aggregator's report (optional)")
+	htmlPath := fs.String("html", "", "write the replay's HTML page to this file")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if *resultsPath == "" {
+		return errors.New("loadtest report: -results FILE is required")
+	}
+	var base *loadtest.Report
+	if *basePath != "" {
+		data, err := os.ReadFile(*basePath)
+		if err != nil {
+			return fmt.Errorf("loadtest report: -replay-json: %w", err)
+		}
+		base = &loadtest.Report{}
+		if err := json.Unmarshal(data, base); err != nil {
+			return fmt.Errorf("loadtest report: -replay-json %s: not a replay's JSON report: %w", *basePath, err)
+		}
+	}
+	rep, tl, err := loadtest.ReadResults(*resultsPath, base)
+	if err != nil {
+		return err
+	}
+	if err := writeReport(stdout, *asJSON, rep, rep.WriteText); err != nil {
+		return err
+	}
+	if *htmlPath != "" {
+		return writePage(*htmlPath, rep, func() *loadtest.Timeline { return tl }, stderr)
+	}
+	return nil
 }
 
 func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {

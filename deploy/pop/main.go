@@ -3,7 +3,9 @@
 // two edges in proxy mode in front of a tiny origin, Prometheus with the
 // project's rules and consoles when it is installed, and then a built-in
 // replay through both edges that ends with the summary report and the URLs
-// to look at. Ctrl-C stops every process it started.
+// to look at, beside the path of the replay's page (replay.html in the
+// working directory: loadtest replay -html's charts of the run). Ctrl-C
+// stops every process it started.
 //
 //	go run ./deploy/pop                 # run, replay, keep serving until Ctrl-C
 //	go run ./deploy/pop -exit           # run, replay, stop (for scripts and CI)

@@ -86,6 +86,10 @@ type options struct {
 	install    bool
 	align      time.Duration
 	phase      time.Duration
+
+	// timeline records the built-in replay for its page (replay.html in
+	// dir); set by run.
+	timeline *loadtest.TimelineRecorder
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -303,6 +307,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else {
 		say("replaying %v of traffic at %.0f requests/s through both edges: Zipf clients, an abuser, credential stuffing", o.duration, o.rate)
 	}
+	o.timeline = loadtest.NewTimelineRecorder(time.Time{})
 	logins := newLoginTally()
 	rep, err := replay(ctx, o, targets, stdout, logins)
 	if err != nil {
@@ -332,6 +337,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		say("  edge-%d metrics   http://%s/metrics", i+1, a) // edge ids run on across PoPs
 	}
 	say("  accuracy report  http://%s/report", o.aggregator)
+	if page, err := writePage(o, rep); err != nil {
+		say("WARNING: the replay's page: %v", err)
+	} else {
+		say("  replay page      file://%s", page)
+	}
 	if promURL != "" {
 		say("  dashboards       %s/consoles/poplimit-overview.html", promURL)
 	}
@@ -370,6 +380,7 @@ func replay(ctx context.Context, o *options, targets []string, stdout io.Writer,
 	// waits -settle-lateness for.
 	cfg := loadtest.ReplayConfig{Targets: targets, AggregatorURL: "http://" + o.aggregator + "/report?flush=1",
 		AggregatorWait: 4 * time.Second, Align: o.align, Phase: o.phase, OnResult: logins.result}
+	cfg.Timeline = o.timeline
 	if o.pops > 1 {
 		cfg.Spread = loadtest.RoundRobin // each client reaches every PoP
 	}
@@ -383,6 +394,24 @@ func replay(ctx context.Context, o *options, targets []string, stdout io.Writer,
 		cfg.Progress = os.Stderr
 	}
 	return loadtest.Replay(ctx, cfg, logins.trace(loadtest.Mix(zipf, abuser, stuffing)))
+}
+
+// writePage writes the built-in replay's page, replay.html in the working
+// directory (loadtest replay -html's page), and returns its absolute path.
+func writePage(o *options, rep *loadtest.Report) (string, error) {
+	path, err := filepath.Abs(filepath.Join(o.dir, "replay.html"))
+	if err != nil {
+		return "", err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	if err := loadtest.WritePage(f, rep, o.timeline.Timeline()); err != nil {
+		f.Close()
+		return "", err
+	}
+	return path, f.Close()
 }
 
 // popName is PoP k's name ("pop1", …) followed by sep, or "" with one PoP.
