@@ -1,0 +1,45 @@
+package window
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/poplimit/poplimit/algo"
+	"github.com/poplimit/poplimit/store"
+)
+
+// Giving back on the response path. A counting rule's response settles
+// its units after the request was decided; units that did not count are
+// given back before the next request of the key is decided, or a client
+// who logs in twice in a row could be refused for a success. The units
+// this edge still holds unsent are taken out of its count; those already
+// in the store are taken off by one store operation, which must not
+// allocate: a context with a deadline does, so the operation is bounded
+// by the store's own timeout (every Store bounds each op by one).
+
+var giveBackOps = sync.Pool{New: func() any { return new([1]store.Op) }}
+
+// GiveBackNow gives cost units of key under r back as GiveBack does,
+// without allocating: a store operation is bounded by the store's own
+// timeout instead of the limiter's StoreTimeout. Only counters give back
+// (ErrNotReservable for the rest).
+func (l *Limiter) GiveBackNow(r *Policy, key, cost uint64, at int64) error {
+	if !r.Algorithm.IsCounter() {
+		return ErrNotReservable
+	}
+	if cost == 0 || l.takeBackUnsent(r, key, cost, at) {
+		return nil
+	}
+	ops := giveBackOps.Get().(*[1]store.Op)
+	defer giveBackOps.Put(ops)
+	ops[0] = store.Op{Key: key, Start: algo.WindowStart(at, int64(r.Window)) / 1e6, Delta: -int64(min(cost, math.MaxInt64))}
+	l.store.Do(context.Background(), ops[:])
+	l.m.storeOps.Inc()
+	if err := ops[0].Err; err != nil {
+		l.m.storeErrors.Inc()
+		return fmt.Errorf("window: give back: %w", err)
+	}
+	return nil
+}
