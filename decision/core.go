@@ -423,7 +423,9 @@ func (c *Core) reset(d *Verdict, now time.Time) {
 // counting rules not settled (Settle: no response came) and returns d to
 // the pool; d must not be used after.
 func (c *Core) Finish(d *Verdict) {
-	c.keepAs(d, settledNoResponse)
+	if d.np > 0 {
+		c.keepAs(d, settledNoResponse)
+	}
 	for i := 0; i < d.nh; i++ {
 		c.deps.Slots.Release(d.held[i].key)
 		d.held[i] = heldSlot{}
