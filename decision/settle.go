@@ -42,6 +42,7 @@ type pendingUnits struct {
 	block uint64 // its key in the block cache
 	units uint64 // reserved
 	limit uint64 // the key's limit (a tier's), the origin's units' cap
+	mark  int64  // a bucket's theoretical arrival time after the units (window.Answer.Mark)
 	ev    event.Event
 }
 
@@ -104,7 +105,7 @@ func (c *Core) settle(p *pendingUnits, counted uint64, now int64, how settledHow
 	c.sm.settled[how].Inc()
 	switch {
 	case counted < p.units:
-		if err := c.lim.GiveBackNow(&r.Policy, p.key, p.units-counted, p.ev.Time); err != nil {
+		if err := c.lim.GiveBackNow(&r.Policy, p.key, p.limit, p.units-counted, p.ev.Time, p.mark); err != nil {
 			// The store did not take them: the units stay counted, which
 			// can only refuse more.
 			c.sm.giveBackFailed.Inc()
