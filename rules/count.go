@@ -162,7 +162,8 @@ func (c *Count) parse(f *fields, cy *countYAML) {
 }
 
 // noGiveBack says why an algorithm cannot give a reserved request's units
-// back when its response does not count.
+// back when its response does not count (windows give back the units of
+// their window, buckets what has not leaked: window.Limiter.GiveBackNow).
 var noGiveBack = map[policy.Algorithm]string{
 	policy.SlidingLog: "its store operations log instants and expire them; none removes one request's entry",
 }
