@@ -71,7 +71,18 @@ func startSettlingOrigin(t *testing.T, edge string) *settlingOrigin {
 func TestNginxCountingSettledByOrigin(t *testing.T) {
 	e := startEdge(t, countingRules, "-trusted-proxies", "127.0.0.1/32")
 	o := startSettlingOrigin(t, e.addr)
-	site := startNginxPoplimit(t, e.addr, o.addr, "closed")
+	testCountingSettledByOrigin(t, o, startNginxPoplimit(t, e.addr, o.addr, "closed"))
+}
+
+// The same behind Caddy's forward_auth, which copies the reservation to
+// the origin (copy_headers) and passes the original method in a header.
+func TestCaddyCountingSettledByOrigin(t *testing.T) {
+	e := startEdge(t, countingRules, "-trusted-proxies", "127.0.0.1/32", "-forwarded-method-header", "X-Forwarded-Method")
+	o := startSettlingOrigin(t, e.addr)
+	testCountingSettledByOrigin(t, o, startCaddy(t, e.addr, o.addr, "closed"))
+}
+
+func testCountingSettledByOrigin(t *testing.T, o *settlingOrigin, site string) {
 	c := newClient(t, "127.0.0.2")
 	post := func(user, password string) int {
 		return c.do(t, "POST", site, "/login", host, "x=1", "X-User", user, "X-Password", password).status
