@@ -47,7 +47,9 @@ type CoreConfig struct {
 	// and event are valid during the call (the offline simulator's reports
 	// use it). A decision's time is Request.Now (DecideKey's now), or
 	// the limiter's clock after a wait for a new key's read (see the
-	// package doc).
+	// package doc). An admitted request of a rule with count is observed
+	// when it settles (its event Counting), with a nil key: its key
+	// material is not kept past the decision.
 	Observe func(r *rules.Rule, key []byte, e *event.Event)
 	// MaxDelayed bounds the requests held at once by leaky-bucket queues
 	// (rules with action: delay); a request that would wait past it is
@@ -440,7 +442,9 @@ func (c *Core) reset(d *Verdict, now time.Time) {
 // counting rules not settled (Settle: no response came) and returns d to
 // the pool; d must not be used after.
 func (c *Core) Finish(d *Verdict) {
-	c.keepAs(d, settledNoResponse)
+	if d.np > 0 {
+		c.keepAs(d, settledNoResponse)
+	}
 	for i := 0; i < d.nh; i++ {
 		c.deps.Slots.Release(d.held[i].key)
 		d.held[i] = heldSlot{}

@@ -74,7 +74,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		if v.Allowed && !fb && cost > 0 && d.np < maxPending {
 			// Reserved: the units are taken, and the response settles
 			// them (settle.go), emitting the event then.
-			d.pend[d.np] = pendingUnits{rule: r, key: h, block: bk, units: cost, limit: limit, ev: *ev}
+			d.pend[d.np] = pendingUnits{rule: r, key: h, block: bk, units: cost, limit: limit, mark: v.Mark, ev: *ev}
 			d.np++
 			return false
 		}

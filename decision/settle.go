@@ -1,7 +1,6 @@
 package decision
 
 import (
-	"context"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +42,7 @@ type pendingUnits struct {
 	block uint64 // its key in the block cache
 	units uint64 // reserved
 	limit uint64 // the key's limit (a tier's), the origin's units' cap
+	mark  int64  // a bucket's theoretical arrival time after the units (window.Answer.Mark)
 	ev    event.Event
 }
 
@@ -105,7 +105,7 @@ func (c *Core) settle(p *pendingUnits, counted uint64, now int64, how settledHow
 	c.sm.settled[how].Inc()
 	switch {
 	case counted < p.units:
-		if err := c.lim.GiveBack(context.Background(), &r.Policy, p.key, p.units-counted, p.ev.Time); err != nil {
+		if err := c.lim.GiveBackNow(&r.Policy, p.key, p.limit, p.units-counted, p.ev.Time, p.mark); err != nil {
 			// The store did not take them: the units stay counted, which
 			// can only refuse more.
 			c.sm.giveBackFailed.Inc()
@@ -114,11 +114,7 @@ func (c *Core) settle(p *pendingUnits, counted uint64, now int64, how settledHow
 			// A throttle refused meanwhile was blocked until the release
 			// its reserved units made; given back, they no longer hold
 			// it. (A block rule's block stands for its timeout.)
-			if u, ok := c.blocks.(unblocker); ok {
-				if _, blocked := c.blocks.Blocked(p.block, now); blocked {
-					u.Unblock(p.block)
-				}
-			}
+			c.unblock(p.block, now)
 		}
 	case counted > p.units:
 		c.lim.Record(time.Unix(0, now), &r.Policy, p.key, counted-p.units)
@@ -135,6 +131,15 @@ func (c *Core) settle(p *pendingUnits, counted uint64, now int64, how settledHow
 // unblocker is what a block cache offers to lift a block early
 // (blockcache.Cache.Unblock).
 type unblocker interface{ Unblock(key uint64) }
+
+// unblock lifts the block of blockKey, if the block cache can.
+func (c *Core) unblock(blockKey uint64, now int64) {
+	if ub, ok := c.blocks.(unblocker); ok {
+		if _, blocked := c.blocks.Blocked(blockKey, now); blocked {
+			ub.Unblock(blockKey)
+		}
+	}
+}
 
 // settledHow is how a counting rule's request settled, for
 // poplimit_edge_settled_total.

@@ -21,7 +21,7 @@ func decisionEdge(t *testing.T, settleTimeout time.Duration) *edge.Edge {
 	var o edge.Options
 	o.Server = httpedge.Config{Mode: httpedge.Decision, DecideToken: decisionToken}
 	o.SettleTimeout = settleTimeout
-	return edgetest.Start(t, failedLoginRules("sync"), o)
+	return edgetest.Start(t, failedLoginRules("sliding_window", "sync"), o)
 }
 
 // check asks the edge about POST /login for user, as nginx's

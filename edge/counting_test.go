@@ -49,8 +49,9 @@ func startLoginOrigin(t *testing.T, delay time.Duration) *loginOrigin {
 	return o
 }
 
-// failedLoginRules counts failed logins per account: 5 per 15 minutes.
-func failedLoginRules(mode string) string {
+// failedLoginRules counts failed logins per account: 5 per 15 minutes,
+// by the algorithm alg (a bucket's burst is its limit).
+func failedLoginRules(alg, mode string) string {
 	return `
 rules:
   - name: failed-logins
@@ -59,10 +60,14 @@ rules:
     key: ["header:X-User"]
     limit: 5
     window: 15m
+    algorithm: ` + alg + `
     mode: ` + mode + `
     count: {status: [401, 403]}
 `
 }
+
+// countingAlgorithms are the algorithms that give units back.
+var countingAlgorithms = []string{"sliding_window", "fixed_window", "token_bucket", "leaky_bucket"}
 
 // countingEdges starts two proxy-mode edges in front of origin, sharing
 // store: three memcached shards or one redis-server.
@@ -114,42 +119,44 @@ func login(t *testing.T, c *http.Client, addr, user, password string) int {
 func TestFailedLoginsParallelBurst(t *testing.T) {
 	for _, store := range []string{"memcached", "redis"} {
 		for _, mode := range []string{"async", "sync"} {
-			t.Run(store+"/"+mode, func(t *testing.T) {
-				origin := startLoginOrigin(t, 20*time.Millisecond)
-				edges := countingEdges(t, store, failedLoginRules(mode), origin.addr)
-				c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
-				defer c.CloseIdleConnections()
-				const n = 200
-				var wg sync.WaitGroup
-				var mu sync.Mutex
-				got := map[int]int{}
-				start := make(chan struct{})
-				for i := range n {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						<-start
-						s := login(t, c, edges[i%2].Addr(), "alice@example.com", fmt.Sprint("guess-", i))
-						mu.Lock()
-						got[s]++
-						mu.Unlock()
-					}()
-				}
-				close(start)
-				wg.Wait()
-				f := origin.failures.Load()
-				t.Logf("%s/%s: answers %v; the origin answered %d failures", store, mode, got, f)
-				if f > 5 || f < 1 {
-					t.Errorf("the origin answered %d failed logins, want 1 to 5", f)
-				}
-				if got[401] != int(f) || got[429] != n-int(f) {
-					t.Errorf("answers %v: want %d×401 and the rest 429", got, f)
-				}
-				// Once the burst is over, the account stays at its limit.
-				if s := login(t, c, edges[0].Addr(), "alice@example.com", "right"); s != 429 {
-					t.Errorf("after the burst: %d, want 429", s)
-				}
-			})
+			for _, alg := range countingAlgorithms {
+				t.Run(store+"/"+mode+"/"+alg, func(t *testing.T) {
+					origin := startLoginOrigin(t, 20*time.Millisecond)
+					edges := countingEdges(t, store, failedLoginRules(alg, mode), origin.addr)
+					c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
+					defer c.CloseIdleConnections()
+					const n = 200
+					var wg sync.WaitGroup
+					var mu sync.Mutex
+					got := map[int]int{}
+					start := make(chan struct{})
+					for i := range n {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							<-start
+							s := login(t, c, edges[i%2].Addr(), "alice@example.com", fmt.Sprint("guess-", i))
+							mu.Lock()
+							got[s]++
+							mu.Unlock()
+						}()
+					}
+					close(start)
+					wg.Wait()
+					f := origin.failures.Load()
+					t.Logf("%s/%s: answers %v; the origin answered %d failures", store, mode, got, f)
+					if f > 5 || f < 1 {
+						t.Errorf("the origin answered %d failed logins, want 1 to 5", f)
+					}
+					if got[401] != int(f) || got[429] != n-int(f) {
+						t.Errorf("answers %v: want %d×401 and the rest 429", got, f)
+					}
+					// Once the burst is over, the account stays at its limit.
+					if s := login(t, c, edges[0].Addr(), "alice@example.com", "right"); s != 429 {
+						t.Errorf("after the burst: %d, want 429", s)
+					}
+				})
+			}
 		}
 	}
 }
@@ -160,33 +167,35 @@ func TestFailedLoginsParallelBurst(t *testing.T) {
 func TestSuccessfulLoginsCostNothing(t *testing.T) {
 	for _, store := range []string{"memcached", "redis"} {
 		for _, mode := range []string{"async", "sync"} {
-			t.Run(store+"/"+mode, func(t *testing.T) {
-				origin := startLoginOrigin(t, 0)
-				edges := countingEdges(t, store, failedLoginRules(mode), origin.addr)
-				c := &http.Client{Timeout: 10 * time.Second}
-				defer c.CloseIdleConnections()
-				refused := 0
-				for i := range 1000 {
-					if s := login(t, c, edges[i%2].Addr(), "bob@example.com", "right"); s != 200 {
-						refused++
-						if refused < 5 {
-							t.Errorf("login %d: %d, want 200", i, s)
+			for _, alg := range countingAlgorithms {
+				t.Run(store+"/"+mode+"/"+alg, func(t *testing.T) {
+					origin := startLoginOrigin(t, 0)
+					edges := countingEdges(t, store, failedLoginRules(alg, mode), origin.addr)
+					c := &http.Client{Timeout: 10 * time.Second}
+					defer c.CloseIdleConnections()
+					refused := 0
+					for i := range 1000 {
+						if s := login(t, c, edges[i%2].Addr(), "bob@example.com", "right"); s != 200 {
+							refused++
+							if refused < 5 {
+								t.Errorf("login %d: %d, want 200", i, s)
+							}
 						}
 					}
-				}
-				if refused > 0 || origin.logins.Load() != 1000 {
-					t.Fatalf("%d of 1,000 logins refused; the origin welcomed %d", refused, origin.logins.Load())
-				}
-				// Failures still count: five, then refused.
-				for i := range 5 {
-					if s := login(t, c, edges[i%2].Addr(), "bob@example.com", "wrong"); s != 401 {
-						t.Errorf("failure %d: %d, want 401", i, s)
+					if refused > 0 || origin.logins.Load() != 1000 {
+						t.Fatalf("%d of 1,000 logins refused; the origin welcomed %d", refused, origin.logins.Load())
 					}
-				}
-				if s := login(t, c, edges[1].Addr(), "bob@example.com", "right"); s != 429 {
-					t.Errorf("after 5 failures: %d, want 429", s)
-				}
-			})
+					// Failures still count: five, then refused.
+					for i := range 5 {
+						if s := login(t, c, edges[i%2].Addr(), "bob@example.com", "wrong"); s != 401 {
+							t.Errorf("failure %d: %d, want 401", i, s)
+						}
+					}
+					if s := login(t, c, edges[1].Addr(), "bob@example.com", "right"); s != 429 {
+						t.Errorf("after 5 failures: %d, want 429", s)
+					}
+				})
+			}
 		}
 	}
 }

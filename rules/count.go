@@ -121,8 +121,10 @@ func parseCount(f *fields, y ruleYAML, r *Rule) {
 	switch {
 	case r.Kind != Rate:
 		f.fail("count", "", "applies only to rate rules: a "+r.Kind.String()+" rule's slot is given back when the response ends, whatever it says")
-	case r.Algorithm == policy.TokenBucket || r.Algorithm == policy.LeakyBucket || r.Algorithm == policy.SlidingLog:
-		f.fail("count", "", "a "+r.Algorithm.String()+" cannot give units back: "+noGiveBack[r.Algorithm]+"; use sliding_window or fixed_window")
+	case r.Algorithm == policy.SlidingLog:
+		f.fail("count", "", "a "+r.Algorithm.String()+" cannot give units back: "+noGiveBack[r.Algorithm]+"; use sliding_window, fixed_window or a bucket")
+	case r.Action == policy.Delay:
+		f.fail("count", "", "a queue (action: delay) cannot give units back: a request waits for its place behind the units before it, which a give-back would move under it")
 	case y.Scope != "" && y.Scope != "pop":
 		f.fail("count", "", "applies only to rules of scope: pop (the other PoPs' counts of a global rule are what its edges admitted, not what its origins answered)")
 	}
@@ -160,11 +162,10 @@ func (c *Count) parse(f *fields, cy *countYAML) {
 }
 
 // noGiveBack says why an algorithm cannot give a reserved request's units
-// back when its response does not count.
+// back when its response does not count (windows give back the units of
+// their window, buckets what has not leaked: window.Limiter.GiveBackNow).
 var noGiveBack = map[policy.Algorithm]string{
-	policy.TokenBucket: "its state is one theoretical arrival time, and units poured earlier may have drained since (in async mode the edge pours them at its flush, at a place in the shared bucket it never learns), so moving that time back by their length would return room the bucket no longer held",
-	policy.LeakyBucket: "its state is one theoretical arrival time, and units poured earlier may have drained since (in async mode the edge pours them at its flush, at a place in the shared bucket it never learns), so moving that time back by their length would return room the bucket no longer held",
-	policy.SlidingLog:  "its store operations log instants and expire them; none removes one request's entry",
+	policy.SlidingLog: "its store operations log instants and expire them; none removes one request's entry",
 }
 
 // parseStatus reads one entry of count.status: a code 100-599, or a

@@ -15,6 +15,8 @@ func TestParseCount(t *testing.T) {
 - {name: cost, limit: 100, window: 1m, cost: 2, count: {cost_header: X-Rate-Cost}}
 - {name: both, limit: 10, window: 1m, mode: sync, action: block, timeout: 1h, count: {status: ["4xx"], cost_header: X-Units}}
 - {name: plain, limit: 10, window: 1m}
+- {name: bucket, limit: 10, window: 1m, algorithm: token_bucket, count: {status: [401]}}
+- {name: meter, limit: 10, window: 1m, algorithm: leaky_bucket, action: block, count: {status: [401]}}
 `)
 	login, cost, both, plain := rs.Rules[0], rs.Rules[1], rs.Rules[2], rs.Rules[3]
 	if !login.Count.On() || !cost.Count.On() || !both.Count.On() || plain.Count.On() {
@@ -67,8 +69,7 @@ func TestParseCountErrors(t *testing.T) {
 		{head + "count: {status: [4XX]}}]", `rules[0].count.status[0]: must be a status code from 100 to 599 or a class 1xx to 5xx (got "4XX")`},
 		{head + "count: {cost_header: \"X Bad\"}}]", `rules[0].count.cost_header: is not a valid header name (got "X Bad")`},
 		{head + "count: {status: [401], colour: red}}]", "field colour not found"},
-		{head + "algorithm: token_bucket, count: {status: [401]}}]", "rules[0].count: a token_bucket cannot give units back"},
-		{head + "algorithm: leaky_bucket, count: {status: [401]}}]", "rules[0].count: a leaky_bucket cannot give units back"},
+		{head + "algorithm: leaky_bucket, action: delay, count: {status: [401]}}]", "rules[0].count: a queue (action: delay) cannot give units back"},
 		{head + "algorithm: sliding_log, count: {status: [401]}}]", "rules[0].count: a sliding_log cannot give units back"},
 		{head + "scope: global, count: {status: [401]}}]", "rules[0].count: applies only to rules of scope: pop"},
 		{"rules: [{name: a, kind: concurrency, limit: 10, count: {status: [401]}}]", "rules[0].count: applies only to rate rules: a concurrency rule's slot is given back when the response ends, whatever it says"},

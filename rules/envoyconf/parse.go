@@ -954,7 +954,7 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 	}
 	if countF != nil && l.Count.On() {
 		if ok, why := rules.GivesBack(l.Algorithm); !ok {
-			p.fail(countF.key, join(path, "count"), ErrInvalid, "a %s cannot give units back: %s; use sliding_window or fixed_window", l.Algorithm, why)
+			p.fail(countF.key, join(path, "count"), ErrInvalid, "a %s cannot give units back: %s; use sliding_window, fixed_window or a bucket", l.Algorithm, why)
 		}
 	}
 	return l
