@@ -212,3 +212,22 @@ func TestCountingSameTick(t *testing.T) {
 		t.Errorf("got %+v; want 6 decisions, none wrong", r.Enforced)
 	}
 }
+
+// TestCountingBucket: a token bucket that counts by response holds the
+// counted units: successes leave it empty, failures fill it.
+func TestCountingBucket(t *testing.T) {
+	bucket := func(e *event.Event) { e.Algorithm, e.Burst = 2, 5 } // token_bucket, 5 per minute
+	evs := cat(burst(0, 8, 100, 1, A, counting(0, 20), bucket),    // successes: none counts
+		burst(1000, 5, 100, 2, A, counting(1, 20), bucket), // 5 failures fill it
+		burst(1600, 1, 0, 2, A, counting(1, 20), bucket),   // a 6th admitted: wrongly allowed
+		burst(1700, 1, 0, 2, L, counting(0, 0), bucket),    // refused: right
+		burst(0, 1, 0, 3, L, counting(0, 0), bucket))       // a fresh key refused: wrongly limited
+	j := newJudge(t, nil)
+	for _, a := range sent(evs) {
+		j.Add(a.at, a.e)
+	}
+	j.Flush()
+	if r := j.Report(); r.Enforced.Decisions != 16 || r.Enforced.WronglyAllowed != 1 || r.Enforced.WronglyLimited != 1 {
+		t.Errorf("got %+v; want 16 decisions, 1 wrongly allowed, 1 wrongly limited", r.Enforced)
+	}
+}
