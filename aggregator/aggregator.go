@@ -240,8 +240,8 @@ func (a *Aggregator) tick() {
 		case <-t.C:
 			now := time.Now().UnixNano()
 			if a.cfg.IdleFlush > 0 && now-a.lastApply.Load() >= int64(a.cfg.IdleFlush) && a.judge.Buffered() > 0 {
-				a.judge.Flush()
-				a.log.Debug("aggregator: stream idle: judged every buffered event")
+				a.judge.FlushSettled(now)
+				a.log.Debug("aggregator: stream idle: judged the buffered events (a counting rule's until SettleLateness ago)")
 			} else if a.cfg.Judge.Hold > 0 {
 				a.judge.Advance(now)
 			}

@@ -86,7 +86,8 @@ type Config struct {
 	// turn the judge's clock bounds and deduplication off).
 	Judge judge.Config
 	// IdleFlush is how long without events before everything buffered is
-	// judged. Default DefaultIdleFlush; Never: never. Judge.Hold needs
+	// judged (a counting rule's events once Judge.SettleLateness old: see
+	// judge.Judge.FlushSettled). Default DefaultIdleFlush; Never: never. Judge.Hold needs
 	// the same ticker.
 	IdleFlush time.Duration
 	// ShutdownTimeout bounds the HTTP server's shutdown in Close.

@@ -129,3 +129,33 @@ func DecodeLog(s *SlidingLogState, b []byte) error {
 	}
 	return nil
 }
+
+// GiveBack takes back n > 0 units poured at an earlier instant that left
+// the bucket's theoretical arrival time at mark (the whole nanoseconds of
+// the state after that pour): what of them has not leaked by now. The
+// units are the last ⌊n × Per / Rate⌋ ns before mark (a bucket leaks in
+// the order it was filled), so min(that, mark − now) ns are still in it,
+// and the TAT moves that much earlier, never before now. This never gives
+// back more than the bucket would hold had the units never been poured:
+// while any of them is in it, the bucket has not been empty since they
+// came, so the later pours stand on them exactly; once they have leaked,
+// nothing is given back.
+func (lb LeakyBucket) GiveBack(s *LeakyBucketState, now, mark, n int64) {
+	if n <= 0 || lb.Rate <= 0 || lb.Per <= 0 || mark <= now {
+		return
+	}
+	per := int64(lb.Per)
+	length := int64(math.MaxInt64)
+	if n <= math.MaxInt64/per {
+		length = n * per / lb.Rate
+	}
+	g := min(length, mark-now)
+	if g <= 0 || s.TAT <= now {
+		return
+	}
+	if s.TAT-g <= now {
+		s.TAT, s.Frac = now, 0
+		return
+	}
+	s.TAT -= g
+}

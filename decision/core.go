@@ -47,7 +47,9 @@ type CoreConfig struct {
 	// and event are valid during the call (the offline simulator's reports
 	// use it). A decision's time is Request.Now (DecideKey's now), or
 	// the limiter's clock after a wait for a new key's read (see the
-	// package doc).
+	// package doc). An admitted request of a rule with count is observed
+	// when it settles (its event Counting), with a nil key: its key
+	// material is not kept past the decision.
 	Observe func(r *rules.Rule, key []byte, e *event.Event)
 	// MaxDelayed bounds the requests held at once by leaky-bucket queues
 	// (rules with action: delay); a request that would wait past it is
@@ -75,6 +77,13 @@ type CoreConfig struct {
 	// rule matches (WantsBody): a longer body falls back as the rule's
 	// missing_key says (BodyTooLarge). At most MaxBodyKeyBytes.
 	BodyKeyBytes int // default DefaultBodyKeyBytes (8 KiB)
+	// SettleTimeout is how long a decision-mode reservation of a counting
+	// rule (Hold) waits for its settle call; one not settled by then
+	// keeps its units, as a request whose response never came.
+	SettleTimeout time.Duration // default DefaultSettleTimeout (1m)
+	// MaxHeld bounds the reservations waiting for a settle call; when it
+	// is reached, a new one keeps its units at once.
+	MaxHeld int // default DefaultMaxHeld (65,536)
 }
 
 // DefaultGlobalShare is CoreConfig.GlobalShare's default: two PoPs sharing
@@ -123,6 +132,8 @@ type Core struct {
 	inflight atomic.Int64
 	delayed  atomic.Int64 // requests held by leaky-bucket queues
 	owned    *owned       // what New started, stopped by Close; nil for NewCore
+	held     heldTable    // decision-mode reservations waiting to settle (held.go)
+	sm       *settleMetrics
 }
 
 // snapshot is one generation of rules with the metric handles of each rule,
@@ -130,11 +141,15 @@ type Core struct {
 type snapshot struct {
 	rules    *rules.Rules
 	counters []ruleCounters // by rule index
-	fixed    []fixedFields  // by rule index
-	failHard bool           // some rule fails closed
-	shedding bool           // load shedding is on (Upstream and max_in_flight set)
-	hasConc  bool           // some rule limits concurrency
-	bodyKeys bool           // some rule is keyed by the body (WantsBody)
+	// admit is the policy each rule's admissions are decided under, by
+	// rule index: the rule's own, but for a counting rule of mode: async,
+	// decided by one store round trip as a sync rule is (settle.go).
+	admit    []*window.Policy
+	fixed    []fixedFields // by rule index
+	failHard bool          // some rule fails closed
+	shedding bool          // load shedding is on (Upstream and max_in_flight set)
+	hasConc  bool          // some rule limits concurrency
+	bodyKeys bool          // some rule is keyed by the body (WantsBody)
 	// blockSalt is mixed into block-cache keys: each generation of rules
 	// has blocks of its own, so a block from before a reload can never
 	// answer under the new rules, whatever races the cache's Clear.
@@ -185,6 +200,18 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 	if cfg.BodyKeyBytes == 0 {
 		cfg.BodyKeyBytes = DefaultBodyKeyBytes
 	}
+	if cfg.SettleTimeout < 0 || cfg.SettleTimeout > 24*time.Hour {
+		return nil, fmt.Errorf("edge: SettleTimeout %v: must be between 0 (default) and 24h", cfg.SettleTimeout)
+	}
+	if cfg.SettleTimeout == 0 {
+		cfg.SettleTimeout = DefaultSettleTimeout
+	}
+	if cfg.MaxHeld < 0 || cfg.MaxHeld > 1<<24 {
+		return nil, fmt.Errorf("edge: MaxHeld %d: must be between 0 (default) and 2^24", cfg.MaxHeld)
+	}
+	if cfg.MaxHeld == 0 {
+		cfg.MaxHeld = DefaultMaxHeld
+	}
 	c := &Core{cfg: cfg, deps: deps, lim: deps.Limiter, blocks: deps.Blocks, pop: []byte(cfg.Pop)}
 	c.pool.New = func() any { return &Verdict{key: make([]byte, 0, 256)} }
 	var err error
@@ -192,6 +219,9 @@ func NewCore(cfg CoreConfig, rs *rules.Rules, deps CoreDeps) (*Core, error) {
 		return nil, err
 	}
 	if c.wm, err = newWaitMetrics(deps.Registerer); err != nil {
+		return nil, err
+	}
+	if c.sm, err = newSettleMetrics(deps.Registerer, c); err != nil {
 		return nil, err
 	}
 	if err := c.SetRules(rs); err != nil {
@@ -212,9 +242,19 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 		return errors.New("edge: no rules")
 	}
 	sn := &snapshot{rules: rs, counters: make([]ruleCounters, len(rs.Rules)), fixed: make([]fixedFields, len(rs.Rules)),
+		admit:    make([]*window.Policy, len(rs.Rules)),
 		shedding: rs.Shedding.MaxInFlight > 0 && c.cfg.Upstream, blockSalt: rand.Uint64()}
-	n := 0
+	n, counting := 0, 0
 	for i, r := range rs.Rules {
+		sn.admit[i] = &r.Policy
+		if r.Count.On() {
+			counting++
+			if r.Mode == policy.Async {
+				p := r.Policy
+				p.Mode = policy.Sync
+				sn.admit[i] = &p
+			}
+		}
 		sn.counters[i] = c.m.forRule(r.Name)
 		q := Quota{Rule: r, Limit: r.Limit}
 		sn.fixed[i] = fixedFields{limit: r.Limit, policy: AppendPolicy(nil, &q), xlimit: strconv.AppendUint(nil, r.Limit, 10),
@@ -236,6 +276,8 @@ func (c *Core) SetRules(rs *rules.Rules) error {
 		return errors.New("edge: rules have concurrency limits but the edge has no Slots")
 	case n > maxHeld:
 		return fmt.Errorf("edge: %d concurrency rules, at most %d", n, maxHeld)
+	case rs.MatchAll && counting > maxPending:
+		return fmt.Errorf("edge: %d rules with count under match: all, at most %d (one request reserves units under each)", counting, maxPending)
 	}
 	old := c.rules.Swap(sn)
 	if old != nil {
@@ -263,6 +305,9 @@ func (c *Core) FailsClosed() bool { return c.rules.Load().failHard }
 func (c *Core) Decide(req *Request) *Verdict {
 	d := c.get(req.Now)
 	c.decideInto(req, d)
+	if d.np > 0 && d.Outcome != Allowed {
+		c.keepAs(d, settledRefused) // given back: no origin answered
+	}
 	return d
 }
 
@@ -393,9 +438,13 @@ func (c *Core) reset(d *Verdict, now time.Time) {
 	d.Delay, d.jitter = 0, c.cfg.RetryJitter
 }
 
-// Finish gives back the concurrency slots d holds and returns d to the
-// pool; d must not be used after.
+// Finish gives back the concurrency slots d holds, keeps the units of
+// counting rules not settled (Settle: no response came) and returns d to
+// the pool; d must not be used after.
 func (c *Core) Finish(d *Verdict) {
+	if d.np > 0 {
+		c.keepAs(d, settledNoResponse)
+	}
 	for i := 0; i < d.nh; i++ {
 		c.deps.Slots.Release(d.held[i].key)
 		d.held[i] = heldSlot{}

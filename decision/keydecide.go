@@ -45,6 +45,9 @@ func (c *Core) DecideKey(g Generation, now time.Time, index int, key []byte, cos
 	r := g.sn.rules.Rules[index]
 	d := c.decideKey(g.sn, now, r, key, cost)
 	if limit == 0 || d.Fallback || d.Outcome == Undecidable || d.Outcome == Denied {
+		if d.np > 0 && d.Outcome != Allowed {
+			c.keepAs(d, settledRefused) // given back: no origin answered
+		}
 		return d
 	}
 	// The rule counted; the request's limit decides: used is what the
@@ -56,6 +59,9 @@ func (c *Core) DecideKey(g Generation, now time.Time, index int, key []byte, cos
 		d.Outcome, d.Quota.Remaining = Limited, 0
 	default:
 		d.Quota.Remaining = limit - used
+	}
+	if d.np > 0 && d.Outcome != Allowed {
+		c.keepAs(d, settledRefused) // given back: no origin answered
 	}
 	return d
 }

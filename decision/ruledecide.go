@@ -32,7 +32,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		rc.limitedCache.Inc()
 		d.Quota.ResetAt, d.Quota.ReleaseAt = rel, rel
 		d.FromBlockCache = true
-		ev.Decision, ev.FromBlockCache = event.Limited, true
+		ev.Decision, ev.FromBlockCache, ev.Counting = event.Limited, true, r.Count.On()
 		c.emit(r, d)
 		return true
 	}
@@ -40,7 +40,7 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 	if r.Scope == rules.ScopeGlobal && c.deps.Global != nil {
 		here = c.globalRoom(r, h, t, limit)
 	}
-	v := c.lim.Decide(context.Background(), d.now, &r.Policy, h, here, cost)
+	v := c.lim.Decide(context.Background(), d.now, sn.admit[r.Index], h, here, cost)
 	if v.At > ev.Time {
 		ev.Time = v.At // decided after a wait for the store: judged when decided
 	}
@@ -68,6 +68,21 @@ func (c *Core) decide(sn *snapshot, r *rules.Rule, d *Verdict, t int64, cost uin
 		rc.limited.Inc()
 		if v.ReleaseAt > t && !c.blocks.Block(bk, v.ReleaseAt, t) {
 			c.m.blockDropped.Inc()
+		}
+	}
+	if r.Count.On() {
+		if v.Allowed && !fb && cost > 0 && d.np < maxPending {
+			// Reserved: the units are taken, and the response settles
+			// them (settle.go), emitting the event then.
+			d.pend[d.np] = pendingUnits{rule: r, key: h, block: bk, units: cost, limit: limit, mark: v.Mark, ev: *ev}
+			d.np++
+			return false
+		}
+		// Refused, it counts nothing; admitted by the failure policy
+		// (nothing reserved to settle), all it cost.
+		ev.Counting = true
+		if v.Allowed {
+			ev.Counted = ev.Cost
 		}
 	}
 	c.emit(r, d)

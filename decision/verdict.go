@@ -112,10 +112,13 @@ type Verdict struct {
 	// admitted request before the core answered.
 	Delay time.Duration
 
-	key    []byte
-	ev     event.Event
-	held   [maxHeld]heldSlot
-	nh     int
+	key  []byte
+	ev   event.Event
+	held [maxHeld]heldSlot
+	nh   int
+	// pend are the units counting rules reserved (settle.go).
+	pend   [maxPending]pendingUnits
+	np     int
 	now    time.Time
 	jitter time.Duration // the core's RetryJitter; 0: none
 	buf    []byte        // rendering room, kept with the pooled Verdict

@@ -176,6 +176,12 @@ type Options struct {
 	// rule matches; a longer body falls back as the rule's missing_key
 	// says (decision.CoreConfig.BodyKeyBytes).
 	BodyKeyBytes int // default decision.DefaultBodyKeyBytes (8 KiB)
+	// SettleTimeout is how long a decision-mode reservation of a counting
+	// rule waits for its settle call (POST /_poplimit/settle); one never
+	// settled keeps its units then. MaxReservations bounds the
+	// reservations waiting; past it a new one keeps its units at once.
+	SettleTimeout   time.Duration // default decision.DefaultSettleTimeout (1m)
+	MaxReservations int           // default decision.DefaultMaxHeld (65,536)
 	// KafkaDial, when set, opens the connections to Brokers, for the
 	// producer and the feed of the other PoPs' counts: a test hook (the
 	// fault suite cuts a PoP off from Kafka).
@@ -274,6 +280,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BodyKeyBytes == 0 {
 		o.BodyKeyBytes = decision.DefaultBodyKeyBytes
+	}
+	if o.SettleTimeout == 0 {
+		o.SettleTimeout = decision.DefaultSettleTimeout
+	}
+	if o.MaxReservations == 0 {
+		o.MaxReservations = decision.DefaultMaxHeld
 	}
 	if o.ReloadPoll == 0 {
 		o.ReloadPoll = 2 * time.Second

@@ -76,7 +76,7 @@ func NewStack(o Options, rs *rules.Rules, d StackDeps) (*Stack, error) {
 		flushEvery: int64(lim.Config().FlushInterval), renewEvery: int64(o.Slots.RenewInterval), phase: int64(d.Phase)}
 	s.Core, err = decision.NewCore(decision.CoreConfig{EdgeID: o.EdgeID, Upstream: o.Server.Mode == httpedge.Proxy,
 		Observe: d.Observe, Wait: d.Wait, Pop: o.Pop, GlobalShare: o.GlobalShare,
-		Clock: clock, RetryJitter: o.RetryJitter, BodyKeyBytes: o.BodyKeyBytes}, rs,
+		Clock: clock, RetryJitter: o.RetryJitter, BodyKeyBytes: o.BodyKeyBytes, SettleTimeout: o.SettleTimeout, MaxHeld: o.MaxReservations}, rs,
 		decision.CoreDeps{Limiter: lim, Blocks: d.Blocks, Slots: s.Slots, Events: d.Events, Registerer: d.Registerer, Global: d.Global})
 	if err != nil {
 		s.Close(context.Background())

@@ -12,8 +12,10 @@
 // the time (Unix ns), the edge, the 64-bit key hash (client keys never
 // leave the edge), the rule's name, algorithm, limit, window and burst,
 // the action, the cost, the estimate the edge decided on, the decision and
-// mode, and whether the block cache, a shadow rule, the failure policy or
-// a leaky-bucket queue (with its delay) decided it. Append and Decode are
+// mode, whether the block cache, a shadow rule, the failure policy or
+// a leaky-bucket queue (with its delay) decided it, and, for a rule that
+// counts by response, the units the response counted and when the
+// request settled. Append and Decode are
 // canonical (decoding and re-encoding reproduces the input); they refuse
 // what they do not understand with an error, never a panic, allocate
 // nothing, and bound an event at MaxLen bytes. FORMAT.md, beside this file,

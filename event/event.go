@@ -9,9 +9,13 @@ import (
 )
 
 // Version is the event encoding version that Append writes: the first
-// byte of every event it encodes. Decode accepts it, VersionV2 and
-// VersionV1.
-const Version = 3
+// byte of every event it encodes. Decode accepts it, VersionV3, VersionV2
+// and VersionV1.
+const Version = 4
+
+// VersionV3 is version 4 without the counting byte (Counting, Counted,
+// SettleMicros): an event of it decodes with Counting false.
+const VersionV3 = 3
 
 // VersionV2 is version 3 without the PoP's name and the Global flag: an
 // event of it decodes with an empty Pop and Global false.
@@ -29,14 +33,15 @@ const MaxRuleLen = 255
 const MaxPopLen = 32
 
 // MaxLen is the longest encoding of one event of any version, in
-// bytes: the version 3 head, the longest varints (a delay included), a
-// rule name of MaxRuleLen bytes and a PoP name of MaxPopLen. Version 2
-// events are at most 307 bytes, version 1 events 296.
-const MaxLen = 340
+// bytes: the version 4 head, the longest varints (a delay included), a
+// rule name of MaxRuleLen bytes, a PoP name of MaxPopLen and the counting
+// byte with its two longest varints. Version 3 events are at most 340
+// bytes, version 2 events 307, version 1 events 296.
+const MaxLen = 351
 
 // The build fails unless MaxLen matches the layouts.
 var (
-	_ [0]struct{} = [MaxLen - (headLen + 3 + 5*5 + 1 + MaxRuleLen + 1 + MaxPopLen)]struct{}{}
+	_ [0]struct{} = [MaxLen - (headLen + 3 + 5*5 + 1 + MaxRuleLen + 1 + MaxPopLen + 1 + 2*5)]struct{}{}
 	_ [0]struct{} = [maxEventLenV1 - (headLenV1 + 3 + 3*5 + 1 + MaxRuleLen)]struct{}{}
 	_ [MaxLen - maxEventLenV1]struct{}
 )
@@ -47,7 +52,8 @@ const (
 	headLen = 1 + 1 + 1 + 8 + 8 + 4
 	// minEventLen is the shortest version 2 event: the head, five one-byte
 	// varints (edge, cost, limit, window, burst) and an empty rule name;
-	// a version 3 event has one more byte, its PoP name's length.
+	// a version 3 event has one more byte, its PoP name's length, and a
+	// version 4 event another, its counting byte.
 	minEventLen = headLen + 5 + 1
 
 	// headLenV1 is the fixed part of version 1: version, flags, time, key
@@ -74,6 +80,13 @@ const (
 	flagsReservedV1    = 0xff &^ (1<<6 - 1)
 )
 
+// Bits of the counting byte, the last byte of a version 4 event before its
+// counting varints.
+const (
+	countCounting      = 1 << 0
+	countReservedFlags = 0xff &^ countCounting
+)
+
 // Errors that Decode, Append and the frame functions of package pipeline
 // return. They are returned bare (not wrapped) so that decoding allocates
 // nothing even when it fails; check them with errors.Is, since callers may
@@ -92,7 +105,9 @@ var (
 	// ErrMalformed reports a field outside its domain: a reserved flag bit
 	// set, a varint that is not minimally encoded or overflows its field,
 	// an enumeration value (Decision, Mode, Action, Algorithm) that does
-	// not exist, a delay on an event that was not delayed, or, in a frame,
+	// not exist, a delay on an event that was not delayed, a count or a
+	// settlement time on an event that is not Counting, a count over the
+	// cost, or, in a frame,
 	// an event count or length out of range or an event of another edge or
 	// version.
 	ErrMalformed = errors.New("event: malformed event")
@@ -105,7 +120,7 @@ var (
 //
 // The zero value is a valid event: an allowed async throttle decision of a
 // sliding-window rule at the Unix epoch on edge 0 with an empty rule name.
-// Fields are ordered to keep the struct at 104 bytes with no padding
+// Fields are ordered to keep the struct at 112 bytes with no padding
 // between fields.
 type Event struct {
 	Time    int64  // when the edge decided, Unix nanoseconds
@@ -130,7 +145,16 @@ type Event struct {
 	// DelayMicros is how long a leaky-bucket queue held the request before
 	// it went through, microseconds; it must be 0 unless Delayed is set.
 	DelayMicros uint32
-	Edge        uint16 // the edge server that decided
+	// Counted is how many of the request's units its response counted, at
+	// most Cost, for an event that is Counting; 0 otherwise. A limited
+	// request counts nothing; an admitted one whose response never came
+	// counts all its Cost.
+	Counted uint32
+	// SettleMicros is how long after Time the request settled (its
+	// response was known, or the edge gave up waiting for it),
+	// microseconds, for an event that is Counting; 0 otherwise.
+	SettleMicros uint32
+	Edge         uint16 // the edge server that decided
 
 	Decision       Admission
 	Mode           policy.Mode
@@ -144,6 +168,11 @@ type Event struct {
 	Delayed bool
 	// Global reports a rule of scope global: its limit holds across PoPs.
 	Global bool
+	// Counting reports a rule that counts by response (its count field):
+	// the request spent Counted units, not Cost, and an admitted request's
+	// event is sent when it settled, SettleMicros after Time, so it
+	// arrives up to the rule's settle timeout late.
+	Counting bool
 	// Framed is set by pipeline's Consumer on an event that came in a
 	// frame its frame dedup (DedupFrames) checked: a copy of it can only be a copy
 	// of its frame, which that dedup drops, so a judge need not
@@ -158,7 +187,8 @@ func (e *Event) Check() error {
 		return ErrRuleTooLong
 	}
 	if e.Decision > Limited || e.Mode > policy.Sync || e.Action > policy.Block || e.Algorithm > policy.SlidingLog ||
-		(!e.Delayed && e.DelayMicros != 0) {
+		(!e.Delayed && e.DelayMicros != 0) || (!e.Counting && (e.Counted != 0 || e.SettleMicros != 0)) ||
+		e.Counted > e.Cost {
 		return ErrMalformed
 	}
 	return nil
@@ -181,23 +211,28 @@ func EncodedLen(e *Event) int {
 		return 0
 	}
 	n := headLen + uvarintLen(uint64(e.Edge)) + uvarintLen(uint64(e.Cost)) + uvarintLen(uint64(e.Limit)) +
-		uvarintLen(uint64(e.WindowMillis)) + uvarintLen(uint64(e.Burst)) + 1 + len(e.Rule) + 1 + len(e.Pop)
+		uvarintLen(uint64(e.WindowMillis)) + uvarintLen(uint64(e.Burst)) + 1 + len(e.Rule) + 1 + len(e.Pop) + 1
 	if e.Delayed {
 		n += uvarintLen(uint64(e.DelayMicros))
+	}
+	if e.Counting {
+		n += uvarintLen(uint64(e.Counted)) + uvarintLen(uint64(e.SettleMicros))
 	}
 	return n
 }
 
-// Append appends the version 3 encoding of e to dst and returns the
+// Append appends the version 4 encoding of e to dst and returns the
 // extended buffer. It allocates only if dst lacks the capacity
 // (EncodedLen(e) or MaxLen bytes are always enough). It returns dst
 // unchanged with ErrRuleTooLong if e.Rule is longer than MaxRuleLen bytes
 // or e.Pop longer than MaxPopLen,
 // or with ErrMalformed if e.Decision, e.Mode, e.Action or e.Algorithm is not
-// a defined value or e.DelayMicros is set on an event that is not Delayed.
+// a defined value, e.DelayMicros is set on an event that is not Delayed,
+// e.Counted or e.SettleMicros on one that is not Counting, or e.Counted
+// exceeds e.Cost.
 //
 // The encoding is canonical: one event has exactly one encoding, so
-// Append(nil, decoded) reproduces the version 3 bytes Decode
+// Append(nil, decoded) reproduces the version 4 bytes Decode
 // accepted.
 func Append(dst []byte, e *Event) ([]byte, error) {
 	if err := e.Check(); err != nil {
@@ -248,16 +283,23 @@ func appendEvent(dst []byte, e *Event) []byte {
 	dst = append(dst, byte(len(e.Rule)))
 	dst = append(dst, e.Rule...)
 	dst = append(dst, byte(len(e.Pop)))
-	return append(dst, e.Pop...)
+	dst = append(dst, e.Pop...)
+	if !e.Counting {
+		return append(dst, 0)
+	}
+	dst = append(dst, countCounting)
+	dst = binary.AppendUvarint(dst, uint64(e.Counted))
+	return binary.AppendUvarint(dst, uint64(e.SettleMicros))
 }
 
-// Decode decodes exactly one event of version 3, 2 or 1 from b into e.
+// Decode decodes exactly one event of version 4, 3, 2 or 1 from b into e.
 // It allocates nothing; e.Rule and e.Pop alias b (capacity-limited, so
-// appending to them cannot overwrite b). A version 2 event decodes with an
-// empty Pop and Global false, a version 1 event also with Algorithm
-// policy.SlidingWindow and Burst = Limit; both re-encode as version 3.
+// appending to them cannot overwrite b). A version 3 event decodes with
+// Counting false, a version 2 event also with an empty Pop and Global
+// false, a version 1 event also with Algorithm policy.SlidingWindow and
+// Burst = Limit; all re-encode as version 4.
 //
-// It returns ErrVersion if b does not start with Version or VersionV1,
+// It returns ErrVersion if b does not start with one of these versions,
 // ErrTruncated if b ends inside the event, ErrTrailing if bytes follow it,
 // and ErrMalformed if a field is outside its domain (see ErrMalformed). The
 // version is checked before the length, so a future version is reported as
@@ -268,7 +310,7 @@ func Decode(b []byte, e *Event) error {
 		return ErrTruncated
 	}
 	switch b[0] {
-	case Version, VersionV2, VersionV1:
+	case Version, VersionV3, VersionV2, VersionV1:
 		return decodeEvent(b, e, b[0])
 	}
 	return ErrVersion
@@ -280,6 +322,8 @@ func decodeEvent(b []byte, e *Event, version byte) error {
 	minLen, reserved := minEventLenV1, byte(flagsReservedV1)
 	switch version {
 	case Version:
+		minLen, reserved = minEventLen+2, 0
+	case VersionV3:
 		minLen, reserved = minEventLen+1, 0
 	case VersionV2:
 		minLen, reserved = minEventLen, flagsReservedV2
@@ -358,7 +402,7 @@ func decodeEvent(b []byte, e *Event, version byte) error {
 	}
 	ev.Rule = b[off : off+ruleLen : off+ruleLen]
 	off += ruleLen
-	if version == Version {
+	if version >= VersionV3 {
 		if off >= len(b) {
 			return ErrTruncated
 		}
@@ -372,6 +416,27 @@ func decodeEvent(b []byte, e *Event, version byte) error {
 		}
 		ev.Pop = b[off : off+popLen : off+popLen]
 		off += popLen
+	}
+	if version == Version {
+		if off >= len(b) {
+			return ErrTruncated
+		}
+		count := b[off]
+		off++
+		if count&countReservedFlags != 0 {
+			return ErrMalformed
+		}
+		if count&countCounting != 0 {
+			ev.Counting = true
+			if v, n, err = uvarint(b[off:], uint64(ev.Cost)); err != nil {
+				return err
+			}
+			ev.Counted, off = uint32(v), off+n
+			if v, n, err = uvarint(b[off:], math.MaxUint32); err != nil {
+				return err
+			}
+			ev.SettleMicros, off = uint32(v), off+n
+		}
 	}
 	if off != len(b) {
 		return ErrTrailing

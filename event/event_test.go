@@ -11,8 +11,24 @@ import (
 	"github.com/poplimit/poplimit/policy"
 )
 
+// TestDecodeV3 decodes every sample event that version 3 can carry from
+// its version 3 bytes: not counting; it re-encodes as version 4.
+func TestDecodeV3(t *testing.T) {
+	for name, e := range eventtest.Samples() {
+		e := eventtest.AsV3(e)
+		b := eventtest.AppendV3(nil, &e)
+		var got event.Event
+		if err := event.Decode(b, &got); err != nil || !eventtest.Equal(&got, &e) {
+			t.Errorf("%s through v3: got %+v, %v, want %+v", name, got, err, e)
+		}
+		if len(b) > event.MaxLen-11 {
+			t.Errorf("%s: v3 encoding of %d bytes, want at most 340", name, len(b))
+		}
+	}
+}
+
 // TestDecodeV2 decodes every sample event that version 2 can carry from
-// its version 2 bytes: an empty PoP, scope pop; it re-encodes as version 3.
+// its version 2 bytes: an empty PoP, scope pop; it re-encodes as version 4.
 func TestDecodeV2(t *testing.T) {
 	for name, e := range eventtest.Samples() {
 		e := eventtest.AsV2(e)
@@ -58,8 +74,8 @@ func TestEventMaxLen(t *testing.T) {
 	}
 }
 
-// TestEventLayout pins the documented layout of version 3 with a golden
-// encoding.
+// TestEventLayout pins the documented layout of version 4 with a golden
+// encoding, not counting and counting.
 func TestEventLayout(t *testing.T) {
 	e := event.Event{
 		Time: 1, Edge: 2, Rule: []byte("ab"), KeyHash: 0x0102030405060708, Cost: 1, Limit: 300,
@@ -71,10 +87,47 @@ func TestEventLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = "03" + "e5" + "03" + "0000000000000001" + "0102030405060708" + "3fc00000" +
-		"02" + "01" + "ac02" + "e807" + "d804" + "dc0b" + "02" + "6162" + "02" + "7031"
+	const want = "04" + "e5" + "03" + "0000000000000001" + "0102030405060708" + "3fc00000" +
+		"02" + "01" + "ac02" + "e807" + "d804" + "dc0b" + "02" + "6162" + "02" + "7031" + "00"
 	if got := hex.EncodeToString(b); got != want {
 		t.Errorf("encoding: got %s, want %s", got, want)
+	}
+	e.Cost, e.Counting, e.Counted, e.SettleMicros = 3, true, 2, 300
+	if b, err = event.Append(nil, &e); err != nil {
+		t.Fatal(err)
+	}
+	const wantCounting = "04" + "e5" + "03" + "0000000000000001" + "0102030405060708" + "3fc00000" +
+		"02" + "03" + "ac02" + "e807" + "d804" + "dc0b" + "02" + "6162" + "02" + "7031" + "01" + "02" + "ac02"
+	if got := hex.EncodeToString(b); got != wantCounting {
+		t.Errorf("counting encoding: got %s, want %s", got, wantCounting)
+	}
+}
+
+// TestDecodeCountingErrors refuses the counting byte's malformations: a
+// reserved bit, a count over the cost, a non-minimal or truncated varint.
+func TestDecodeCountingErrors(t *testing.T) {
+	e := event.Event{Cost: 2, Counting: true, Counted: 1, SettleMicros: 5}
+	good := eventtest.Encode(t, e)
+	n := len(good)
+	mod := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
+	tests := []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"reserved bit", mod(func(b []byte) []byte { b[n-3] |= 2; return b }), event.ErrMalformed},
+		{"counted over cost", mod(func(b []byte) []byte { b[n-2] = 3; return b }), event.ErrMalformed},
+		{"non-minimal settle", append(mod(func(b []byte) []byte { b[n-1] = 0x85; return b }), 0), event.ErrMalformed},
+		{"no settle", good[:n-1], event.ErrTruncated},
+		{"no counting byte", good[:n-3], event.ErrTruncated},
+		{"trailing", append(bytes.Clone(good), 0), event.ErrTrailing},
+		{"counts without counting", mod(func(b []byte) []byte { b[n-3] = 0; return b }), event.ErrTrailing},
+	}
+	for _, tt := range tests {
+		var got event.Event
+		if err := event.Decode(tt.b, &got); !errors.Is(err, tt.want) {
+			t.Errorf("%s: Decode(%x) got %v, want %v", tt.name, tt.b, err, tt.want)
+		}
 	}
 }
 
@@ -130,6 +183,9 @@ func TestAppendEventErrors(t *testing.T) {
 		{"bad action", event.Event{Action: 2}, event.ErrMalformed},
 		{"bad algorithm", event.Event{Algorithm: 5}, event.ErrMalformed},
 		{"delay without delayed", event.Event{DelayMicros: 1}, event.ErrMalformed},
+		{"count without counting", event.Event{Cost: 1, Counted: 1}, event.ErrMalformed},
+		{"settle without counting", event.Event{SettleMicros: 1}, event.ErrMalformed},
+		{"count over cost", event.Event{Cost: 1, Counted: 2, Counting: true}, event.ErrMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -172,12 +228,14 @@ func TestDecodeEventErrors(t *testing.T) {
 	}{
 		{"empty", nil, event.ErrTruncated},
 		{"version 0", with(valid, 0, 0), event.ErrVersion},
-		{"version 4", with(valid, 0, 4), event.ErrVersion},
-		{"future version, short", []byte{4}, event.ErrVersion},
+		{"version 5", with(valid, 0, 5), event.ErrVersion},
+		{"future version, short", []byte{5}, event.ErrVersion},
+		{"v3 trailing byte", append(eventtest.AppendV3(nil, &typicalV1), 0), event.ErrTrailing},
 		{"v2 reserved flag 7", with(v2, 1, 1<<7), event.ErrMalformed},
 		{"v2 trailing byte", append(bytes.Clone(v2), 0), event.ErrTrailing},
-		{"PoP name over 32 bytes", append(append(bytes.Clone(valid[:len(valid)-1]), 33), bytes.Repeat([]byte("p"), 33)...), event.ErrMalformed},
-		{"cut in PoP name", append(bytes.Clone(valid[:len(valid)-1]), 2, 'p'), event.ErrTruncated},
+		{"PoP name over 32 bytes", append(append(bytes.Clone(valid[:len(valid)-2]), 33), append(bytes.Repeat([]byte("p"), 33), 0)...), event.ErrMalformed},
+		{"cut in PoP name", append(bytes.Clone(valid[:len(valid)-2]), 2, 'p'), event.ErrTruncated},
+		{"cut before the counting byte", valid[:len(valid)-1], event.ErrTruncated},
 		{"a frame", with(valid, 0, 0x81), event.ErrVersion},
 		{"version only", []byte{2}, event.ErrTruncated},
 		{"v1 version only", []byte{1}, event.ErrTruncated},
@@ -252,6 +310,16 @@ func TestEventAllocs(t *testing.T) {
 	if got := testing.AllocsPerRun(1000, func() { _ = event.Decode(bad, &out) }); got != 0 {
 		t.Errorf("Decode allocs on error: got %v, want 0", got)
 	}
+	c := eventtest.Samples()["counted"]
+	if got := testing.AllocsPerRun(1000, func() {
+		buf, _ = event.Append(buf[:0], &c)
+		if err := event.Decode(buf, &out); err != nil {
+			t.Fatal(err)
+		}
+	}); got != 0 {
+		t.Errorf("Append and Decode allocs, counting: got %v, want 0", got)
+	}
+	buf, _ = event.Append(buf[:0], &e)
 	v1 := eventtest.AppendV1(nil, &e)
 	if got := testing.AllocsPerRun(1000, func() {
 		if err := event.Decode(v1, &out); err != nil {
@@ -288,13 +356,14 @@ func TestEnumStrings(t *testing.T) {
 }
 
 // FuzzDecode checks that Decode never panics, fails only with a
-// sentinel, and is canonical: a version 3 input re-encodes to itself, and a
-// version 2 or 1 input to the bytes of the test's encoder of its version
-// and to a version 3 encoding that decodes to the same event.
+// sentinel, and is canonical: a version 4 input re-encodes to itself, and a
+// version 3, 2 or 1 input to the bytes of the test's encoder of its version
+// and to a version 4 encoding that decodes to the same event.
 func FuzzDecode(f *testing.F) {
 	for _, e := range eventtest.Samples() {
-		e2 := eventtest.AsV2(e)
-		for _, b := range [][]byte{eventtest.Encode(f, e), eventtest.AppendV1(nil, &e), eventtest.AppendV2(nil, &e2)} {
+		e2, e3, e1 := eventtest.AsV2(e), eventtest.AsV3(e), eventtest.AsV1(e)
+		for _, b := range [][]byte{eventtest.Encode(f, e), eventtest.AppendV1(nil, &e1), eventtest.AppendV2(nil, &e2),
+			eventtest.AppendV3(nil, &e3)} {
 			f.Add(b)
 			for _, n := range []int{0, 1, 2, 3, 21, 22, 23, 24, len(b) - 1} {
 				if n >= 0 && n < len(b) {
@@ -304,6 +373,7 @@ func FuzzDecode(f *testing.F) {
 			f.Add(append(bytes.Clone(b), 0))
 		}
 	}
+	f.Add([]byte{4, 0})
 	f.Add([]byte{3, 0})
 	f.Add([]byte{1, 0xff})
 	f.Add([]byte{2, 0xff, 0xff})
@@ -329,6 +399,13 @@ func FuzzDecode(f *testing.F) {
 		case event.Version:
 			if !bytes.Equal(enc, b) {
 				t.Fatalf("re-encoding: got %x, want the input %x (the encoding is canonical)", enc, b)
+			}
+		case event.VersionV3:
+			if e.Counting {
+				t.Fatalf("v3 event: got Counting; want false")
+			}
+			if v3 := eventtest.AppendV3(nil, &e); !bytes.Equal(v3, b) {
+				t.Fatalf("v3 re-encoding: got %x, want the input %x (the encoding is canonical)", v3, b)
 			}
 		case event.VersionV2:
 			if len(e.Pop) > 0 || e.Global {

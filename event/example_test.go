@@ -21,7 +21,7 @@ func ExampleAppend() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%d bytes, version %d\n", len(buf), buf[0])
-	// Output: 37 bytes, version 3
+	// Output: 38 bytes, version 4
 }
 
 func ExampleDecode() {

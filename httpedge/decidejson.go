@@ -35,6 +35,11 @@ type DecideResponse struct {
 	RetryMillis  int64  `json:"retry_after_ms"` // refused only: until a request of this cost fits
 	FromBlocks   bool   `json:"from_block_cache"`
 	FallbackUsed bool   `json:"fallback"`
+	// Reservation is the id of the units a counting rule (count:)
+	// reserved for an allowed request: settle it with POST
+	// /_poplimit/settle?id=…&status=… once the response is known (it is
+	// also in the Poplimit-Reservation header). Empty for other rules.
+	Reservation string `json:"reservation,omitempty"`
 }
 
 const maxJSONKey = 4096
@@ -240,6 +245,13 @@ func (s *Server) handleDecideJSON(ctx *fasthttp.RequestCtx) {
 	resp := DecideResponse{Allowed: d.Outcome == decision.Allowed, Rule: q.Rule.Name, Limit: q.Limit, Remaining: q.Remaining,
 		ResetMillis: max(0, (q.ResetAt-t)/int64(time.Millisecond)), FromBlocks: d.FromBlockCache,
 		FallbackUsed: d.Fallback}
+	if d.Outcome == decision.Allowed && d.Counting() {
+		var room [decision.ReservationIDLen]byte
+		if id, ok := s.core.Hold(d, room[:0]); ok {
+			resp.Reservation = string(id)
+			ctx.Response.Header.SetBytesV(ReservationHeader, id)
+		}
+	}
 	if d.Outcome == decision.Limited {
 		resp.RetryMillis = max(0, (q.ReleaseAt-t+int64(time.Millisecond)-1)/int64(time.Millisecond))
 		// The fields and Retry-After of the proxy's refusal; the body is

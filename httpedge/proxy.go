@@ -173,14 +173,15 @@ func (f *fieldFilter) drops(name []byte) bool {
 // (its body streaming from the upstream while the server writes it): 504
 // when the upstream does not answer within UpstreamTimeout, 502 when it
 // cannot be reached, 400 when the client's body is malformed or ends early.
-func (s *Server) forward(ctx *fasthttp.RequestCtx) {
+// It reports whether the response is the upstream's.
+func (s *Server) forward(ctx *fasthttp.RequestCtx) (upstreamAnswered bool) {
 	p := s.upstream
 	ps := proxyScratchPool.Get().(*proxyScratch)
 	defer proxyScratchPool.Put(ps)
 	req := &ctx.Request
 	if !s.rewriteRequest(ctx, ps) {
 		writeProblem(ctx, fasthttp.StatusBadRequest, "the request's Connection field names too many fields")
-		return
+		return false
 	}
 	if ctx.IsTLS() {
 		req.URI().SetScheme("http") // the upstream is plain HTTP
@@ -193,7 +194,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx) {
 			ps.body = slices.Grow(ps.body[:0], n)[:n]
 			if _, err := io.ReadFull(req.BodyStream(), ps.body); err != nil {
 				writeProblem(ctx, fasthttp.StatusBadRequest, "the request body ended before its Content-Length")
-				return
+				return false
 			}
 			req.SetBody(ps.body)
 		} else {
@@ -234,8 +235,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx) {
 			ctx.Response.Reset()
 			s.m.upstreamError.Inc()
 			writeProblem(ctx, fasthttp.StatusBadGateway, "the upstream's Connection field names too many fields")
+			return false
 		}
-		return
+		return true
 	}
 	ctx.Response.Reset()
 	switch {
@@ -249,6 +251,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx) {
 		s.m.upstreamError.Inc()
 		writeProblem(ctx, fasthttp.StatusBadGateway, "the upstream could not be reached")
 	}
+	return false
 }
 
 // rewriteRequest makes the request's header the one to forward: no

@@ -234,6 +234,10 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	}
 	path := ctx.Path()
 	if checking {
+		if string(path) == settlePath {
+			s.handleSettle(ctx) // settle.go
+			return
+		}
 		if string(path) == decidePath && s.cfg.DecideToken != "" {
 			if !s.authorized(ctx) {
 				ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="poplimit decide"`)
@@ -279,17 +283,28 @@ func (s *Server) serve(ctx *fasthttp.RequestCtx, next fasthttp.RequestHandler) {
 	switch {
 	case next != nil:
 		next(ctx)
+		if d.Counting() {
+			s.core.Settle(d, ctx.Response.StatusCode(), responseFields{&ctx.Response.Header})
+		}
 	case s.cfg.Mode == Proxy:
-		s.proxy(ctx)
+		if s.proxy(ctx) && d.Counting() {
+			// The upstream's own answer settles what counting rules
+			// reserved; an edge's 502 or 504 leaves them kept (Finish).
+			s.core.Settle(d, ctx.Response.StatusCode(), responseFields{&ctx.Response.Header})
+		}
 	default:
 		ctx.SetStatusCode(fasthttp.StatusOK)
+		if d.Counting() {
+			s.hold(ctx, d) // settle.go
+		}
 	}
 	d.SetFields(&ctx.Response.Header)
 }
 
 // proxy forwards the request to an upstream and leaves its response in
-// ctx (see forward, in proxy.go).
-func (s *Server) proxy(ctx *fasthttp.RequestCtx) { s.forward(ctx) }
+// ctx (see forward, in proxy.go); it reports whether the response is the
+// upstream's.
+func (s *Server) proxy(ctx *fasthttp.RequestCtx) bool { return s.forward(ctx) }
 
 // StripPrefix removes prefix from path when path is prefix or prefix/…, as
 // the edge does with its check prefix in decision mode.

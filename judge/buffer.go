@@ -13,15 +13,19 @@ const (
 	fCache
 	fShadow
 	fFallback
-	fGlobal // the rule's scope is global: its key is judged across PoPs
+	fGlobal   // the rule's scope is global: its key is judged across PoPs
+	fCounting // the rule counts by response: t is shifted by Config.SettleLateness, counted holds its units
 )
 
 // pending is an event waiting for the watermark: what judging needs, with
 // the rule and PoP interned (an Event's Rule and Pop alias the consumer's
-// buffer). 64 bytes; with its heap key and free-list slot, BytesPerBuffered.
+// buffer). 72 bytes; with its heap key and free-list slot, BytesPerBuffered.
 type pending struct {
-	t        int64  // event time floored to the resolution, Unix ns
-	seq      uint64 // arrival order, breaks ties of t
+	// t is the event time floored to the resolution, Unix ns; for a
+	// counting rule's event (fCounting) it is that plus the judge's settle
+	// lateness: the time it is released, kept in order and expired by.
+	t        int64
+	seq      uint64 // arrival order, breaks ties of t; bit 63 set on a counting rule's refusal (after its admissions)
 	arrived  int64  // arrival time, Unix ns, as given to Add
 	hash     uint64 // key hash
 	rule     uint32 // index into Judge.ruleNames
@@ -29,6 +33,7 @@ type pending struct {
 	limit    uint32
 	windowMs uint32
 	burst    uint32 // 0: Limit
+	counted  uint32 // fCounting: the units its response counted
 	estimate float32
 	edge     uint16
 	flags    uint8
@@ -58,6 +63,9 @@ func flagsOf(e *event.Event) uint8 {
 	}
 	if e.Fallback {
 		f |= fFallback
+	}
+	if e.Counting {
+		f |= fCounting
 	}
 	return f
 }

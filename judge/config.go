@@ -46,6 +46,16 @@ type Config struct {
 	// wait AllowedLateness anyway and the hold never binds. Zero releases
 	// on the watermark alone. Default 250 ms.
 	Hold time.Duration
+	// SettleLateness is how much longer than AllowedLateness the events of
+	// a rule that counts by response (event.Event.Counting) wait: an
+	// admitted request's event is sent when its response is known, or when
+	// the edge gave up waiting for it, so it arrives up to the edges'
+	// settle timeout after its time, and is judged in time order with the
+	// refusals of its key, which arrive at once. Set it to the edges'
+	// settle timeout; an event that settled later than this is late. The
+	// buffer holds a counting rule's events that much longer (MaxBuffered
+	// bounds them with the others). Default 1 min, the edges' default.
+	SettleLateness time.Duration
 	// Resolution is the step event times are floored to before they are
 	// logged and compared. Default 1 ms; 1 ns is exact.
 	Resolution time.Duration
@@ -95,6 +105,7 @@ func DefaultConfig() Config {
 		MaxClockSkew:    5 * time.Second,
 		MaxEventAge:     168 * time.Hour,
 		Hold:            250 * time.Millisecond,
+		SettleLateness:  time.Minute,
 		Resolution:      time.Millisecond,
 		MaxBuffered:     1 << 20,
 		MaxKeys:         1 << 20,
@@ -132,6 +143,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Hold < 0 {
 		bad("Hold", c.Hold, "must not be negative")
+	}
+	if c.SettleLateness < 0 {
+		bad("SettleLateness", c.SettleLateness, "must not be negative")
 	}
 	if c.Resolution <= 0 {
 		bad("Resolution", c.Resolution, "must be positive")

@@ -33,6 +33,23 @@
 // admitted it. A Delayed event is judged as an admission at its served
 // time. A key whose algorithm changes starts the new reference empty.
 //
+// Counting by response. A rule that counts by response (event.Event's
+// Counting) is judged against the exact count of the units its key's
+// responses counted, each logged at its request's arrival whenever it
+// settled: a request is wrongly allowed when the key already had its
+// limit of counted units in the window when it arrived (with its cost, no
+// room left), wrongly limited when it did not, a refusal caused by units
+// still reserved that later settled as not counting included (a block
+// cache's refusal is inside a block, as above). A limited request counts
+// nothing. An admitted request's event is sent when it settles, up to the
+// edges' settle timeout after its time, so a counting rule's events are
+// released, ordered and expired Config.SettleLateness later than the
+// others (the buffer holds them that much longer, under MaxBuffered), and
+// FlushSettled, the quiet stream's flush, leaves those not yet that old.
+// Within one Resolution tick a counting rule's admissions are judged
+// before its refusals: the refusal of a request that raced the one whose
+// reserved units refused it is sent first, the admission when it settles.
+//
 // Figures. Report gives, over enforced decisions (shadow and fallback ones
 // apart), the wrong ratios by rule and by algorithm, the overshoot (the
 // ratio to the limit of each wrongly allowed decision), the mean relative

@@ -131,6 +131,7 @@ type Judge struct {
 	cfg      Config
 	lateness int64 // ns
 	hold     int64 // ns
+	settle   int64 // ns a counting rule's events wait beyond the lateness: SettleLateness
 	res      int64 // ns
 	ahead    int64 // ns an event may be after now: lateness + MaxClockSkew; 0: unbounded
 	maxAge   int64 // ns an event may be before now: MaxEventAge; 0: unbounded
@@ -174,6 +175,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Judge, error) {
 		cfg:      cfg,
 		lateness: int64(cfg.AllowedLateness),
 		hold:     int64(cfg.Hold),
+		settle:   int64(cfg.SettleLateness),
 		res:      int64(cfg.Resolution),
 		maxAge:   int64(cfg.MaxEventAge),
 		rules:    make(map[string]uint32),
@@ -238,6 +240,25 @@ func (j *Judge) Flush() {
 	}
 }
 
+// FlushSettled judges, in time order, the buffered events as Flush does,
+// but stops at the first event of a rule that counts by response whose
+// time is not yet Config.SettleLateness before now (Unix ns, the clock Add
+// was given): the events of its key's admitted requests may still be on
+// their way, sent when those requests settle. The aggregator calls it
+// when the stream has been quiet; call it again later for the rest.
+func (j *Judge) FlushSettled(now int64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for j.buf.len() > 0 {
+		m := j.buf.min()
+		if m.flags&fCounting != 0 && m.t > now {
+			return
+		}
+		p := j.buf.pop()
+		j.judge(&p)
+	}
+}
+
 // Buffered returns the number of events waiting for the watermark.
 func (j *Judge) Buffered() int {
 	j.mu.Lock()
@@ -285,10 +306,24 @@ func (j *Judge) add(now int64, e *event.Event) {
 		}
 		t = at - mod(at, j.res)
 	}
+	var counted uint32
+	if e.Counting {
+		// Released, ordered and expired SettleLateness later than the
+		// others: its key's admitted requests are sent when they settle.
+		t, counted = addSat(t, j.settle), min(e.Counted, e.Cost)
+	}
 	j.seq++
+	seq := j.seq
+	if e.Counting && e.Decision == event.Limited {
+		// Within a tick, a counting rule's refusals come after its
+		// admissions: a refusal is sent at once, the admission that
+		// reserved the units it was refused for only when it settles,
+		// so arrival order would put them the wrong way round.
+		seq |= 1 << 63
+	}
 	j.buf.push(pending{
-		t: t, seq: j.seq, arrived: now, hash: e.KeyHash, rule: j.ruleIndex(e.Rule), pop: j.popIndex(e.Pop),
-		cost: e.Cost, limit: e.Limit, windowMs: e.WindowMillis, burst: e.Burst,
+		t: t, seq: seq, arrived: now, hash: e.KeyHash, rule: j.ruleIndex(e.Rule), pop: j.popIndex(e.Pop),
+		cost: e.Cost, limit: e.Limit, windowMs: e.WindowMillis, burst: e.Burst, counted: counted,
 		estimate: e.Estimate, edge: e.Edge, flags: flagsOf(e), alg: uint8(e.Algorithm),
 	})
 	// The watermark follows decision times: a delay does not make the
@@ -435,11 +470,22 @@ func (j *Judge) judge(p *pending) {
 		j.keys.reset(i, kind)
 	}
 	c := int64(p.cost)
+	// t is the time the references see: a counting event's own, its
+	// release time (p.t, which orders and expires its key) less the shift.
+	t, counting := p.t, p.flags&fCounting != 0
+	if counting {
+		t -= j.settle
+	}
 
 	if late >= 0 {
 		// Log the units at the latest instant the key has seen and judge
 		// nothing.
-		addLate(st, kind, p, max(p.t, st.last), c, w)
+		at := max(p.t, st.last)
+		if counting {
+			addLateCounted(st, kind, p, at-j.settle, w)
+		} else {
+			addLate(st, kind, p, at, c, w)
+		}
 		j.keys.account(i)
 		j.lateTotal++
 		j.late[lateCell{j.edgeLabel(p.edge), uint8(late)}]++
@@ -448,13 +494,15 @@ func (j *Judge) judge(p *pending) {
 	}
 
 	var v verdict
-	switch kind {
-	case refBucket:
-		v = judgeBucket(st, p, p.t, c, w)
-	case refFixed:
-		v = judgeFixed(st, p, p.t, c, w)
+	switch {
+	case counting:
+		v = judgeCounted(st, kind, p, t, c, w)
+	case kind == refBucket:
+		v = judgeBucket(st, p, t, c, w)
+	case kind == refFixed:
+		v = judgeFixed(st, p, t, c, w)
 	default:
-		v = judgeLog(st, p, p.t, c, w)
+		v = judgeLog(st, p, t, c, w)
 	}
 	j.keys.touch(i, sp, p.t)
 	j.keys.account(i)

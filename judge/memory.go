@@ -14,7 +14,7 @@ const (
 	BytesPerLogEntry = 16
 	// BytesPerBuffered is an event waiting for the watermark: at most
 	// MaxBuffered of them.
-	BytesPerBuffered = 96
+	BytesPerBuffered = 104
 	// BytesPerDedup is a fingerprint remembered: Dedup of them.
 	BytesPerDedup = 16
 	// BytesPerWrongKey is a key remembered with wrong decisions: at most

@@ -315,3 +315,77 @@ func addLate(st *keyState, kind uint8, p *pending, t, c, w int64) {
 		}
 	}
 }
+
+// judgeCounted judges p (time t, cost c) of a rule that counts by
+// response against the exact count of the units its key's responses
+// counted: the admitted log (or fixed count, or bucket) holds the units
+// each request counted, logged at its arrival, whenever it settled. A
+// request was wrongly allowed when the key's counted units in the window
+// before it left no room for its cost, wrongly limited when they did (a
+// refusal caused by units still reserved that later settled as not
+// counting included), except a block refusal from the block cache, which
+// is inside a block the edges started. A limited request counts nothing.
+func judgeCounted(st *keyState, kind uint8, p *pending, t, c, w int64) verdict {
+	limited := p.flags&fLimited != 0
+	n := int64(p.counted)
+	var v verdict
+	var fit bool
+	switch kind {
+	case refBucket:
+		lb := algo.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
+		g := &st.bucket[0]
+		g.norm(lb)
+		v.prior = g.level(lb, t)
+		s := g.s
+		fit, _, _ = lb.Allow(&s, t, c)
+		v.exact, v.bound = v.prior+float64(c), float64(lb.Capacity)
+		if n > 0 && !limited {
+			g.add(lb, t, n)
+		}
+	case refFixed:
+		f := &st.fixed
+		f.roll(algo.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
+		v.prior = float64(f.admitted)
+		fit = f.admitted+c <= int64(p.limit)
+		v.exact, v.bound = float64(f.admitted+c), float64(p.limit)
+		if n > 0 && !limited {
+			f.admitted += n
+		}
+	default:
+		sl := algo.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
+		prior := sl.Count(&st.admitted, t)
+		fit = prior+c <= int64(p.limit)
+		v.prior, v.exact, v.bound = float64(prior), float64(prior+c), float64(p.limit)
+		if n > 0 && !limited {
+			sl.Add(&st.admitted, t, n)
+		}
+	}
+	switch {
+	case !limited:
+		v.wrongAllowed = !fit
+	case p.flags&(fBlock|fCache) == fBlock|fCache: // inside an intended block
+	default:
+		v.wrongLimited = fit
+	}
+	return v
+}
+
+// addLateCounted logs the units a late event of a counting rule counted
+// in its key's reference at t, without judging it.
+func addLateCounted(st *keyState, kind uint8, p *pending, t, w int64) {
+	n := int64(p.counted)
+	if n == 0 || p.flags&fLimited != 0 {
+		return
+	}
+	switch kind {
+	case refBucket:
+		lb := algo.LeakyBucket{Rate: int64(p.limit), Per: time.Duration(w), Capacity: burstOf(p)}
+		st.bucket[0].add(lb, t, n)
+	case refFixed:
+		st.fixed.roll(algo.FixedWindow{Limit: int64(p.limit), Window: time.Duration(w)}, t)
+		st.fixed.admitted += n
+	default:
+		sl := algo.SlidingLog{Limit: int64(p.limit), Window: time.Duration(w)}
+		sl.Add(&st.admitted, t, n)
+	}
+}

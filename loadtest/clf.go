@@ -96,6 +96,13 @@ func parseCLF(s []byte) (Request, bool, *fieldError) {
 	if !validStatus(status) {
 		return Request{}, false, badf(ReasonStatus, "%s: want three digits or -", quoteShort(status))
 	}
+	if isDigits(status) {
+		// What the origin answered: a rule that counts by response is
+		// settled with it offline. A code past 599 is kept as unknown.
+		if n := int(status[0]-'0')*100 + int(status[1]-'0')*10 + int(status[2]-'0'); n <= 599 {
+			r.Status = n
+		}
+	}
 	size, rest := nextField(rest)
 	if !validSize(size) {
 		return Request{}, false, badf(ReasonSize, "%s: want digits or -", quoteShort(size))

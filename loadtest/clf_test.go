@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -287,8 +288,8 @@ garbage
 	fmt.Println(sum.Good, sum.Bad, err)
 	// Output:
 	// bad: line 2: not a Common or Combined Log Format line: no [date] in "garbage"
-	// {"offset_ms":0,"ts":"2000-10-10T13:55:36-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login"}
-	// {"offset_ms":1000,"ts":"2000-10-10T13:55:37-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login"}
+	// {"offset_ms":0,"ts":"2000-10-10T13:55:36-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login","status":401}
+	// {"offset_ms":1000,"ts":"2000-10-10T13:55:37-07:00","ip":"198.51.100.7","method":"POST","host":"shop.example","path":"/login","status":401}
 	// 2 1 <nil>
 }
 
@@ -437,5 +438,30 @@ func TestImportCutOffLines(t *testing.T) {
 	s := im.Summary()
 	if s.Good != good || s.Truncated != cut || s.Bad != int64(len(tests))-good || !maps.Equal(s.Reasons, wantReasons) {
 		t.Errorf("summary %+v: want %d good (%d cut off), reasons %v", s, good, cut, wantReasons)
+	}
+}
+
+// TestImportKeepsStatus: an imported line keeps what the origin answered,
+// through the trace it is written to: a rule that counts by response is
+// settled with it offline. "-" and codes past 599 are unknown (0).
+func TestImportKeepsStatus(t *testing.T) {
+	log := `1.2.3.4 - - [10/Oct/2000:13:55:36 +0000] "POST /login HTTP/1.1" 401 12
+1.2.3.4 - - [10/Oct/2000:13:55:37 +0000] "POST /login HTTP/1.1" 200 12
+1.2.3.4 - - [10/Oct/2000:13:55:38 +0000] "POST /login HTTP/1.1" - 12
+1.2.3.4 - - [10/Oct/2000:13:55:39 +0000] "POST /login HTTP/1.1" 999 12
+`
+	var out bytes.Buffer
+	if _, err := loadtest.Import(strings.NewReader(log), &out, loadtest.ImportConfig{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	for r, err := range loadtest.NewReader(&out).All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.Status)
+	}
+	if want := []int{401, 200, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("statuses through import: got %v, want %v", got, want)
 	}
 }

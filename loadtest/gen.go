@@ -2,12 +2,15 @@ package loadtest
 
 import (
 	"container/heap"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/poplimit/poplimit/internal/mix"
@@ -363,6 +366,70 @@ type StuffingConfig struct {
 	// (e.g. "X-Login-User"), for rules keyed on the account.
 	UserHeader string
 	Endpoint   // default POST /login
+
+	// Accounts, when set, is how many accounts the addresses attack
+	// together: each attempt names one of them, drawn at random
+	// (StuffingVictim), with a wrong password, so every account is
+	// tried many times, each time from another address. Default 0: a
+	// fresh user name per attempt (in UserHeader).
+	Accounts int
+	// Body, when set, puts the account and the password in the request
+	// body: "form" (application/x-www-form-urlencoded: username=, password=)
+	// or "json" (application/json: {"user":{"email":…},"password":…}).
+	// Default "": no body.
+	Body string
+	// HonestUsers, when set, adds that many honest users, each on an
+	// address of its own (in 198.18.0.0/15) logging in to its own account
+	// (StuffingMember) with its password (StuffingPassword) at HonestRate
+	// logins a second, all of them together, for as long as the attack
+	// lasts (HonestDuration). An honest login is mistyped with probability
+	// Mistype: a wrong password, retried 1 to 3 s later (mistyped again
+	// with the same probability). Honest users sometimes type their name
+	// in other letter cases. Default 0: none.
+	HonestUsers int
+	// HonestRate is the honest users' logins per second, all together.
+	// Default 2.
+	HonestRate float64
+	// Mistype is the probability that an honest attempt has a wrong
+	// password, 0 to 0.9. Default 0.1.
+	Mistype float64
+	// HonestDuration is how long honest users log in. Default IPs / Rate
+	// + Attempts × Gap: about the attack's span.
+	HonestDuration time.Duration
+}
+
+// StuffingPassword is the right password of account user in a Stuffing
+// trace: an origin that stands in for a login service accepts it, and
+// refuses every other (attackers never send it).
+func StuffingPassword(user string) string {
+	return "pw-" + strings.ToLower(user) + "-ok"
+}
+
+// StuffingVictim returns the name of the attacked account i (from 0) of a
+// Stuffing trace with Accounts set.
+func StuffingVictim(i int) string { return fmt.Sprintf("victim%05d@example.com", i) }
+
+// StuffingMember returns the name of honest user i's account (from 0).
+func StuffingMember(i int) string { return fmt.Sprintf("member%05d@example.com", i) }
+
+// loginBody returns the body and content type of a login attempt.
+func loginBody(format, user, password string) (body, contentType string) {
+	switch format {
+	case "form":
+		return "username=" + url.QueryEscape(user) + "&password=" + url.QueryEscape(password),
+			"application/x-www-form-urlencoded"
+	case "json":
+		b, _ := json.Marshal(struct {
+			User struct {
+				Email string `json:"email"`
+			} `json:"user"`
+			Password string `json:"password"`
+		}{User: struct {
+			Email string `json:"email"`
+		}{user}, Password: password})
+		return string(b), "application/json"
+	}
+	return "", ""
 }
 
 // Stuffing returns a credential-stuffing trace. It holds the addresses
@@ -397,9 +464,107 @@ func Stuffing(cfg StuffingConfig) (Trace, error) {
 	if cfg.UserHeader != "" && (!rules.IsToken(cfg.UserHeader) || replayerHeader(cfg.UserHeader)) {
 		errs = append(errs, fmt.Errorf("loadtest: stuffing: UserHeader %q: not a header name the trace may set", cfg.UserHeader))
 	}
+	if cfg.HonestRate == 0 {
+		cfg.HonestRate = 2
+	}
+	if cfg.Mistype == 0 {
+		cfg.Mistype = 0.1
+	}
+	if cfg.HonestDuration == 0 {
+		cfg.HonestDuration = time.Duration(float64(cfg.IPs)/cfg.Rate*1e9) + time.Duration(cfg.Attempts)*cfg.Gap
+	}
+	if cfg.Accounts < 0 || cfg.Accounts > 1<<20 {
+		errs = append(errs, fmt.Errorf("loadtest: stuffing: Accounts %d: must be between 0 (a fresh user per attempt) and 2^20", cfg.Accounts))
+	}
+	if cfg.Body != "" && cfg.Body != "form" && cfg.Body != "json" {
+		errs = append(errs, fmt.Errorf("loadtest: stuffing: Body %q: want form, json or empty (no body)", cfg.Body))
+	}
+	if cfg.HonestUsers < 0 || cfg.HonestUsers > 1<<17 {
+		errs = append(errs, fmt.Errorf("loadtest: stuffing: HonestUsers %d: must be between 0 and 2^17 (198.18.0.0/15)", cfg.HonestUsers))
+	}
+	if cfg.HonestUsers > 0 {
+		errs = append(errs, checkRate("stuffing", "HonestRate", cfg.HonestRate))
+		if cfg.Mistype < 0 || cfg.Mistype > 0.9 {
+			errs = append(errs, fmt.Errorf("loadtest: stuffing: Mistype %v: must be between 0 and 0.9", cfg.Mistype))
+		}
+		if cfg.HonestDuration < 0 || cfg.HonestDuration > maxOffset {
+			errs = append(errs, fmt.Errorf("loadtest: stuffing: HonestDuration %v: must be between 0 and 10 years", cfg.HonestDuration))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	attack := stuffingAttack(cfg)
+	if cfg.HonestUsers == 0 {
+		return attack, nil
+	}
+	return Mix(attack, honestLogins(cfg)), nil
+}
+
+// honestPrefix holds the honest users' addresses.
+var honestPrefix = netip.MustParsePrefix("198.18.0.0/15")
+
+// login returns a login attempt of user with password at at from ip.
+func (cfg *StuffingConfig) login(at time.Duration, ip netip.Addr, user, password string) Request {
+	r := cfg.Endpoint.request(at, ip)
+	if cfg.UserHeader != "" {
+		r.Headers = map[string]string{cfg.UserHeader: user}
+	}
+	r.Body, r.ContentType = loginBody(cfg.Body, user, password)
+	return r
+}
+
+// honestLogins returns the honest users' logins of a Stuffing trace, in
+// time order.
+func honestLogins(cfg StuffingConfig) Trace {
+	return func(yield func(Request, error) bool) {
+		rng := newRand(cfg.Seed ^ 0x5bd1e995)
+		var retries attemptHeap // an attempt's user is its left field
+		next := 0.0
+		for {
+			next += rng.ExpFloat64() / cfg.HonestRate
+			arrival := time.Duration(next * 1e9)
+			if arrival >= cfg.HonestDuration {
+				arrival = time.Duration(math.MaxInt64)
+			}
+			for retries.Len() > 0 && retries[0].at <= arrival {
+				a := heap.Pop(&retries).(attempt)
+				if !cfg.honestAttempt(rng, &retries, a.at, a.left, yield) {
+					return
+				}
+			}
+			if arrival == time.Duration(math.MaxInt64) {
+				return
+			}
+			if !cfg.honestAttempt(rng, &retries, arrival, rng.IntN(cfg.HonestUsers), yield) {
+				return
+			}
+		}
+	}
+}
+
+// honestAttempt yields honest user i's attempt at at: mistyped with
+// probability Mistype, and then retried 1 to 3 s later.
+func (cfg *StuffingConfig) honestAttempt(rng *rand.Rand, retries *attemptHeap, at time.Duration, i int,
+	yield func(Request, error) bool) bool {
+	user := StuffingMember(i)
+	typed := user
+	if rng.IntN(4) == 0 { // the same account in other letter cases
+		typed = strings.ToUpper(user[:1]) + user[1:]
+		if rng.IntN(2) == 0 {
+			typed = strings.ToUpper(user)
+		}
+	}
+	password := StuffingPassword(user)
+	if rng.Float64() < cfg.Mistype {
+		password = password[:len(password)-2] + "0k" // one key off
+		heap.Push(retries, attempt{at: at + time.Second + time.Duration(rng.Float64()*2e9), left: i})
+	}
+	return yield(cfg.login(at, addrAt(honestPrefix, uint64(i)+1), typed, password), nil)
+}
+
+// stuffingAttack returns the attackers' attempts of a Stuffing trace.
+func stuffingAttack(cfg StuffingConfig) Trace {
 	bits := hostBits(cfg.Prefix)
 	return func(yield func(Request, error) bool) {
 		rng := newRand(cfg.Seed)
@@ -414,9 +579,19 @@ func Stuffing(cfg StuffingConfig) (Trace, error) {
 			}
 			for pending.Len() > 0 && pending[0].at <= arrival {
 				a := pending[0]
-				r := cfg.Endpoint.request(a.at, a.ip)
-				if cfg.UserHeader != "" {
-					r.Headers = map[string]string{cfg.UserHeader: fmt.Sprintf("user%07d", rng.IntN(10_000_000))}
+				var r Request
+				switch {
+				case cfg.Accounts > 0:
+					victim := StuffingVictim(rng.IntN(cfg.Accounts))
+					r = cfg.login(a.at, a.ip, victim, fmt.Sprintf("guess%08x", rng.Uint32()))
+				case cfg.UserHeader != "" || cfg.Body != "":
+					user, guess := fmt.Sprintf("user%07d", rng.IntN(10_000_000)), ""
+					if cfg.Body != "" {
+						guess = fmt.Sprintf("guess%08x", rng.Uint32())
+					}
+					r = cfg.login(a.at, a.ip, user, guess)
+				default:
+					r = cfg.Endpoint.request(a.at, a.ip)
 				}
 				if a.left--; a.left > 0 {
 					pending[0].at += time.Duration((0.5 + rng.Float64()) * float64(cfg.Gap))
@@ -435,7 +610,7 @@ func Stuffing(cfg StuffingConfig) (Trace, error) {
 				started++
 			}
 		}
-	}, nil
+	}
 }
 
 type attempt struct {

@@ -2,9 +2,11 @@ package loadtest_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/netip"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -335,4 +337,80 @@ func ExampleMix() {
 	// 100ms 192.0.2.9
 	// 500ms 192.0.2.1
 	// 600ms 192.0.2.9
+}
+
+// TestStuffingAccounts: many addresses against a few accounts, with the
+// credentials in a form body, plus honest users who sometimes mistype and
+// retry with their password.
+func TestStuffingAccounts(t *testing.T) {
+	cfg := loadtest.StuffingConfig{Seed: 4, IPs: 600, Attempts: 3, Rate: 100, Gap: time.Second, Accounts: 20, Body: "form",
+		HonestUsers: 50, HonestRate: 10, Mistype: 0.2}
+	reqs := collect(t, must(t)(loadtest.Stuffing(cfg)))
+	perVictim, perIP := map[string]int{}, map[netip.Addr]int{}
+	var honest, mistyped, last int
+	var prev time.Duration
+	for i, r := range reqs {
+		if r.At < prev {
+			t.Fatalf("request %d at %v before the previous one at %v", i, r.At, prev)
+		}
+		prev = r.At
+		if r.Method != "POST" || r.Path != "/login" || r.ContentType != "application/x-www-form-urlencoded" {
+			t.Fatalf("request %+v: want POST /login with a form body", r)
+		}
+		form, err := url.ParseQuery(r.Body)
+		if err != nil || len(form["username"]) != 1 || len(form["password"]) != 1 {
+			t.Fatalf("body %q: want one username and one password (%v)", r.Body, err)
+		}
+		user, pw := form.Get("username"), form.Get("password")
+		right := pw == loadtest.StuffingPassword(user)
+		switch {
+		case strings.HasPrefix(strings.ToLower(user), "member"):
+			honest++
+			if !right {
+				mistyped++
+				last = i
+			}
+		case strings.HasPrefix(user, "victim"):
+			if right {
+				t.Fatalf("an attacker sent %s's right password", user)
+			}
+			perVictim[user]++
+			perIP[r.IP]++
+		default:
+			t.Fatalf("user %q: neither a victim nor a member", user)
+		}
+	}
+	if len(perVictim) != 20 || len(perIP) != 600 {
+		t.Errorf("attack: %d accounts from %d addresses, want 20 from 600", len(perVictim), len(perIP))
+	}
+	for v, n := range perVictim {
+		if n < 45 || n > 135 {
+			t.Errorf("%s tried %d times, want about 1800/20 = 90", v, n)
+		}
+	}
+	// 600 addresses at 100/s: the attack spans about 6 s + 3 gaps; honest
+	// users log in at 10/s over it, each mistyped login retried.
+	if honest < 60 || mistyped == 0 || float64(mistyped)/float64(honest) > 0.35 {
+		t.Errorf("honest: %d attempts, %d mistyped; want about 90+, a fifth mistyped", honest, mistyped)
+	}
+	if last == len(reqs)-1 {
+		t.Errorf("the last request is a mistyped honest login: its retry is missing")
+	}
+	j := collect(t, must(t)(loadtest.Stuffing(loadtest.StuffingConfig{Seed: 4, IPs: 10, Accounts: 2, Body: "json", HonestUsers: 1})))
+	for _, r := range j {
+		var b struct {
+			User struct {
+				Email string `json:"email"`
+			} `json:"user"`
+			Password string `json:"password"`
+		}
+		if r.ContentType != "application/json" || json.Unmarshal([]byte(r.Body), &b) != nil || b.User.Email == "" || b.Password == "" {
+			t.Fatalf("json body %q (%s): want {\"user\":{\"email\":…},\"password\":…}", r.Body, r.ContentType)
+		}
+	}
+	for _, bad := range []loadtest.StuffingConfig{{Body: "xml"}, {Accounts: -1}, {HonestUsers: 1, Mistype: 0.95}} {
+		if _, err := loadtest.Stuffing(bad); err == nil {
+			t.Errorf("Stuffing(%+v): got nil error", bad)
+		}
+	}
 }

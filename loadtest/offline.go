@@ -31,6 +31,9 @@ import (
 // tracked per rule for the report.
 const DefaultTrackedKeys = 100_000
 
+// DefaultSettleDelay is OfflineConfig.SettleDelay's default.
+const DefaultSettleDelay = 10 * time.Millisecond
+
 // OfflineConfig configures Offline. The zero value of each field means the
 // default written beside it; Rules is required.
 type OfflineConfig struct {
@@ -85,6 +88,14 @@ type OfflineConfig struct {
 	// once, with what the store holds then (the others' units less those
 	// still on their way).
 	AsyncNearLimit bool
+	// SettleDelay is how long after a request its response is known, for
+	// a request whose trace line has no duration_ms: a rule that counts by
+	// response (count:) settles its units then, with the line's status
+	// (kept when it counts, given back when not), as an edge does when the
+	// origin answers; a line without a status never settles and keeps its
+	// units, as a request whose response never came. A line with
+	// duration_ms settles that long after it. Default 10ms.
+	SettleDelay time.Duration
 	// OnEvent, when not nil, is called with the decision event of every
 	// rule that decided a request, exactly as an edge emits it (Edge 0), on
 	// Offline's goroutine; the event is valid during the call. Fed to the
@@ -132,6 +143,10 @@ type RuleReport struct {
 	Mode      string `json:"mode"`
 	Shadow    bool   `json:"shadow,omitempty"`
 	Kind      string `json:"kind"`
+	// Counting is set for a rule that counts by response (count:): its
+	// units are what the responses (the trace's statuses) counted, and
+	// its TopKeys are the keys it would have stopped, with when.
+	Counting bool `json:"counting,omitempty"`
 	// NotSimulated says why the rule's effect is not in the figures: a
 	// shed rule depends on the live upstream's load; a concurrency rule
 	// needs the requests' durations, which the trace lacks.
@@ -233,6 +248,12 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 	if cfg.Edges == 0 {
 		cfg.Edges = 1
 	}
+	if cfg.SettleDelay < 0 {
+		return nil, fmt.Errorf("loadtest: offline: SettleDelay %v: must not be negative", cfg.SettleDelay)
+	}
+	if cfg.SettleDelay == 0 {
+		cfg.SettleDelay = DefaultSettleDelay
+	}
 	if cfg.Edges < 1 || cfg.Edges > 64 || cfg.RTT < 0 || cfg.Spread > RoundRobin {
 		return nil, fmt.Errorf("loadtest: offline: Edges %d (1 to 64), RTT %v (at least 0), Spread %d (ByClient or RoundRobin)",
 			cfg.Edges, cfg.RTT, cfg.Spread)
@@ -283,6 +304,7 @@ func Offline(ctx context.Context, cfg OfflineConfig, trace Trace) (*OfflineRepor
 		if !originSet && !r.Time.IsZero() {
 			origin, originSet = r.Time.Add(-r.At), true
 		}
+		sim.origin = origin
 		at := max(r.At, last)
 		last = at
 		if rep.Requests&4095 == 0 && ctx.Err() != nil {
@@ -354,7 +376,8 @@ type offline struct {
 	ub        []byte
 	rules     []ruleStats
 	at        time.Duration // the offset being decided, for the observer
-	pending   pendingHeap   // tracked requests still in flight
+	origin    time.Time     // the absolute time of offset 0
+	pending   pendingHeap   // tracked and counting requests still in flight
 	durations bool          // some request carried a duration
 }
 
@@ -392,7 +415,15 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 	for k, v := range r.Headers {
 		req.Header.Set(k, v)
 	}
+	if r.ContentType != "" {
+		req.Header.SetContentType(r.ContentType)
+	}
 	method := r.Method
+	if r.Body != "" && len(r.Body) <= core.BodyKeyBytes() {
+		// Read by a rule keyed on a body field; a longer body streams
+		// past an edge, which then falls back as missing_key says.
+		req.SetBodyString(r.Body)
+	}
 	if method == "" {
 		method = "GET"
 	}
@@ -414,9 +445,17 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 			d.ReleaseAt = time.Unix(0, v.Quota.ReleaseAt)
 		}
 	}
-	if v.Outcome == decision.Allowed && r.Duration > 0 {
+	switch {
+	case v.Counting():
+		// Its response is known later: counting rules settle it then.
+		delay := o.cfg.SettleDelay
+		if r.Duration > 0 {
+			delay = r.Duration
+		}
+		heap.Push(&o.pending, pendingReq{end: at + delay, v: v, edge: e, status: r.Status, settle: true})
+	case v.Outcome == decision.Allowed && r.Duration > 0:
 		heap.Push(&o.pending, pendingReq{end: at + r.Duration, v: v, edge: e}) // its slots are held until then
-	} else {
+	default:
 		core.Finish(v)
 	}
 	return d
@@ -465,11 +504,20 @@ func (o *offline) close() {
 }
 
 // finishUntil completes the tracked requests that ended by at, giving
-// their concurrency slots back.
+// their concurrency slots back, and settles the counting rules' requests
+// whose responses were known by at, each at its own instant: with the
+// trace's status, or, without one, never (their units kept).
 func (o *offline) finishUntil(at time.Duration) {
 	for o.pending.Len() > 0 && o.pending[0].end <= at {
 		p := heap.Pop(&o.pending).(pendingReq)
-		o.edges[p.edge].Core.Finish(p.v)
+		core := o.edges[p.edge].Core
+		if p.settle && p.status != 0 {
+			t := o.origin.Add(p.end).UnixNano()
+			o.stepUntil(t)
+			o.clock.ns.Store(t)
+			core.Settle(p.v, p.status, nil)
+		}
+		core.Finish(p.v)
 	}
 }
 
@@ -498,9 +546,11 @@ func (o *offline) observe(r *rules.Rule, key []byte, e *event.Event) {
 }
 
 type pendingReq struct {
-	end  time.Duration
-	v    *decision.Verdict
-	edge int
+	end    time.Duration
+	v      *decision.Verdict
+	edge   int
+	status int  // the origin's answer, 0: unknown
+	settle bool // counting rules reserved units: settle them at end
 }
 
 // pendingHeap orders tracked requests by their end.
@@ -598,7 +648,7 @@ func displayKey(k []byte) string {
 func (st *ruleStats) report(r *rules.Rule, top int, origin time.Time, absolute bool) RuleReport {
 	rr := RuleReport{
 		Rule: r.Name, Kind: r.Kind.String(), Limit: r.Limit, Window: r.Window.String(), Algorithm: r.Algorithm.String(),
-		Action: r.Action.String(), Mode: r.Mode.String(), Shadow: r.Shadow,
+		Action: r.Action.String(), Mode: r.Mode.String(), Shadow: r.Shadow, Counting: r.Count.On(),
 		Matched: st.matched, Allowed: st.allowed, Limited: st.limited, FromBlockCache: st.fromCache,
 		KeysLimited: st.keysLimited, Approximate: st.approximate, TopKeys: []KeyReport{},
 	}

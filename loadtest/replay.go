@@ -320,6 +320,12 @@ func (rp *replayer) do(j job) {
 	for k, v := range j.req.Headers {
 		req.Header.Set(k, v)
 	}
+	if j.req.ContentType != "" {
+		req.Header.SetContentType(j.req.ContentType)
+	}
+	if j.req.Body != "" {
+		req.SetBodyString(j.req.Body)
+	}
 	if !cfg.OmitClientIP {
 		var b [64]byte
 		req.Header.SetBytesV(cfg.ClientIPHeader, j.req.IP.AppendTo(b[:0]))

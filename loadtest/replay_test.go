@@ -417,6 +417,33 @@ func TestReplaySendsTheTraceRequest(t *testing.T) {
 	}
 }
 
+// TestReplaySendsTheBody: a trace line's body and content type reach the
+// server as they are, for a rule keyed on a body field to read.
+func TestReplaySendsTheBody(t *testing.T) {
+	got := make(chan string, 1)
+	addr := startServer(t, func(ctx *fasthttp.RequestCtx) {
+		got <- fmt.Sprintf("%s %s ct=%s len=%d body=%s", ctx.Method(), ctx.RequestURI(), ctx.Request.Header.ContentType(),
+			ctx.Request.Header.ContentLength(), ctx.PostBody())
+		ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+	})
+	body := "username=Alice%40example.com&password=hunter3"
+	tr := func(yield func(loadtest.Request, error) bool) {
+		yield(loadtest.Request{IP: netip.MustParseAddr("192.0.2.5"), Method: "POST", Path: "/login",
+			ContentType: "application/x-www-form-urlencoded", Body: body}, nil)
+	}
+	var results bytes.Buffer
+	if _, err := loadtest.Replay(context.Background(), loadtest.ReplayConfig{Targets: []string{addr}, Results: &results}, tr); err != nil {
+		t.Fatal(err)
+	}
+	if s, want := <-got, fmt.Sprintf("POST /login ct=application/x-www-form-urlencoded len=%d body=%s", len(body), body); s != want {
+		t.Errorf("server saw %q, want %q", s, want)
+	}
+	lines := strings.Split(results.String(), "\n")
+	if f := strings.Split(lines[min(1, len(lines)-1)], "\t"); len(f) < 10 || f[9] != "401" {
+		t.Errorf("results line %q: want the origin's 401 in its status column", results.String())
+	}
+}
+
 // BenchmarkReplaySaturated measures the replayer's own cost per request
 // when every request is due at once against a local server: what it can
 // push, and how much of it the outstanding bound turns away; "results"

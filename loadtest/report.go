@@ -148,7 +148,14 @@ func (r *OfflineReport) WriteText(w io.Writer) error {
 			continue
 		}
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "  top key\tlimited\tfirst limited\n")
+		if rr.Counting {
+			// A rule that counts by response: the keys it would have
+			// stopped (which accounts, for failed logins), and when.
+			fmt.Fprintf(tw, "  counts by response; the keys it would have stopped:\n")
+			fmt.Fprintf(tw, "  stopped key\trefused\tfirst refused\n")
+		} else {
+			fmt.Fprintf(tw, "  top key\tlimited\tfirst limited\n")
+		}
 		for _, k := range rr.TopKeys {
 			first := "+" + time.Duration(k.FirstLimitedMillis*1e6).Round(time.Millisecond).String()
 			if k.FirstLimitedAt != "" {

@@ -44,8 +44,20 @@ type Request struct {
 	Count int
 	// Duration is how long the request took to answer, when the trace
 	// knows (0: unknown): the offline simulator holds its concurrency
-	// slots that long.
+	// slots that long, and settles a rule that counts by response that
+	// long after the request.
 	Duration time.Duration
+	// Body is the request body, sent as it is (at most maxBody bytes of
+	// UTF-8 text in a trace line); "" sends none. Rules keyed on a body
+	// field (form:, json:) read it.
+	Body string
+	// ContentType is the body's media type, sent in Content-Type; "" sends
+	// none (the headers may not carry one as well).
+	ContentType string
+	// Status is what the origin answered, when the trace knows (an
+	// imported access log's status; 0: unknown): the offline simulator
+	// settles a rule that counts by response with it.
+	Status int
 }
 
 // count returns r.Count with 0 as 1.
@@ -60,6 +72,7 @@ const (
 	maxHeaderName  = 256
 	maxHeaderValue = 8192
 	maxCount       = 1_000_000
+	maxBody        = 64 << 10
 	maxOffset      = 10 * 365 * 24 * time.Hour
 )
 
@@ -131,6 +144,9 @@ type lineJSON struct {
 	Headers      map[string]string `json:"headers"`
 	Count        *int64            `json:"count"`
 	DurationMs   json.Number       `json:"duration_ms"`
+	Body         string            `json:"body"`
+	ContentType  string            `json:"content_type"`
+	Status       *int64            `json:"status"`
 }
 
 // ParseTraceLine parses one line of a JSON-lines trace (see the package
@@ -187,6 +203,13 @@ func parseTraceLine(line []byte) (Request, bool, *fieldError) {
 		}
 		r.Duration = d
 	}
+	r.Body, r.ContentType = j.Body, j.ContentType
+	if j.Status != nil {
+		if *j.Status < 100 || *j.Status > 599 {
+			return Request{}, false, badf(ReasonStatus, "status %d: must be an HTTP status from 100 to 599", *j.Status)
+		}
+		r.Status = int(*j.Status)
+	}
 	if fe := checkRequest(&r); fe != nil {
 		return Request{}, false, fe
 	}
@@ -204,6 +227,15 @@ func checkRequest(r *Request) *fieldError {
 	if len(r.Host) > maxHost || !printableASCII(r.Host) || strings.ContainsAny(r.Host, "/?#@") {
 		return badf(ReasonField, "host %s: not a host[:port]", quoteShort(r.Host))
 	}
+	if len(r.Body) > maxBody {
+		return badf(ReasonField, "body of %d bytes: at most %d", len(r.Body), maxBody)
+	}
+	if len(r.ContentType) > maxHeaderValue || !printableText(r.ContentType) {
+		return badf(ReasonField, "content_type %s: at most %d bytes of printable ASCII", quoteShort(r.ContentType), maxHeaderValue)
+	}
+	if r.Status != 0 && (r.Status < 100 || r.Status > 599) {
+		return badf(ReasonStatus, "status %d: must be an HTTP status from 100 to 599", r.Status)
+	}
 	if len(r.Headers) > maxHeaders {
 		return badf(ReasonField, "%d headers: at most %d", len(r.Headers), maxHeaders)
 	}
@@ -213,6 +245,9 @@ func checkRequest(r *Request) *fieldError {
 		}
 		if replayerHeader(k) {
 			return badf(ReasonField, "header %s: set by the replayer, not by the trace", quoteShort(k))
+		}
+		if r.ContentType != "" && strings.EqualFold(k, "Content-Type") {
+			return badf(ReasonField, "header %s: the line has content_type too", quoteShort(k))
 		}
 		if len(v) > maxHeaderValue || strings.ContainsAny(v, "\r\n\x00") {
 			return badf(ReasonField, "header %s value %s: at most %d bytes, without CR, LF or NUL", k, quoteShort(v), maxHeaderValue)
@@ -229,6 +264,17 @@ func replayerHeader(name string) bool {
 		}
 	}
 	return false
+}
+
+// printableText reports whether s is printable ASCII, spaces allowed (a
+// media type's parameters may have them).
+func printableText(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func printableASCII(s string) bool {
@@ -326,6 +372,18 @@ func AppendTraceLine(dst []byte, r *Request) []byte {
 	if r.Duration > 0 {
 		dst = append(dst, `,"duration_ms":`...)
 		dst = appendMillis(dst, r.Duration)
+	}
+	if r.Status > 0 {
+		dst = append(dst, `,"status":`...)
+		dst = strconv.AppendInt(dst, int64(r.Status), 10)
+	}
+	if r.ContentType != "" {
+		dst = append(dst, `,"content_type":`...)
+		dst = appendJSONString(dst, r.ContentType)
+	}
+	if r.Body != "" {
+		dst = append(dst, `,"body":`...)
+		dst = appendJSONString(dst, r.Body)
 	}
 	return append(dst, "}\n"...)
 }

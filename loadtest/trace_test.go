@@ -17,7 +17,8 @@ import (
 
 func sameRequest(a, b loadtest.Request) bool {
 	return a.At == b.At && a.Time.Equal(b.Time) && a.IP == b.IP && a.Method == b.Method && a.Host == b.Host &&
-		a.Path == b.Path && maps.Equal(a.Headers, b.Headers) && max(a.Count, 1) == max(b.Count, 1)
+		a.Path == b.Path && maps.Equal(a.Headers, b.Headers) && max(a.Count, 1) == max(b.Count, 1) &&
+		a.Body == b.Body && a.ContentType == b.ContentType && a.Status == b.Status
 }
 
 func TestTraceRoundTrip(t *testing.T) {
@@ -28,6 +29,8 @@ func TestTraceRoundTrip(t *testing.T) {
 			Path: "/v1/login?x=1&y=%22", Headers: map[string]string{"X-API-Key": "k\"1\\", "Cookie": "sid=é; a=b", "X-Ctl": "\t"}, Count: 3},
 		{At: 123456789 * time.Nanosecond, IP: netip.MustParseAddr("10.0.0.1"), Path: "/"},
 		{At: 10 * 365 * 24 * time.Hour, IP: netip.MustParseAddr("::")},
+		{At: 10 * 365 * 24 * time.Hour, IP: netip.MustParseAddr("192.0.2.9"), Method: "POST", Path: "/login",
+			Body: "username=Alice%40example.com&password=\"x\"\n\u00e9", ContentType: "application/x-www-form-urlencoded; charset=utf-8", Status: 401},
 	}
 	var buf bytes.Buffer
 	w := loadtest.NewWriter(&buf)
@@ -45,7 +48,7 @@ func TestTraceRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
-		if i == 2 || i == 3 {
+		if i >= 2 {
 			want.Time = tests[1].Time.Add(-tests[1].At).Add(want.At) // placed by the origin
 		}
 		if !sameRequest(got, want) {
@@ -78,6 +81,11 @@ func TestParseTraceLineErrors(t *testing.T) {
 		{`{"offset_ms":1,"ip":"1.2.3.4","headers":{"Bad Name":"x"}}`, loadtest.ReasonField},
 		{`{"offset_ms":1,"ip":"1.2.3.4","count":0}`, loadtest.ReasonField},
 		{`{"offset_ms":1,"ip":"1.2.3.4","count":2000000}`, loadtest.ReasonField},
+		{`{"offset_ms":1,"ip":"1.2.3.4","status":99}`, loadtest.ReasonStatus},
+		{`{"offset_ms":1,"ip":"1.2.3.4","status":600}`, loadtest.ReasonStatus},
+		{`{"offset_ms":1,"ip":"1.2.3.4","content_type":"text/plain\r\nX: y"}`, loadtest.ReasonField},
+		{`{"offset_ms":1,"ip":"1.2.3.4","content_type":"text/plain","headers":{"content-type":"text/html"}}`, loadtest.ReasonField},
+		{`{"offset_ms":1,"ip":"1.2.3.4","body":"` + strings.Repeat("a", 64<<10+1) + `"}`, loadtest.ReasonField},
 	}
 	for _, tt := range tests {
 		_, err := loadtest.ParseTraceLine([]byte(tt.line))

@@ -19,6 +19,17 @@
 // A program that runs a whole edge (package edge) wraps handlers with its
 // core the same way: edge.Edge.NetHTTP does.
 //
+// A request admitted under a counting rule (count: in the rules file) is
+// settled from the handler's response: its status when the handler calls
+// WriteHeader, or 200 at its first Write, Flush or ReadFrom, or when it
+// returns having written nothing; the origin's cost header is read from
+// the response's header as it is then. A handler that panics or hijacks
+// the connection sends no response the middleware sees: the request keeps
+// its units. The ResponseWriter is wrapped with github.com/felixge/httpsnoop
+// so that the handler still finds every optional interface the server's
+// writer has (http.Flusher, http.Hijacker, io.ReaderFrom, http.Pusher);
+// the wrapping costs a few allocations, on those requests only.
+//
 // A refused request is answered by the middleware (429 with Retry-After,
 // the RateLimit-Policy, RateLimit and X-RateLimit-* fields and an RFC 9457
 // problem body; 400 for a missing key or a bad cost), an admitted one by
@@ -29,8 +40,11 @@
 package middleware
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/textproto"
@@ -38,6 +52,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/felixge/httpsnoop"
 
 	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/decision"
@@ -120,7 +136,13 @@ func (m *netHTTP) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	h := netFields{h: w.Header()}
 	if v.Outcome == decision.Allowed {
 		v.SetFields(&h)
-		next.ServeHTTP(w, r)
+		if !v.Counting() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		st := &settling{m: m, v: v, w: w}
+		next.ServeHTTP(httpsnoop.Wrap(w, st.hooks()), r)
+		st.settle(http.StatusOK) // the handler wrote nothing: 200 is implied
 		return
 	}
 	status, body := v.Refuse(&h) // as every front end renders it
@@ -266,3 +288,67 @@ func (m *netHTTP) canonical(name string) string {
 func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 func unescape(v string) (string, error) { return url.QueryUnescape(v) }
+
+// settling settles a counting request from the wrapped handler's
+// response, once.
+type settling struct {
+	m       *netHTTP
+	v       *decision.Verdict
+	w       http.ResponseWriter
+	settled bool
+}
+
+func (s *settling) settle(status int) {
+	if s.settled {
+		return
+	}
+	s.settled = true
+	s.m.core.Settle(s.v, status, s)
+}
+
+// ResponseHeader reads the handler's response header for the rule's cost
+// header (decision.ResponseHeader).
+func (s *settling) ResponseHeader(name string) ([]byte, bool) {
+	vs := s.w.Header()[s.m.canonical(name)]
+	if len(vs) == 0 {
+		return nil, false
+	}
+	return bytesOf(vs[0]), true
+}
+
+func (s *settling) hooks() httpsnoop.Hooks {
+	return httpsnoop.Hooks{
+		WriteHeader: func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
+			return func(code int) {
+				if code >= 200 { // 1xx are interim; the final status comes after
+					s.settle(code)
+				}
+				next(code)
+			}
+		},
+		Write: func(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
+			return func(b []byte) (int, error) {
+				s.settle(http.StatusOK)
+				return next(b)
+			}
+		},
+		ReadFrom: func(next httpsnoop.ReadFromFunc) httpsnoop.ReadFromFunc {
+			return func(src io.Reader) (int64, error) {
+				s.settle(http.StatusOK)
+				return next(src)
+			}
+		},
+		Flush: func(next httpsnoop.FlushFunc) httpsnoop.FlushFunc {
+			return func() {
+				s.settle(http.StatusOK)
+				next()
+			}
+		},
+		Hijack: func(next httpsnoop.HijackFunc) httpsnoop.HijackFunc {
+			return func() (net.Conn, *bufio.ReadWriter, error) {
+				s.settled = true // no response the middleware sees: Finish keeps the units
+				return next()
+			}
+		},
+	}
+}

@@ -49,7 +49,7 @@ func ExampleDecodeFrame() {
 		fmt.Printf("%s %s %s delayed=%v %dµs\n", e.Rule, e.Algorithm, e.Decision, e.Delayed, e.DelayMicros)
 	}
 	// Output:
-	// frame of edge 4, number 41, 3 events in 120 bytes
+	// frame of edge 4, number 41, 3 events in 123 bytes
 	// api sliding_window allowed delayed=false 0µs
 	// api sliding_window limited delayed=false 0µs
 	// upload leaky_bucket allowed delayed=true 1500µs

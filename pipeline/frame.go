@@ -83,8 +83,8 @@ func IsFrame(b []byte) bool { return len(b) > 0 && b[0]&frameTag != 0 }
 // future format), event.ErrTruncated if b ends inside the frame,
 // event.ErrTrailing if bytes follow its last event, and event.ErrMalformed
 // if the count is 0, an event's length is not minimally encoded or longer
-// than event.MaxLen, or an event is not of event.Version or
-// event.VersionV2, not of the version of the frame's first event, or not
+// than event.MaxLen, or an event is not of event.Version,
+// event.VersionV3 or event.VersionV2, not of the version of the frame's first event, or not
 // of the frame's edge; an event's own errors are as event.Decode's.
 // DecodeFrame never panics, whatever b holds.
 func DecodeFrame(b []byte, h *FrameHeader, dst []event.Event) ([]event.Event, error) {
@@ -136,7 +136,7 @@ func DecodeFrame(b []byte, h *FrameHeader, dst []event.Event) ([]event.Event, er
 		if ver == 0 {
 			ver = ev[0]
 		}
-		if ev[0] != event.Version && ev[0] != event.VersionV2 || ev[0] != ver {
+		if ev[0] != event.Version && ev[0] != event.VersionV3 && ev[0] != event.VersionV2 || ev[0] != ver {
 			return fail(event.ErrMalformed) // a frame holds events of one version, 2 or later
 		}
 		dst = append(dst, event.Event{})

@@ -82,6 +82,32 @@ func TestFrameRoundTrip(t *testing.T) {
 	}
 }
 
+// TestDecodeFrameV3 reads a frame of version 3 events, as edges that
+// predate counting by response write them: the events decode not counting.
+func TestDecodeFrameV3(t *testing.T) {
+	evs := frameEvents(4)
+	head := mustFrame(t, 4, 11, evs[:1])[:pipeline.FrameHeaderLen]
+	b := append(bytes.Clone(head[:pipeline.FrameHeaderLen-2]), 0, byte(len(evs)))
+	for i := range evs {
+		evs[i] = eventtest.AsV3(evs[i])
+		ev := eventtest.AppendV3(nil, &evs[i])
+		b = append(append(b, binaryUvarint(len(ev))...), ev...)
+	}
+	var h pipeline.FrameHeader
+	got, err := pipeline.DecodeFrame(b, &h, nil)
+	if err != nil {
+		t.Fatalf("DecodeFrame of version 3 events: got %v, want nil", err)
+	}
+	if len(got) != len(evs) {
+		t.Fatalf("DecodeFrame: got %d events, want %d", len(got), len(evs))
+	}
+	for i := range evs {
+		if !eventtest.Equal(&got[i], &evs[i]) {
+			t.Errorf("event %d: got %+v, want %+v", i, got[i], evs[i])
+		}
+	}
+}
+
 // TestFrameLayout pins the documented frame layout with a golden encoding.
 func TestFrameLayout(t *testing.T) {
 	e := event.Event{Time: 1, Edge: 2, Rule: []byte("a"), KeyHash: 3, Limit: 4, Burst: 4}
@@ -108,6 +134,7 @@ func TestDecodeFrameErrors(t *testing.T) {
 	}
 	framed := func(ev []byte) []byte { return append([]byte{byte(len(ev))}, ev...) }
 	v1 := eventtest.AppendV1(nil, &evs[0])
+	v3 := eventtest.AsV3(evs[0])
 	otherEdge := evs[0]
 	otherEdge.Edge = 6
 	long := append(bytes.Clone(first), bytes.Repeat([]byte{0}, event.MaxLen)...)
@@ -133,6 +160,7 @@ func TestDecodeFrameErrors(t *testing.T) {
 		{"length over event.MaxLen", frameOf(1, append(binaryUvarint(len(long)), long...)...), event.ErrMalformed},
 		{"length past the end", frameOf(1, 100, 2), event.ErrTruncated},
 		{"a version 1 event", frameOf(1, framed(v1)...), event.ErrMalformed},
+		{"events of versions 4 and 3", frameOf(2, append(framed(first), framed(eventtest.AppendV3(nil, &v3))...)...), event.ErrMalformed},
 		{"an event of another edge", frameOf(1, framed(eventtest.Encode(t, otherEdge))...), event.ErrMalformed},
 		{"an event with trailing bytes", frameOf(1, framed(append(bytes.Clone(first), 0))...), event.ErrTrailing},
 		{"a malformed event", frameOf(1, framed(append([]byte{2, 0x80}, first[2:]...))...), event.ErrMalformed},

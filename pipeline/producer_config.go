@@ -57,7 +57,7 @@ type ProducerConfig struct {
 	// 1 to MaxFrameEvents. 1 sends one event per message. Default 1024.
 	FrameEvents int
 	// FrameBytes is the most bytes in one frame, header (and MAC)
-	// included; at least 355 (a frame of the longest event; 387 with a
+	// included; at least 366 (a frame of the longest event; 398 with a
 	// Key) and at most BatchBytes-64.
 	// Default 65536 (64 KiB; 1024 events of a rule with an 11-byte name
 	// are 45 KiB before compression).

@@ -104,9 +104,9 @@ func TestKeyConfig(t *testing.T) {
 	if err := pc.Validate(); err == nil || !strings.Contains(err.Error(), "ProducerConfig.Key = 31 bytes") {
 		t.Errorf("producer, 31-byte key: got %v", err)
 	}
-	pc.Key, pc.FrameBytes = testKey(1), 356
-	if err := pc.Validate(); err == nil || !strings.Contains(err.Error(), "FrameBytes = 356: must be at least 387") {
-		t.Errorf("producer, key and 356-byte frames: got %v", err)
+	pc.Key, pc.FrameBytes = testKey(1), 367
+	if err := pc.Validate(); err == nil || !strings.Contains(err.Error(), "FrameBytes = 367: must be at least 398") {
+		t.Errorf("producer, key and 367-byte frames: got %v", err)
 	}
 	cc := pipeline.DefaultConsumerConfig()
 	cc.Brokers, cc.Topic, cc.GroupID, cc.Key = []string{"127.0.0.1:1"}, "t", "g", []byte{}

@@ -116,6 +116,31 @@ func (s *Store) addGCRA(b *batch, key uint64, lb algo.LeakyBucket, now, n int64,
 	return nil
 }
 
+// addGCRAGiveBack appends the GCRA script's command that takes back n
+// units an earlier pour left the bucket's TAT at mark with
+// (algo.LeakyBucket.GiveBack), lb valid.
+func (s *Store) addGCRAGiveBack(b *batch, key uint64, lb algo.LeakyBucket, now, n, mark int64) error {
+	var nPer int64
+	if n > 0 {
+		if n > math.MaxInt64/int64(lb.Per) {
+			return fmt.Errorf("n %d × Per %v overflows int64 nanoseconds", n, lb.Per)
+		}
+		nPer = n * int64(lb.Per)
+	}
+	b.begin(scriptGCRA, 1)
+	b.buf = AppendGCRAKey(b.buf, key)
+	b.end()
+	b.pair(now)
+	b.int(n)
+	b.pair(lb.Rate)
+	b.pair(nPer)
+	b.pair(0)
+	b.str("2")
+	b.int(s.cfg.ClockSkew.Milliseconds())
+	b.pair(mark)
+	return nil
+}
+
 // gcraState decodes the GCRA script's reply r for a bucket of the given
 // rate: the state after the call, and whether the units were poured.
 func (s *Store) gcraState(r rueidis.RedisResult, rate int64) (algo.LeakyBucketState, bool, error) {

@@ -171,6 +171,11 @@ return v`
 // A stored Frac of Rate or more (the key was last poured under another
 // rate) is read as Rate − 1: the theoretical arrival time moves later by
 // less than a nanosecond.
+//
+// With "2" in ARGV[10] it gives units back instead (algo.LeakyBucket.
+// GiveBack): ARGV[12], ARGV[13] is mark, the TAT an earlier pour of the n
+// units left, and the TAT moves earlier by min(⌊n × Per / Rate⌋, mark −
+// now) ns, never before now; it returns {1, TAT, Frac}.
 const luaGCRA = luaInt64 + `
 local nh, nl = arg(1)
 local n = tonumber(ARGV[3])
@@ -191,6 +196,24 @@ if st[1] or st[2] then
   if not lt(fh, fl, rh, rl) then fh, fl = sub(rh, rl, 0, 1) end
 end
 if n <= 0 then return {1, fmt(th, tl), fmt(fh, fl)} end
+if ARGV[10] == '2' then
+  local mh, ml = arg(12)
+  if not mh then return redis.error_reply('POPLIMIT bad arguments') end
+  local lqh, lql = divmod(ph, pl, rh, rl) -- the units' length, whole ns
+  local gh, gl = sub(mh, ml, nh, nl)
+  if lt(lqh, lql, gh, gl) then gh, gl = lqh, lql end
+  if gh < 0 or (gh == 0 and gl == 0) or not lt(nh, nl, th, tl) then return {1, fmt(th, tl), fmt(fh, fl)} end
+  th, tl = sub(th, tl, gh, gl)
+  if not lt(nh, nl, th, tl) then th, tl, fh, fl = nh, nl, 0, 0 end
+  local eh, el = sub(th, tl, nh, nl)
+  local ms = eh * 1000 + math.ceil(el / 1000000)
+  if ms < 1 then ms = 1 end
+  ms = ms + skew
+  local tat, frac = fmt(th, tl), fmt(fh, fl)
+  redis.call('HSET', KEYS[1], 'tat', tat, 'frac', frac)
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', ms))
+  return {1, tat, frac}
+end
 local dh, dl = sub(th, tl, nh, nl)
 local empty = dh < 0 or (dh == 0 and dl == 0 and fh == 0 and fl == 0)
 if cond then

@@ -58,6 +58,9 @@ func (stateCodec) add(s *Store, b *batch, op *store.StateOp) error {
 	if err := op.Validate(); err != nil {
 		return err
 	}
+	if op.Kind == store.StateGCRA && op.GiveBack {
+		return s.addGCRAGiveBack(b, op.Key, op.Bucket, op.Now, op.N, op.Mark)
+	}
 	if op.Kind == store.StateGCRA {
 		return s.addGCRA(b, op.Key, op.Bucket, op.Now, op.N, op.Conditional)
 	}
@@ -73,6 +76,9 @@ func (stateCodec) decode(s *Store, op *store.StateOp, r rueidis.RedisResult) (re
 		lb := op.Bucket
 		op.Allowed, op.TAT, op.Frac = ok, st.TAT, st.Frac
 		op.Remaining, op.ReleaseAt = lb.Remaining(st, op.Now), lb.Release(st, op.Now, op.N)
+		if op.GiveBack {
+			op.ReleaseAt = lb.Release(st, op.Now, 1)
+		}
 		return resultOK, nil
 	}
 	res, err := s.logResult(r, op.Log.Limit)

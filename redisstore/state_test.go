@@ -55,6 +55,7 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 		logSeen    bool
 		memLatest  int64 // the latest instant MemStore's log stored
 		memWritten bool
+		mark       int64 // the TAT the last pour left, for give-backs
 	}
 	rates := []int64{1, 3, 7, 10, 20}
 	pers := []time.Duration{100 * time.Millisecond, time.Second, time.Minute}
@@ -102,6 +103,11 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 			k.now += dt
 			op.Now = k.now
 		}
+		if op.Kind == store.StateGCRA && k.mark != 0 && r.IntN(5) == 0 {
+			// Units of an earlier pour given back (a response that did
+			// not count), at the TAT it left or about it.
+			op.GiveBack, op.Mark = true, k.mark+r.Int64N(2*T+1)-T
+		}
 		switch r.IntN(100) {
 		case 0:
 			op.Kind, op.Log.Limit = store.StateLog, algo.MaxSharedLogLimit+1
@@ -112,6 +118,9 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 		}
 		ref := []store.StateOp{op}
 		mem.DoState(ctx, ref)
+		if ref[0].Err == nil && op.Kind == store.StateGCRA && !op.GiveBack && op.N > 0 && ref[0].Allowed {
+			k.mark = ref[0].TAT
+		}
 		if ref[0].Err != nil {
 			invalid++
 		} else if op.Kind == store.StateLog {

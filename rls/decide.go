@@ -35,6 +35,7 @@ type rlsDesc struct {
 	koff, klen   int // its counter key in rlsScratch.keys
 	hits         uint64
 	replaced     bool
+	settle       bool // a stream-done call settling reservations (settle.go)
 	quota        bool
 	over         bool
 	hasLimit     bool // a status with current_limit
@@ -61,6 +62,10 @@ type rlsScratch struct {
 	entries  []rules.DescriptorEntry
 	keys     []byte
 	ds       []rlsDesc
+	// The reservations of counting rules, for request_headers_to_add.
+	res    corepb.HeaderValue
+	resPtr [1]*corepb.HeaderValue
+	resBuf []byte
 }
 
 // grow makes room for n descriptors.
@@ -139,10 +144,12 @@ func (s *Service) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.T
 		}
 		ds.elen = len(sc.entries) - ds.eoff
 		ds.hits = hitsOf(d, req.HitsAddend)
+		ds.settle = ds.elen == 1 && sc.entries[ds.eoff].Key == ReservationKey
 	}
+	sc.resBuf = sc.resBuf[:0]
 	for i, d := range req.Descriptors {
 		ds := &sc.ds[i]
-		if !known {
+		if !known || ds.settle {
 			continue
 		}
 		entries := sc.entries[ds.eoff : ds.eoff+ds.elen]
@@ -164,6 +171,10 @@ func (s *Service) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.T
 	t := now.UnixNano()
 	for i := range sc.ds[:n] {
 		ds := &sc.ds[i]
+		if ds.settle {
+			s.settle(sc.entries[ds.eoff].Value, ds.hits)
+			continue
+		}
 		counted := (ds.m.Answer == rules.DescriptorCounted || ds.m.Answer == rules.DescriptorOverride) && !ds.replaced
 		ds.quota = s.cfg.QuotaMode && ds.m.Answer != rules.DescriptorUnlimited || counted && ds.m.Quota
 		if !counted {
@@ -205,9 +216,17 @@ func (s *Service) decide(sc *rlsScratch, req *rlspb.RateLimitRequest, now time.T
 				ds.retryAt = v.Quota.ReleaseAt
 			}
 		}
+		if v.Counting() {
+			s.hold(sc, v)
+		}
 		s.core.Finish(v)
 	}
 	s.answer(sc, n, now)
+	if len(sc.resBuf) > 0 {
+		sc.res = corepb.HeaderValue{Key: ReservationHeader, Value: bytesView(sc.resBuf)}
+		sc.resPtr[0] = &sc.res
+		sc.resp.RequestHeadersToAdd = sc.resPtr[:]
+	}
 	return nil
 }
 

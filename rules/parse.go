@@ -65,6 +65,7 @@ type ruleYAML struct {
 	CostHeader   string             `yaml:"cost_header"`
 	MaxCost      *number            `yaml:"max_cost"`
 	Tiers        map[string]*number `yaml:"tiers"`
+	Count        *countYAML         `yaml:"count"`
 }
 
 // number is an integer field as the file writes it: decoding keeps what

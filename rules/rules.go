@@ -123,6 +123,10 @@ type Rule struct {
 
 	Tiers map[string]uint64 // tier name → limit, chosen by the key's override
 
+	// Count says which responses spend the rule's units (count:); its
+	// zero value counts every admitted request.
+	Count Count
+
 	// Index is the rule's position in its Rules; Seed mixes the rule's
 	// identity (name, window, algorithm) into key hashes, so a reload that
 	// changes a rule's window starts it on fresh counters.

@@ -103,7 +103,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 	parseKind(f, y, r)
 	if r.Kind == Shed {
 		// A shed rule only classes routes: nothing else applies.
-		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" || y.QuerySemi != "" || y.KeyTrim != "" || y.KeyCase != "" || y.Scope != "" {
+		if y.Limit != nil || y.Window != "" || len(y.Key) > 0 || y.DuplicateKey != "" || y.QuerySemi != "" || y.KeyTrim != "" || y.KeyCase != "" || y.Scope != "" || y.Count != nil {
 			f.fail("", "", "a shed rule takes only name, match and priority")
 		}
 		if f.n > 0 {
@@ -118,6 +118,7 @@ func parseRule(y ruleYAML, p string, bad func(path, value, reason string)) *Rule
 	parseCost(f, y, r)
 	parseTiers(f, y, r)
 	parseScope(f, y, r)
+	parseCount(f, y, r)
 	if f.n == 0 && r.Kind == Rate {
 		checkCost(f, y, r)
 	}

@@ -40,6 +40,12 @@ type StateOp struct {
 	N      int64            // units; ≤ 0 reads
 
 	Conditional bool
+	// GiveBack (StateGCRA only) takes N units back instead of pouring
+	// them: units an earlier pour left the TAT at Mark with, whose
+	// request's response did not count (algo.LeakyBucket.GiveBack: what
+	// of them has not leaked by Now). Allowed is true.
+	GiveBack bool
+	Mark     int64
 
 	// Set by the store.
 	Allowed   bool  // the units were taken (always, unconditional)
@@ -71,6 +77,9 @@ func (op *StateOp) Validate() error {
 	case StateGCRA:
 		return op.Bucket.Validate()
 	case StateLog:
+		if op.GiveBack {
+			return fmt.Errorf("store: StateOp.GiveBack: a sliding log cannot give units back")
+		}
 		if err := op.Log.Validate(); err != nil {
 			return err
 		}
@@ -117,7 +126,12 @@ func (op *StateOp) applyGCRA(old, dst []byte) ([]byte, time.Duration, bool, erro
 	}
 	before := s
 	lb := op.Bucket
-	if op.Conditional || op.N <= 0 {
+	if op.GiveBack {
+		lb.GiveBack(&s, op.Now, op.Mark, op.N)
+		op.Allowed = true
+		op.Remaining = lb.Remaining(s, op.Now)
+		op.ReleaseAt = lb.Release(s, op.Now, 1)
+	} else if op.Conditional || op.N <= 0 {
 		op.Allowed, op.Remaining, op.ReleaseAt = lb.Allow(&s, op.Now, op.N)
 	} else {
 		lb.Pour(&s, op.Now, op.N)

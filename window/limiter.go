@@ -164,6 +164,10 @@ type Answer struct {
 	// the limiter clock's time after the wait, so that decisions keep the
 	// order of their times. 0: at now.
 	At int64
+	// Mark is, for a token or leaky bucket decided in the store (sync),
+	// the theoretical arrival time the admitted units left it at: what
+	// GiveBackNow needs to take them back. 0 otherwise.
+	Mark int64
 }
 
 // Limiter runs rules over a Store. It keeps a local view of each active key

@@ -167,20 +167,10 @@ func (l *Limiter) GiveBack(ctx context.Context, r *Policy, key, cost uint64, at 
 	if !r.Algorithm.IsCounter() {
 		return ErrNotReservable
 	}
-	if cost == 0 {
+	if cost == 0 || l.takeBackUnsent(r, key, cost, at) {
 		return nil
 	}
-	w := int64(r.Window)
-	start := algo.WindowStart(at, w)
-	s := l.shardOf(key)
-	s.mu.Lock()
-	if e := s.lookup(key); e != nil && e.start == start && uint64(e.pend) >= cost {
-		e.pend -= uint32(cost)
-		e.own -= uint16(min(uint64(e.own), cost))
-		s.mu.Unlock()
-		return nil
-	}
-	s.mu.Unlock()
+	start := algo.WindowStart(at, int64(r.Window))
 	ops := [1]store.Op{{Key: key, Start: start / 1e6, Delta: -int64(min(cost, math.MaxInt64))}}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	l.store.Do(cctx, ops[:])
@@ -191,4 +181,20 @@ func (l *Limiter) GiveBack(ctx context.Context, r *Policy, key, cost uint64, at 
 		return fmt.Errorf("window: give back: %w", err)
 	}
 	return nil
+}
+
+// takeBackUnsent takes cost units counted at at out of this edge's unsent
+// units of key, when it holds that many in at's window, and reports
+// whether it did.
+func (l *Limiter) takeBackUnsent(r *Policy, key, cost uint64, at int64) bool {
+	start := algo.WindowStart(at, int64(r.Window))
+	s := l.shardOf(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.lookup(key); e != nil && e.start == start && uint64(e.pend) >= cost {
+		e.pend -= uint32(cost)
+		e.own -= uint16(min(uint64(e.own), cost))
+		return true
+	}
+	return false
 }

@@ -346,6 +346,9 @@ func (l *Limiter) stateSync(ctx context.Context, t int64, r *Policy, key, limit,
 		ops[0].Allowed = false
 	}
 	stateDecision(&d, t, r, limit, cost, op.Allowed, op.Remaining, op.ReleaseAt)
+	if op.Allowed && op.Kind == store.StateGCRA {
+		d.Mark = op.TAT
+	}
 	if op.Allowed && r.Action == policy.Delay {
 		lb := op.Bucket
 		d.Delay = queueDelay(r, op.TAT-int64(cost)*int64(lb.Per)/lb.Rate, t)

@@ -109,6 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (aggregator.Config, slog.Level,
 	fs.StringVar(&cfg.GlobalKeyFile, "global-key-file", "", "file of the secret (at least 32 bytes) the global topic's messages are signed with, shared with the edges (default: unsigned, with a warning; production needs it)")
 	fs.StringVar(&cfg.GlobalPublisher, "global-publisher", "", "this aggregator's name in the global topic, distinct per aggregator (default: host name/-listen)")
 	fs.DurationVar(&cfg.Judge.AllowedLateness, "lateness", cfg.Judge.AllowedLateness, "allowed lateness of events behind the latest event time")
+	fs.DurationVar(&cfg.Judge.SettleLateness, "settle-lateness", cfg.Judge.SettleLateness, "how much longer than -lateness the events of rules that count by response wait: the edges' settle timeout (their admitted requests' events are sent when the response is known)")
 	fs.DurationVar(&cfg.Judge.MaxClockSkew, "max-clock-skew", cfg.Judge.MaxClockSkew, "events more than -lateness plus this after the aggregator's clock are invalid (reason future), kept out of the watermark (0: off)")
 	fs.DurationVar(&cfg.Judge.MaxEventAge, "max-event-age", cfg.Judge.MaxEventAge, "events older than this behind the aggregator's clock are invalid (reason past), not judged (0: off)")
 	fs.DurationVar(&cfg.Judge.Resolution, "resolution", cfg.Judge.Resolution, "event times are floored to this step")

@@ -166,6 +166,11 @@ func runGen(args []string, stdout, stderr io.Writer) error {
 	ips := fs.Int("ips", 1000, "stuffing: addresses")
 	attempts := fs.Int("attempts", 3, "stuffing: attempts per address")
 	userHeader := fs.String("user-header", "", "stuffing: header carrying a user name per attempt")
+	accounts := fs.Int("accounts", 0, "stuffing: accounts the addresses attack together, each attempt one at random with a wrong password (0: a fresh user name per attempt)")
+	body := fs.String("body", "", "stuffing: put the user name and password in the body: form (username=, password=) or json ({\"user\":{\"email\"},\"password\"}); default none")
+	honestUsers := fs.Int("honest-users", 0, "stuffing: honest users, each on its own address logging in to its own account with its password")
+	honestRate := fs.Float64("honest-rate", 2, "stuffing: the honest users' logins per second, all together")
+	mistype := fs.Float64("mistype", 0.1, "stuffing: probability that an honest login has a wrong password (retried 1 to 3 s later)")
 	method := fs.String("method", "", "HTTP method (default GET; stuffing POST)")
 	host := fs.String("host", "", "Host header (default: the replay target's)")
 	path := fs.String("path", "", `path (default "/"; stuffing "/login")`)
@@ -201,7 +206,8 @@ func runGen(args []string, stdout, stderr io.Writer) error {
 			return loadtest.NearLimit(loadtest.NearLimitConfig{Seed: *seed, Clients: *clients, Limit: *limit, Window: *win, Duration: *dur, Endpoint: ep})
 		},
 		"stuffing": func() (loadtest.Trace, error) {
-			return loadtest.Stuffing(loadtest.StuffingConfig{Seed: *seed, IPs: *ips, Attempts: *attempts, UserHeader: *userHeader, Endpoint: ep})
+			return loadtest.Stuffing(loadtest.StuffingConfig{Seed: *seed, IPs: *ips, Attempts: *attempts, UserHeader: *userHeader, Endpoint: ep,
+				Accounts: *accounts, Body: *body, HonestUsers: *honestUsers, HonestRate: *honestRate, Mistype: *mistype})
 		},
 	}
 	var tr loadtest.Trace
@@ -457,6 +463,7 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	fs.DurationVar(&cfg.MaxDefer, "max-defer", 0, "the edges' -max-defer: how long a key far from its limit may keep its units unsent (default the edge's; negative: every flush)")
 	fs.DurationVar(&cfg.RTT, "rtt", 0, "with -edges: the round trip to the shared store (an edge reads the others' units this late)")
 	fs.StringVar(&cfg.CheckPrefix, "check-prefix", httpedge.DefaultCheckPrefix, "path prefix stripped before matching, as the edge's")
+	fs.DurationVar(&cfg.SettleDelay, "settle-delay", loadtest.DefaultSettleDelay, "how long after a request without duration_ms its response is known: a rule with count settles it then, with the line's status (a line without one keeps its units)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	judgeIt := fs.Bool("judge", false, "judge every decision with the aggregator's judge: the algorithm's own accuracy, undistributed")
 	phase := fs.Duration("phase", 0, "the trace's offset 0 this far past a window boundary: origin = the Unix epoch (a multiple of every window) + phase, as replay -align W -phase D runs it live")

@@ -41,6 +41,36 @@ func TestGenIsReproducibleAndParses(t *testing.T) {
 	}
 }
 
+// TestGenStuffingAccounts: gen -kind stuffing with accounts, bodies and
+// honest users writes login attempts whose bodies name the accounts.
+func TestGenStuffingAccounts(t *testing.T) {
+	out, _, err := runCmd(t, "", "gen", "-kind", "stuffing", "-ips", "50", "-accounts", "4", "-body", "form",
+		"-honest-users", "3", "-honest-rate", "5", "-mistype", "0.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	victims, members := 0, 0
+	for r, err := range loadtest.NewReader(strings.NewReader(out)).All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case strings.Contains(r.Body, "username=victim"):
+			victims++
+		case strings.Contains(strings.ToLower(r.Body), "username=member"):
+			members++
+		default:
+			t.Fatalf("body %q names no account", r.Body)
+		}
+	}
+	if victims != 150 || members == 0 {
+		t.Errorf("got %d attacks and %d honest logins, want 150 and some", victims, members)
+	}
+	if _, _, err := runCmd(t, "", "gen", "-kind", "stuffing", "-body", "xml"); err == nil || !strings.Contains(err.Error(), "Body") {
+		t.Errorf("-body xml: got %v, want an error naming Body", err)
+	}
+}
+
 func TestImportCorpus(t *testing.T) {
 	out, errOut, err := runCmd(t, "", "import", "-show-bad", "2", "../../loadtest/testdata/access.log")
 	if err != nil {

@@ -24,11 +24,17 @@ import (
 )
 
 // demoRules are the PoP's rules unless -rules names a file: a block rule
-// that only the abuser and the heaviest clients trip, a strict sync rule on
-// logins, and a per-client throttle. Every matching rule applies, in order;
-// the first refusal answers, so the block rule comes first to count every
-// attempt. With several PoPs (-pops 2) the block and the per-client
-// throttle hold across PoPs (%[1]s is "global"), the login rule in each.
+// that only the abuser and the heaviest clients trip, two rules that count
+// failed logins (the origin's 401) and block for their window, per account
+// (the form's username, in any letter case) and per address, and a
+// per-client throttle. Every matching rule applies, in order; the first
+// refusal answers, so the block rule comes first to count every attempt.
+// The login rules hold 5 failures per account per 15 minutes and 20 per
+// address per hour, scaled down 15 times (5 a minute, 20 in 4 minutes)
+// so that the demo shows them within its run; a successful login costs
+// nothing. With several PoPs (-pops 2) the block and the per-client
+// throttle hold across PoPs (%[1]s is "global"), the login rules in each
+// (a rule that counts by response holds within its PoP).
 const demoRules = `
 match: all
 rules:
@@ -38,18 +44,31 @@ rules:
     action: block
     timeout: 30s
     scope: %[1]s
-  - name: login
+  - name: failed-logins-account
     path_prefix: /login
     methods: [POST]
+    key: ["form:username"]
+    key_case: insensitive
+    count: {status: [401]}
     limit: 5
     window: 1m
+    action: block
     mode: sync
-    fail: closed
+  - name: failed-logins-ip
+    path_prefix: /login
+    methods: [POST]
+    count: {status: [401]}
+    limit: 20
+    window: 4m
+    action: block
   - name: per-client
     limit: 100
     window: 10s
     scope: %[1]s
 `
+
+// demoAccountLimit is the failed logins per account the demo rules allow.
+const demoAccountLimit = 5
 
 type options struct {
 	pops       int
@@ -213,6 +232,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// The aggregator and its embedded broker.
 	if err := procs.start(ctx, o.dir, "aggregator", filepath.Join(o.dir, "aggregator"), append([]string{
 		"-listen", o.aggregator, "-embedded-broker", o.broker, "-partitions", "4", "-lateness", "2s",
+		"-settle-lateness", "5s", // the demo's origin answers at once: requests settle within milliseconds
 		"-top-keys", "1000"}, keys...)...); err != nil { // enough wrongly allowed keys listed for each rule's worst
 		return err
 	}
@@ -222,7 +242,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	say("aggregator on http://%s (report: /report), embedded Kafka broker on %s", o.aggregator, o.broker)
 
 	// The origin.
-	origin := &fasthttp.Server{Handler: func(c *fasthttp.RequestCtx) { c.WriteString("origin ok\n") }, NoDefaultServerHeader: true}
+	origin := &fasthttp.Server{Handler: originHandler, NoDefaultServerHeader: true} // logins.go
 	oln, err := net.Listen("tcp", o.origin)
 	if err != nil {
 		return fmt.Errorf("origin: %w", err)
@@ -288,7 +308,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		say("replaying %v of traffic at %.0f requests/s through both edges: Zipf clients, an abuser, credential stuffing", o.duration, o.rate)
 	}
 	o.timeline = loadtest.NewTimelineRecorder(time.Time{})
-	rep, err := replay(ctx, o, targets, stdout)
+	logins := newLoginTally()
+	rep, err := replay(ctx, o, targets, stdout, logins)
 	if err != nil {
 		return err
 	}
@@ -298,6 +319,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout)
 	if err := writeSummary(stdout, rep, windows); err != nil {
+		return err
+	}
+	accountLimit := 0
+	if o.rules == "" {
+		accountLimit = demoAccountLimit
+	}
+	if err := writeLogins(stdout, logins, rep, countingRules(rulesPath), accountLimit); err != nil {
 		return err
 	}
 	if len(memcache[0]) == 0 {
@@ -327,7 +355,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // replay runs the built-in mix through the edges and fetches the
 // aggregator's report at the end.
-func replay(ctx context.Context, o *options, targets []string, stdout io.Writer) (*loadtest.Report, error) {
+func replay(ctx context.Context, o *options, targets []string, stdout io.Writer, logins *loginTally) (*loadtest.Report, error) {
 	zipf, err := loadtest.Zipf(loadtest.ZipfConfig{Seed: 1, Clients: 2000, Rate: o.rate * 0.9, Duration: o.duration})
 	if err != nil {
 		return nil, err
@@ -336,14 +364,22 @@ func replay(ctx context.Context, o *options, targets []string, stdout io.Writer)
 	if err != nil {
 		return nil, err
 	}
-	perIP := o.rate * 0.05 / 3 // new addresses per second, 3 attempts each
+	// Credential stuffing: new addresses, 3 wrong passwords each, against
+	// accounts tried about 20 times each over the run, beside honest users
+	// who log in with their password and mistype it one time in ten.
+	perIP := o.rate * 0.05 / 3 // new addresses per second
+	ips := max(1, int(perIP*o.duration.Seconds()))
 	stuffing, err := loadtest.Stuffing(loadtest.StuffingConfig{Seed: 3, Rate: perIP, Attempts: 3,
-		Gap: time.Second, IPs: max(1, int(perIP*o.duration.Seconds()))})
+		Gap: time.Second, IPs: ips, Accounts: max(1, 3*ips/20), Body: "form",
+		HonestUsers: 200, HonestRate: max(1, o.rate*0.005), Mistype: 0.1, HonestDuration: o.duration})
 	if err != nil {
 		return nil, err
 	}
-	cfg := loadtest.ReplayConfig{Targets: targets, AggregatorURL: "http://" + o.aggregator + "/report",
-		AggregatorWait: 4 * time.Second, Align: o.align, Phase: o.phase}
+	// The report is fetched with flush=1: a rule that counts by response
+	// is judged once its requests settled, which the aggregator otherwise
+	// waits -settle-lateness for.
+	cfg := loadtest.ReplayConfig{Targets: targets, AggregatorURL: "http://" + o.aggregator + "/report?flush=1",
+		AggregatorWait: 4 * time.Second, Align: o.align, Phase: o.phase, OnResult: logins.result}
 	cfg.Timeline = o.timeline
 	if o.pops > 1 {
 		cfg.Spread = loadtest.RoundRobin // each client reaches every PoP
@@ -357,7 +393,7 @@ func replay(ctx context.Context, o *options, targets []string, stdout io.Writer)
 	if isTerminal(os.Stderr) {
 		cfg.Progress = os.Stderr
 	}
-	return loadtest.Replay(ctx, cfg, loadtest.Mix(zipf, abuser, stuffing))
+	return loadtest.Replay(ctx, cfg, logins.trace(loadtest.Mix(zipf, abuser, stuffing)))
 }
 
 // writePage writes the built-in replay's page, replay.html in the working

@@ -1,6 +1,6 @@
 // Package eventtest holds what the tests of events and of their transport
 // share: sample events of every field's extremes, a field-by-field
-// comparison, and the older encodings (versions 1 and 2) that readers still
+// comparison, and the older encodings (versions 1, 2 and 3) that readers still
 // accept but nothing writes any more.
 package eventtest
 
@@ -32,6 +32,7 @@ func Samples() map[string]event.Event {
 			Burst: math.MaxUint32, DelayMicros: math.MaxUint32, Algorithm: policy.SlidingLog,
 			Decision: event.Limited, Mode: policy.Sync, Action: policy.Block,
 			FromBlockCache: true, Shadow: true, Fallback: true, Delayed: true,
+			Counting: true, Counted: math.MaxUint32, SettleMicros: math.MaxUint32,
 		},
 		"negative time":     {Time: math.MinInt64, Estimate: -1},
 		"limited":           {Decision: event.Limited},
@@ -50,6 +51,10 @@ func Samples() map[string]event.Event {
 		"sliding log":       {Algorithm: policy.SlidingLog, Limit: 3, Burst: 3},
 		"pop":               {Pop: []byte("fra1"), Rule: []byte("api")},
 		"global":            {Global: true, Pop: []byte("ams2"), Limit: 100, Burst: 100},
+		"counted":           {Counting: true, Cost: 1, Counted: 1, SettleMicros: 35_000, Limit: 5, Burst: 5},
+		"not counted":       {Counting: true, Cost: 3, SettleMicros: 1, Limit: 5, Burst: 5},
+		"counting refused":  {Counting: true, Cost: 1, Decision: event.Limited, Limit: 5, Burst: 5},
+		"unsettled":         {Counting: true, Cost: 2, Counted: 2, SettleMicros: 30_000_000, Pop: []byte("p")},
 	}
 }
 
@@ -62,7 +67,8 @@ func Equal(a, b *event.Event) bool {
 		a.Decision == b.Decision && a.Mode == b.Mode && a.Action == b.Action &&
 		a.FromBlockCache == b.FromBlockCache && a.Shadow == b.Shadow && a.Fallback == b.Fallback &&
 		a.Algorithm == b.Algorithm && a.Burst == b.Burst && a.Delayed == b.Delayed && a.DelayMicros == b.DelayMicros &&
-		bytes.Equal(a.Pop, b.Pop) && a.Global == b.Global
+		bytes.Equal(a.Pop, b.Pop) && a.Global == b.Global &&
+		a.Counting == b.Counting && a.Counted == b.Counted && a.SettleMicros == b.SettleMicros
 }
 
 // AppendV1 appends the version 1 encoding of e (the layout before
@@ -95,20 +101,41 @@ func AsV1(e event.Event) event.Event {
 	return e
 }
 
-// AsV2 is e without what version 2 cannot carry: its PoP and scope.
+// AsV2 is e without what version 2 cannot carry: its PoP and scope, and
+// what version 3 cannot.
 func AsV2(e event.Event) event.Event {
+	e = AsV3(e)
 	e.Pop, e.Global = nil, false
 	return e
+}
+
+// AsV3 is e without what version 3 cannot carry: its counting fields.
+func AsV3(e event.Event) event.Event {
+	e.Counting, e.Counted, e.SettleMicros = false, 0, 0
+	return e
+}
+
+// AppendV3 appends the version 3 encoding of e (the layout before
+// counting by response), as producers before version 4 wrote it: version
+// 4's without the counting byte, under version byte 3. e must not be
+// Counting.
+func AppendV3(dst []byte, e *event.Event) []byte {
+	b, err := event.Append(nil, e)
+	if err != nil || e.Counting {
+		panic("AppendV3: not a version 3 event")
+	}
+	b[0] = event.VersionV3
+	return append(dst, b[:len(b)-1]...)
 }
 
 // AppendV2 appends the version 2 encoding of e (the layout before PoPs),
 // as producers before version 3 wrote it: version 3's without the PoP
 // name's length, under version byte 2. e must carry no PoP nor Global.
 func AppendV2(dst []byte, e *event.Event) []byte {
-	b, err := event.Append(nil, e)
-	if err != nil || len(e.Pop) > 0 || e.Global {
+	if len(e.Pop) > 0 || e.Global {
 		panic("AppendV2: not a version 2 event")
 	}
+	b := AppendV3(nil, e)
 	b[0] = event.VersionV2
 	return append(dst, b[:len(b)-1]...)
 }

@@ -157,6 +157,9 @@ type Limit struct {
 	Action  policy.Action
 	Timeout time.Duration // how long Block refuses once over; 0 for "count"
 	Fail    policy.Fail   // default policy.FailOpen
+	// Count is the count extension: which responses spend the limit's
+	// hits (settled at stream end, see SERVICE.md); zero: every hit.
+	Count rules.Count
 
 	File string // the file that defined it
 	Line int    // the line of its rate_limit block

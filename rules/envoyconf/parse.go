@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/poplimit/poplimit/policy"
+	"github.com/poplimit/poplimit/rules"
 	yaml "go.yaml.in/yaml/v3"
 )
 
@@ -30,7 +31,7 @@ var validKeys = map[string]bool{
 // extensionKeys are poplimit's keys inside a rate_limit block.
 var extensionKeys = map[string]bool{
 	"algorithm": true, "window": true, "burst": true, "mode": true,
-	"action": true, "timeout": true, "fail": true,
+	"action": true, "timeout": true, "fail": true, "count": true,
 }
 
 // maxWindow bounds the window and timeout extensions.
@@ -827,6 +828,7 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 		unitStr           string
 		unitF, rpuF, winF *field
 		burstF, timeoutF  *field
+		countF            *field
 		replacesF         *field
 		extSet            []field
 		window            time.Duration
@@ -882,6 +884,10 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 			extSet = append(extSet, g)
 			timeoutF = &fields[i]
 			l.Timeout, _ = p.duration(g, gp)
+		case "count":
+			extSet = append(extSet, g)
+			countF = &fields[i]
+			l.Count = p.count(g, gp)
 		default:
 			if validKeys[g.name] {
 				p.ignored(g, gp)
@@ -946,7 +952,41 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 	if l.Action == policy.Block && !count && l.Timeout == 0 {
 		l.Timeout = l.Window
 	}
+	if countF != nil && l.Count.On() {
+		if ok, why := rules.GivesBack(l.Algorithm); !ok {
+			p.fail(countF.key, join(path, "count"), ErrInvalid, "a %s cannot give units back: %s; use sliding_window, fixed_window or a bucket", l.Algorithm, why)
+		}
+	}
 	return l
+}
+
+// count reads the count extension: {status: [codes or classes],
+// cost_header: name}, as a poplimit rules file writes it.
+func (p *fileParser) count(f field, path string) rules.Count {
+	if f.val.Kind != yaml.MappingNode {
+		p.fail(f.val, path, ErrInvalid, "must be a mapping of status and cost_header")
+		return rules.Count{}
+	}
+	var cy struct {
+		Status     *[]string `yaml:"status"`
+		CostHeader string    `yaml:"cost_header"`
+	}
+	for i := 0; i+1 < len(f.val.Content); i += 2 {
+		if k := f.val.Content[i].Value; k != "status" && k != "cost_header" {
+			p.fail(f.val.Content[i], join(path, k), ErrInvalid, "unknown key: count takes status and cost_header")
+			return rules.Count{}
+		}
+	}
+	if err := f.val.Decode(&cy); err != nil {
+		p.fail(f.val, path, ErrInvalid, "must be a mapping of status (a list) and cost_header (a header name)")
+		return rules.Count{}
+	}
+	c, err := rules.NewCount(cy.Status, cy.CostHeader)
+	if err != nil {
+		p.fail(f.val, path, ErrInvalid, "%v", err)
+		return rules.Count{}
+	}
+	return c
 }
 
 // replaces reads rate_limit.replaces: a list of {name: ...}.

@@ -356,7 +356,9 @@ func limitRuleOf(l *Limit) (*rules.Rule, string) {
 				"'s exact arithmetic with this limit and window: " + err.Error()
 		}
 	}
-	return descriptorRule(ruleName(l.FullKey), pol, l.ShadowMode), ""
+	r := descriptorRule(ruleName(l.FullKey), pol, l.ShadowMode)
+	r.Count = l.Count
+	return r, ""
 }
 
 // overrideDefaults returns the defaults an override rule runs with: the
