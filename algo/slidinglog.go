@@ -249,3 +249,45 @@ func (s *SlidingLogState) resize(n int) {
 	}
 	s.ring, s.head = ring, 0
 }
+
+// GiveBack takes back up to n > 0 units logged at the instant at (a
+// request whose response did not count), at now, and returns how many it
+// took: those of the entry at that instant, if it is still in the window
+// (units logged at one instant are alike, whoever logged them). Units the
+// store logged at a later instant than at (its clock was behind another's
+// latest) are not found, and stay: that can only refuse more.
+func (l SlidingLog) GiveBack(s *SlidingLogState, now, at, n int64) int64 {
+	l.advance(s, now)
+	if n <= 0 || s.size == 0 {
+		return 0
+	}
+	lo, hi := 0, s.size-1 // the first entry at or after at
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if s.at(mid).at >= at {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	if s.at(lo).at != at {
+		return 0
+	}
+	prev := s.dropped
+	if lo > 0 {
+		prev = s.at(lo - 1).cum
+	}
+	mask := len(s.ring) - 1
+	k := min(n, s.at(lo).cum-prev)
+	for j := lo; j < s.size; j++ {
+		s.ring[(s.head+j)&mask].cum -= k
+	}
+	s.added -= k
+	if s.at(lo).cum == prev { // empty: the entries after it move up
+		for j := lo; j < s.size-1; j++ {
+			s.ring[(s.head+j)&mask] = s.ring[(s.head+j+1)&mask]
+		}
+		s.size--
+	}
+	return k
+}

@@ -81,8 +81,10 @@ type CoreConfig struct {
 	// rule (Hold) waits for its settle call; one not settled by then
 	// keeps its units, as a request whose response never came.
 	SettleTimeout time.Duration // default DefaultSettleTimeout (1m)
-	// MaxHeld bounds the reservations waiting for a settle call; when it
-	// is reached, a new one keeps its units at once.
+	// MaxHeld bounds the reservations held for a settle call: they are
+	// kept in the order issued, and a settled one's room comes free once
+	// those issued before it have settled or timed out. When it is
+	// reached, a new reservation keeps its units at once.
 	MaxHeld int // default DefaultMaxHeld (65,536)
 }
 

@@ -312,6 +312,21 @@ end
 local score = string.format('%.0f', tod(oh, ol))
 local ok = 0
 if n <= 0 then ok = 1 end
+if ARGV[7] == '2' then
+  -- Give back: up to n members logged at the instant mark.
+  local mh, ml = arg(10)
+  if not mh then return redis.error_reply('POPLIMIT bad arguments') end
+  local sh, sl = sub(mh, ml, eh, el)
+  if n > 0 and count > 0 and sh >= 0 and sh < 9007199 then
+    local at = string.format('%.0f', tod(sh, sl))
+    local ms = redis.call('ZRANGEBYSCORE', KEYS[1], at, at, 'LIMIT', 0, n)
+    if #ms > 0 then
+      redis.call('ZREM', KEYS[1], unpack(ms))
+      count = count - #ms
+    end
+  end
+  ok, n = 1, 0
+end
 if n > 0 and (not cond or n <= limit - count) then
   local k = n
   if not cond and count + k > cap then k = math.max(0, cap - count) end

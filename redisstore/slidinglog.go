@@ -115,6 +115,28 @@ func (s *Store) addLog(b *batch, key uint64, p SlidingLogParams, now, n int64, c
 	return nil
 }
 
+// addLogGiveBack appends the sliding-log script's command that takes back
+// n units logged at the instant mark (algo.SlidingLog.GiveBack).
+func (s *Store) addLogGiveBack(b *batch, key uint64, p SlidingLogParams, now, n, mark int64) error {
+	if err := p.validate(s.cfg.MaxLogEntries); err != nil {
+		return err
+	}
+	b.begin(scriptSlidingLog, 2)
+	b.buf = append(appendTag(b.buf, key), ":log"...)
+	b.end()
+	b.buf = append(appendTag(b.buf, key), ":logm"...)
+	b.end()
+	b.pair(now)
+	b.int(n)
+	b.int(p.Limit)
+	b.pair(int64(p.Window))
+	b.str("2")
+	b.int(int64((p.Window+time.Millisecond-1)/time.Millisecond) + s.cfg.ClockSkew.Milliseconds())
+	b.int(int64(s.cfg.MaxLogEntries))
+	b.pair(mark)
+	return nil
+}
+
 // SlidingLogBatch runs every op as SlidingLog does, in one pipeline, and sets
 // each op's Result or Err. Ops fail independently; ops on one key take
 // effect in the order given. It returns within Timeout and keeps no

@@ -64,6 +64,9 @@ func (stateCodec) add(s *Store, b *batch, op *store.StateOp) error {
 	if op.Kind == store.StateGCRA {
 		return s.addGCRA(b, op.Key, op.Bucket, op.Now, op.N, op.Conditional)
 	}
+	if op.GiveBack {
+		return s.addLogGiveBack(b, op.Key, SlidingLogParams(op.Log), op.Now, op.N, op.Mark)
+	}
 	return s.addLog(b, op.Key, SlidingLogParams(op.Log), op.Now, op.N, op.Conditional)
 }
 

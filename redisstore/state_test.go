@@ -56,6 +56,8 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 		memLatest  int64 // the latest instant MemStore's log stored
 		memWritten bool
 		mark       int64 // the TAT the last pour left, for give-backs
+		logAt      int64 // an instant units were logged at, for give-backs
+		logUnits   int64 // how many are left there
 	}
 	rates := []int64{1, 3, 7, 10, 20}
 	pers := []time.Duration{100 * time.Millisecond, time.Second, time.Minute}
@@ -108,6 +110,13 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 			// not count), at the TAT it left or about it.
 			op.GiveBack, op.Mark = true, k.mark+r.Int64N(2*T+1)-T
 		}
+		if op.Kind == store.StateLog && k.logUnits > 0 && r.IntN(4) == 0 && k.logSeen == k.memWritten && k.logMax == k.memLatest &&
+			op.Now >= k.logMax && op.Now-k.logAt < W {
+			// Units logged at one instant, still in the window, given
+			// back: both stores remove them and store the log.
+			op.GiveBack, op.Mark, op.N, op.Conditional = true, k.logAt, 1+r.Int64N(k.logUnits), false
+			k.logUnits -= op.N
+		}
 		switch r.IntN(100) {
 		case 0:
 			op.Kind, op.Log.Limit = store.StateLog, algo.MaxSharedLogLimit+1
@@ -120,6 +129,13 @@ func TestDoStateMatchesMemStore(t *testing.T) {
 		mem.DoState(ctx, ref)
 		if ref[0].Err == nil && op.Kind == store.StateGCRA && !op.GiveBack && op.N > 0 && ref[0].Allowed {
 			k.mark = ref[0].TAT
+		}
+		if ref[0].Err == nil && op.Kind == store.StateLog && !op.GiveBack && op.Conditional && op.N > 0 && ref[0].Allowed &&
+			op.Now >= k.memLatest && op.Now >= k.logMax {
+			if op.Now != k.logAt {
+				k.logAt, k.logUnits = op.Now, 0
+			}
+			k.logUnits += op.N
 		}
 		if ref[0].Err != nil {
 			invalid++

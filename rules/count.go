@@ -104,13 +104,6 @@ func NewCount(status *[]string, costHeader string) (Count, error) {
 	return c, errors.Join(errs...)
 }
 
-// GivesBack reports whether algorithm a can give a counting request's
-// units back, and if not, why.
-func GivesBack(a policy.Algorithm) (bool, string) {
-	why, no := noGiveBack[a]
-	return !no, why
-}
-
 func parseCount(f *fields, y ruleYAML, r *Rule) {
 	cy := y.Count
 	if cy == nil {
@@ -121,8 +114,6 @@ func parseCount(f *fields, y ruleYAML, r *Rule) {
 	switch {
 	case r.Kind != Rate:
 		f.fail("count", "", "applies only to rate rules: a "+r.Kind.String()+" rule's slot is given back when the response ends, whatever it says")
-	case r.Algorithm == policy.SlidingLog:
-		f.fail("count", "", "a "+r.Algorithm.String()+" cannot give units back: "+noGiveBack[r.Algorithm]+"; use sliding_window, fixed_window or a bucket")
 	case r.Action == policy.Delay:
 		f.fail("count", "", "a queue (action: delay) cannot give units back: a request waits for its place behind the units before it, which a give-back would move under it")
 	case y.Scope != "" && y.Scope != "pop":
@@ -159,13 +150,6 @@ func (c *Count) parse(f *fields, cy *countYAML) {
 		}
 		c.CostHeader = cy.CostHeader
 	}
-}
-
-// noGiveBack says why an algorithm cannot give a reserved request's units
-// back when its response does not count (windows give back the units of
-// their window, buckets what has not leaked: window.Limiter.GiveBackNow).
-var noGiveBack = map[policy.Algorithm]string{
-	policy.SlidingLog: "its store operations log instants and expire them; none removes one request's entry",
 }
 
 // parseStatus reads one entry of count.status: a code 100-599, or a

@@ -17,6 +17,7 @@ func TestParseCount(t *testing.T) {
 - {name: plain, limit: 10, window: 1m}
 - {name: bucket, limit: 10, window: 1m, algorithm: token_bucket, count: {status: [401]}}
 - {name: meter, limit: 10, window: 1m, algorithm: leaky_bucket, action: block, count: {status: [401]}}
+- {name: log, limit: 10, window: 1m, algorithm: sliding_log, count: {status: [401]}}
 `)
 	login, cost, both, plain := rs.Rules[0], rs.Rules[1], rs.Rules[2], rs.Rules[3]
 	if !login.Count.On() || !cost.Count.On() || !both.Count.On() || plain.Count.On() {
@@ -70,7 +71,6 @@ func TestParseCountErrors(t *testing.T) {
 		{head + "count: {cost_header: \"X Bad\"}}]", `rules[0].count.cost_header: is not a valid header name (got "X Bad")`},
 		{head + "count: {status: [401], colour: red}}]", "field colour not found"},
 		{head + "algorithm: leaky_bucket, action: delay, count: {status: [401]}}]", "rules[0].count: a queue (action: delay) cannot give units back"},
-		{head + "algorithm: sliding_log, count: {status: [401]}}]", "rules[0].count: a sliding_log cannot give units back"},
 		{head + "scope: global, count: {status: [401]}}]", "rules[0].count: applies only to rules of scope: pop"},
 		{"rules: [{name: a, kind: concurrency, limit: 10, count: {status: [401]}}]", "rules[0].count: applies only to rate rules: a concurrency rule's slot is given back when the response ends, whatever it says"},
 	}

@@ -40,10 +40,12 @@ type StateOp struct {
 	N      int64            // units; ≤ 0 reads
 
 	Conditional bool
-	// GiveBack (StateGCRA only) takes N units back instead of pouring
-	// them: units an earlier pour left the TAT at Mark with, whose
-	// request's response did not count (algo.LeakyBucket.GiveBack: what
-	// of them has not leaked by Now). Allowed is true.
+	// GiveBack takes N units back instead of taking them, for a request
+	// whose response did not count: for StateGCRA units an earlier pour
+	// left the TAT at Mark with (algo.LeakyBucket.GiveBack: what of them
+	// has not leaked by Now), for StateLog units logged at the instant
+	// Mark (algo.SlidingLog.GiveBack). Allowed is true; a log's ReleaseAt
+	// is then Now.
 	GiveBack bool
 	Mark     int64
 
@@ -77,9 +79,6 @@ func (op *StateOp) Validate() error {
 	case StateGCRA:
 		return op.Bucket.Validate()
 	case StateLog:
-		if op.GiveBack {
-			return fmt.Errorf("store: StateOp.GiveBack: a sliding log cannot give units back")
-		}
 		if err := op.Log.Validate(); err != nil {
 			return err
 		}
@@ -158,7 +157,12 @@ func (op *StateOp) applyLog(old, dst []byte) ([]byte, time.Duration, bool, error
 	}
 	l := op.Log
 	added := s.Added()
-	if op.Conditional || op.N <= 0 {
+	if op.GiveBack {
+		l.GiveBack(&s, op.Now, op.Mark, op.N)
+		op.Allowed = true
+		op.Remaining = l.Remaining(&s, op.Now)
+		op.ReleaseAt = l.Release(&s, op.Now, 0)
+	} else if op.Conditional || op.N <= 0 {
 		op.Allowed, op.Remaining, op.ReleaseAt = l.Allow(&s, op.Now, op.N)
 	} else {
 		// Attempts past algo.MaxLogUnits in the window are not logged: the

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/poplimit/poplimit/algo"
+	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/store"
 )
 
@@ -28,10 +29,14 @@ var giveBackStateOps = sync.Pool{New: func() any { return new([1]store.StateOp) 
 // timeout instead of the limiter's StoreTimeout. Counters give back the
 // units counted at at; a token or leaky bucket (decided in the store)
 // what of them has not leaked, given mark, the decision's Answer.Mark
-// (algo.LeakyBucket.GiveBack). A sliding log cannot: ErrNotReservable.
+// (algo.LeakyBucket.GiveBack); a sliding log the units it logged at at
+// (algo.SlidingLog.GiveBack: none when the store logged them later).
 func (l *Limiter) GiveBackNow(r *Policy, key, limit, cost uint64, at, mark int64) error {
 	if r.Algorithm.IsBucket() {
 		return l.giveBackBucket(r, key, limit, cost, mark)
+	}
+	if r.Algorithm == policy.SlidingLog {
+		return l.giveBackLog(r, key, limit, cost, at)
 	}
 	if !r.Algorithm.IsCounter() {
 		return ErrNotReservable
@@ -43,6 +48,25 @@ func (l *Limiter) GiveBackNow(r *Policy, key, limit, cost uint64, at, mark int64
 	defer giveBackOps.Put(ops)
 	ops[0] = store.Op{Key: key, Start: algo.WindowStart(at, int64(r.Window)) / 1e6, Delta: -int64(min(cost, math.MaxInt64))}
 	l.store.Do(context.Background(), ops[:])
+	l.m.storeOps.Inc()
+	if err := ops[0].Err; err != nil {
+		l.m.storeErrors.Inc()
+		return fmt.Errorf("window: give back: %w", err)
+	}
+	return nil
+}
+
+// giveBackLog takes cost units logged at at back out of key's shared log
+// under r, at the limit the decision ran with.
+func (l *Limiter) giveBackLog(r *Policy, key, limit, cost uint64, at int64) error {
+	if cost == 0 {
+		return nil
+	}
+	ops := giveBackStateOps.Get().(*[1]store.StateOp)
+	defer giveBackStateOps.Put(ops)
+	ops[0] = store.StateOp{Kind: store.StateLog, Key: key, Log: logOf(r, limit), Now: l.cfg.Clock.Now().UnixNano(),
+		N: int64(min(cost, math.MaxInt64)), GiveBack: true, Mark: at}
+	l.store.DoState(context.Background(), ops[:])
 	l.m.storeOps.Inc()
 	if err := ops[0].Err; err != nil {
 		l.m.storeErrors.Inc()

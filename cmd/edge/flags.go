@@ -104,7 +104,7 @@ func parseFlagsEnv(args []string, stderr io.Writer, env []string) (edge.Options,
 	// Counting rules (count:) in decision mode: reservations wait for
 	// POST /_poplimit/settle.
 	fs.DurationVar(&o.SettleTimeout, "settle-timeout", o.SettleTimeout, "how long a decision-mode reservation of a counting rule waits for its settle call; one never settled keeps its units (at most 24h)")
-	fs.IntVar(&o.MaxReservations, "max-reservations", o.MaxReservations, "decision-mode reservations waiting for their settle call at most; past it a new one keeps its units at once")
+	fs.IntVar(&o.MaxReservations, "max-reservations", o.MaxReservations, "decision-mode reservations held for their settle call at most, in the order issued; past it a new one keeps its units at once")
 	fs.IntVar(&c.MaxConns, "max-conns", c.MaxConns, "traffic connections open at most (0: the open-file limit less the admin listener's, upstream pools' and a reserve of 256 descriptors, at least half of it, at most -concurrency); from 3/4 of it idle connections are closed longest-idle first and per-client caps tighten; -1: no cap")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "how long a kept-alive traffic connection may wait for its next request")
 	fs.IntVar(&o.AdminMaxConns, "admin-max-conns", o.AdminMaxConns, "admin listener connections open at most, its descriptors kept out of -max-conns")

@@ -828,7 +828,6 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 		unitStr           string
 		unitF, rpuF, winF *field
 		burstF, timeoutF  *field
-		countF            *field
 		replacesF         *field
 		extSet            []field
 		window            time.Duration
@@ -886,7 +885,6 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 			l.Timeout, _ = p.duration(g, gp)
 		case "count":
 			extSet = append(extSet, g)
-			countF = &fields[i]
 			l.Count = p.count(g, gp)
 		default:
 			if validKeys[g.name] {
@@ -951,11 +949,6 @@ func (p *fileParser) rateLimit(f field, path, fullKey string, shadow, quota, det
 	}
 	if l.Action == policy.Block && !count && l.Timeout == 0 {
 		l.Timeout = l.Window
-	}
-	if countF != nil && l.Count.On() {
-		if ok, why := rules.GivesBack(l.Algorithm); !ok {
-			p.fail(countF.key, join(path, "count"), ErrInvalid, "a %s cannot give units back: %s; use sliding_window, fixed_window or a bucket", l.Algorithm, why)
-		}
 	}
 	return l
 }
