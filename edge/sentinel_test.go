@@ -23,7 +23,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 	const storeTimeout = 200 * time.Millisecond
 	set := testenv.Sentinels(t, 500*time.Millisecond)
 	opts := edge.Options{}
-	opts.Redis = redisstore.Config{Addrs: set.SentinelAddrs(), Mode: redisstore.ModeSentinel, SentinelMaster: set.Master}
+	opts.Redis = redisstore.Config{Addrs: set.SentinelAddrs(), Mode: redisstore.TopologySentinel, SentinelMaster: set.Master}
 	opts.Limiter.StoreTimeout = storeTimeout
 	opts.Limiter.FlushInterval = 2 * time.Millisecond
 	// Sync rules, each decision a store round trip; windows of an hour, so

@@ -12,17 +12,18 @@ import (
 	"github.com/poplimit/poplimit/rules"
 )
 
-// Mode is how the edge sits in the request path.
-type Mode string
+// Role is how the edge sits in the request path: answering checks, or
+// forwarding what it admits.
+type Role string
 
 const (
 	// Decision answers each request itself: 200 to allow, 429 to refuse. It
 	// is what Envoy's ext_authz HTTP filter calls, and it also serves the
 	// JSON endpoint POST /decide.
-	Decision Mode = "decision"
+	Decision Role = "decision"
 	// Proxy forwards allowed requests to Upstream and adds the quota
 	// headers to the upstream's response.
-	Proxy Mode = "proxy"
+	Proxy Role = "proxy"
 )
 
 // DefaultCheckPrefix is Config.CheckPrefix's default, and the offline
@@ -33,7 +34,7 @@ const DefaultCheckPrefix = "/check"
 // Config configures an edge server. The zero value of each field means the
 // default written beside it; Validate reports what is wrong.
 type Config struct {
-	Mode Mode // default Decision
+	Mode Role // default Decision
 
 	// Upstream is the origin of Proxy mode: one host:port, or several
 	// separated by commas (at most MaxUpstreams), each request going to

@@ -13,7 +13,7 @@ import (
 )
 
 // TestCluster runs the Store over a real three-master Redis Cluster reached
-// through the address of one node (ModeAuto finds the cluster): counters match
+// through the address of one node (TopologyAuto finds the cluster): counters match
 // store.MemStore across batches that span every node, a key's windows,
 // bucket and log share one slot, the scripts work on every node and come
 // back after a SCRIPT FLUSH on one of them, and when a master is killed

@@ -8,25 +8,26 @@ import (
 	"time"
 )
 
-// Mode is how the Store reaches its servers.
-type Mode string
+// Topology is how the Store reaches its servers: one server, a cluster,
+// or a master found through sentinels.
+type Topology string
 
 const (
-	// ModeAuto (the zero value) asks the servers: one address of a server
+	// TopologyAuto (the zero value) asks the servers: one address of a server
 	// without cluster support is a standalone server, anything else is a
 	// cluster (several addresses are entry points to one cluster).
-	ModeAuto Mode = ""
-	// ModeStandalone is one server (or a proxy in front of several, such as
+	TopologyAuto Topology = ""
+	// TopologyStandalone is one server (or a proxy in front of several, such as
 	// nutcracker with redis: true), never asked about a cluster.
-	ModeStandalone Mode = "standalone"
-	// ModeCluster is Redis Cluster; connecting fails if the servers are not
+	TopologyStandalone Topology = "standalone"
+	// TopologyCluster is Redis Cluster; connecting fails if the servers are not
 	// one.
-	ModeCluster Mode = "cluster"
-	// ModeSentinel is a master and its replicas watched by Redis Sentinel:
+	TopologyCluster Topology = "cluster"
+	// TopologySentinel is a master and its replicas watched by Redis Sentinel:
 	// Addrs are the sentinels, which name the master of SentinelMaster;
 	// when they promote a replica, the Store follows (their +switch-master
 	// event, and a poll every SentinelRefresh).
-	ModeSentinel Mode = "sentinel"
+	TopologySentinel Topology = "sentinel"
 )
 
 // Defaults of Config, used where a field is zero.
@@ -65,12 +66,12 @@ type Config struct {
 	// nodes of a cluster (the rest are discovered). Required, at most 1024.
 	Addrs []string
 
-	// Mode is ModeAuto (default), ModeStandalone, ModeCluster or
-	// ModeSentinel.
-	Mode Mode
+	// Mode is TopologyAuto (default), TopologyStandalone, TopologyCluster or
+	// TopologySentinel.
+	Mode Topology
 
 	// SentinelMaster is the name of the master set the sentinels watch
-	// (their "sentinel monitor NAME ..."); required with ModeSentinel, and
+	// (their "sentinel monitor NAME ..."); required with TopologySentinel, and
 	// only with it.
 	SentinelMaster string
 	// SentinelUsername and SentinelPassword authenticate the connections
@@ -195,25 +196,25 @@ func (c Config) Validate() error {
 		}
 	}
 	switch c.Mode {
-	case ModeAuto, ModeCluster:
-	case ModeStandalone:
+	case TopologyAuto, TopologyCluster:
+	case TopologyStandalone:
 		if len(c.Addrs) > 1 {
 			bad("Mode: %q with %d addresses: a standalone server has one (put a proxy in front of several)", c.Mode, len(c.Addrs))
 		}
-	case ModeSentinel:
+	case TopologySentinel:
 		if c.SentinelMaster == "" {
 			bad("SentinelMaster: empty: mode %q needs the name of the master set the sentinels watch", c.Mode)
 		}
 	default:
-		bad("Mode: %q: want %q (auto), %q, %q or %q", c.Mode, ModeAuto, ModeStandalone, ModeCluster, ModeSentinel)
+		bad("Mode: %q: want %q (auto), %q, %q or %q", c.Mode, TopologyAuto, TopologyStandalone, TopologyCluster, TopologySentinel)
 	}
-	if c.Mode != ModeSentinel && (c.SentinelMaster != "" || c.SentinelUsername != "" || c.SentinelPassword != "" || c.SentinelTLS != nil) {
-		bad("SentinelMaster: %q (or another Sentinel field) set with mode %q: only mode %q has sentinels", c.SentinelMaster, c.Mode, ModeSentinel)
+	if c.Mode != TopologySentinel && (c.SentinelMaster != "" || c.SentinelUsername != "" || c.SentinelPassword != "" || c.SentinelTLS != nil) {
+		bad("SentinelMaster: %q (or another Sentinel field) set with mode %q: only mode %q has sentinels", c.SentinelMaster, c.Mode, TopologySentinel)
 	}
 	if c.DB < 0 || c.DB > maxDB {
 		bad("DB: %d: want 0 to %d", c.DB, maxDB)
 	}
-	if c.DB != 0 && c.Mode == ModeCluster {
+	if c.DB != 0 && c.Mode == TopologyCluster {
 		bad("DB: %d: a cluster has only database 0", c.DB)
 	}
 	dur := func(name string, d time.Duration, limit time.Duration) {

@@ -109,7 +109,7 @@
 //
 // # Sentinel
 //
-// With ModeSentinel, Addrs are Redis Sentinel's sentinels: rueidis's
+// With TopologySentinel, Addrs are Redis Sentinel's sentinels: rueidis's
 // sentinel client asks them for the master of Config.SentinelMaster,
 // connects to it, and follows their +switch-master event to a promoted
 // replica (and asks again every SentinelRefresh, in case an event was
@@ -138,7 +138,7 @@
 // # What it does not do
 //
 // It does not shard over several standalone servers (run Redis Cluster, or
-// a proxy such as nutcracker in front of them, with ModeStandalone), does
+// a proxy such as nutcracker in front of them, with TopologyStandalone), does
 // not read from replicas, and does not use client-side caching: counters
 // change under every edge. It trusts its servers' protocol to rueidis.
 //

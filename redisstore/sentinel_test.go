@@ -54,7 +54,7 @@ func TestSentinelAuth(t *testing.T) {
 		{"no password", "", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s, _ := newStore(t, Config{Addrs: []string{sentinel.Addr}, Mode: ModeSentinel, SentinelMaster: "m",
+			s, _ := newStore(t, Config{Addrs: []string{sentinel.Addr}, Mode: TopologySentinel, SentinelMaster: "m",
 				SentinelPassword: tt.sentinelPW, Password: "masterpw", ReconnectInterval: time.Hour})
 			ops := []store.Op{{Key: 1, Start: 1, Delta: 1, TTL: time.Minute}}
 			s.Do(ctx, ops)

@@ -95,7 +95,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Store, error) {
 	}
 	if cfg.SentinelTLS != nil {
 		cfg.SentinelTLS = cfg.SentinelTLS.Clone()
-	} else if cfg.Mode == ModeSentinel {
+	} else if cfg.Mode == TopologySentinel {
 		cfg.SentinelTLS = cfg.TLS
 	}
 	m, err := newMetrics(reg)
@@ -125,7 +125,7 @@ func (s *Store) options() rueidis.ClientOption {
 		ClientName:          "poplimit",
 		DisableCache:        true, // no client-side caching: counters change under every edge
 		DisableRetry:        true, // one attempt per call; the caller's next flush is the retry
-		ForceSingleClient:   c.Mode == ModeStandalone,
+		ForceSingleClient:   c.Mode == TopologyStandalone,
 		PipelineMultiplex:   bits.TrailingZeros(uint(c.ConnsPerNode)),
 		ReadBufferEachConn:  c.BufferBytes,
 		WriteBufferEachConn: c.BufferBytes,
@@ -133,7 +133,7 @@ func (s *Store) options() rueidis.ClientOption {
 		ClientSetInfo:       rueidis.DisableClientSetInfo,
 	}
 	o.Dialer.Timeout = c.DialTimeout
-	if c.Mode == ModeSentinel {
+	if c.Mode == TopologySentinel {
 		o.Sentinel = rueidis.SentinelOption{
 			MasterSet:               c.SentinelMaster,
 			Username:                c.SentinelUsername,
@@ -151,13 +151,13 @@ func (s *Store) options() rueidis.ClientOption {
 // hands the client over for use.
 func (s *Store) connect() error {
 	c, err := rueidis.NewClient(s.options())
-	if err == nil && s.cfg.Mode == ModeCluster && c.Mode() != rueidis.ClientModeCluster {
+	if err == nil && s.cfg.Mode == TopologyCluster && c.Mode() != rueidis.ClientModeCluster {
 		c.Close()
-		err = fmt.Errorf("mode %q: the server is not a cluster node", ModeCluster)
+		err = fmt.Errorf("mode %q: the server is not a cluster node", TopologyCluster)
 	}
-	if err == nil && s.cfg.Mode == ModeSentinel && c.Mode() != rueidis.ClientModeSentinel {
+	if err == nil && s.cfg.Mode == TopologySentinel && c.Mode() != rueidis.ClientModeSentinel {
 		c.Close()
-		err = fmt.Errorf("mode %q: not a sentinel client", ModeSentinel)
+		err = fmt.Errorf("mode %q: not a sentinel client", TopologySentinel)
 	}
 	if err != nil {
 		s.m.connectKO.Inc()

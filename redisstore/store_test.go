@@ -35,16 +35,16 @@ func TestConfigValidate(t *testing.T) {
 		want []string // substrings of the error; none: valid
 	}{
 		{"minimal", Config{Addrs: []string{"127.0.0.1:6379"}}, nil},
-		{"cluster entry points", Config{Addrs: []string{"10.0.0.1:7000", "10.0.0.2:7000"}, Mode: ModeCluster, ConnsPerNode: 4}, nil},
+		{"cluster entry points", Config{Addrs: []string{"10.0.0.1:7000", "10.0.0.2:7000"}, Mode: TopologyCluster, ConnsPerNode: 4}, nil},
 		{"no address", Config{}, []string{"Addrs: empty"}},
 		{"bad address", Config{Addrs: []string{"localhost"}}, []string{`Addrs[0]: "localhost"`}},
-		{"standalone with two", Config{Addrs: []string{"a:1", "b:1"}, Mode: ModeStandalone}, []string{`Mode: "standalone" with 2 addresses`}},
+		{"standalone with two", Config{Addrs: []string{"a:1", "b:1"}, Mode: TopologyStandalone}, []string{`Mode: "standalone" with 2 addresses`}},
 		{"unknown mode", Config{Addrs: []string{"a:1"}, Mode: "sentinal"}, []string{`Mode: "sentinal"`}},
-		{"sentinels", Config{Addrs: []string{"s1:26379", "s2:26379", "s3:26379"}, Mode: ModeSentinel, SentinelMaster: "mymaster", SentinelPassword: "x"}, nil},
-		{"sentinel without master", Config{Addrs: []string{"s1:26379"}, Mode: ModeSentinel}, []string{`SentinelMaster: empty: mode "sentinel"`}},
+		{"sentinels", Config{Addrs: []string{"s1:26379", "s2:26379", "s3:26379"}, Mode: TopologySentinel, SentinelMaster: "mymaster", SentinelPassword: "x"}, nil},
+		{"sentinel without master", Config{Addrs: []string{"s1:26379"}, Mode: TopologySentinel}, []string{`SentinelMaster: empty: mode "sentinel"`}},
 		{"master without sentinel", Config{Addrs: []string{"a:1"}, SentinelMaster: "mymaster"}, []string{`SentinelMaster: "mymaster" (or another Sentinel field) set with mode ""`}},
-		{"sentinel refresh", Config{Addrs: []string{"s1:26379"}, Mode: ModeSentinel, SentinelMaster: "m", SentinelRefresh: -time.Second}, []string{"SentinelRefresh: -1s"}},
-		{"db in a cluster", Config{Addrs: []string{"a:1"}, Mode: ModeCluster, DB: 2}, []string{"DB: 2: a cluster"}},
+		{"sentinel refresh", Config{Addrs: []string{"s1:26379"}, Mode: TopologySentinel, SentinelMaster: "m", SentinelRefresh: -time.Second}, []string{"SentinelRefresh: -1s"}},
+		{"db in a cluster", Config{Addrs: []string{"a:1"}, Mode: TopologyCluster, DB: 2}, []string{"DB: 2: a cluster"}},
 		{"everything wrong at once", Config{
 			Addrs: []string{"a:1"}, DB: -1, Timeout: -time.Second, DialTimeout: 2 * time.Minute,
 			ConnTimeout: time.Hour, ReconnectInterval: -1, ConnsPerNode: 3, BufferBytes: 100,
@@ -267,14 +267,14 @@ func TestClose(t *testing.T) {
 	}
 }
 
-// TestModeClusterOnStandalone checks that ModeCluster refuses a server that
-// is not a cluster node, and ModeStandalone and ModeAuto take it.
+// TestModeClusterOnStandalone checks that TopologyCluster refuses a server that
+// is not a cluster node, and TopologyStandalone and TopologyAuto take it.
 func TestModeClusterOnStandalone(t *testing.T) {
 	p := startRedis(t)
 	for _, tt := range []struct {
-		mode Mode
+		mode Topology
 		ok   bool
-	}{{ModeAuto, true}, {ModeStandalone, true}, {ModeCluster, false}} {
+	}{{TopologyAuto, true}, {TopologyStandalone, true}, {TopologyCluster, false}} {
 		s, _ := newStore(t, Config{Addrs: []string{p.Addr}, Mode: tt.mode, ReconnectInterval: time.Hour})
 		ops := []store.Op{{Key: 1, Start: 1}}
 		s.Do(context.Background(), ops)

@@ -55,7 +55,7 @@ func parseFlagsEnv(args []string, stderr io.Writer, env []string) (edge.Options,
 	fs.StringVar(&o.RLSListen, "rls-listen", "", "address for Envoy's rate limit service (gRPC; rules from envoyproxy/ratelimit files: -rules FILE or DIR); default off")
 	fs.StringVar(&o.RLS.Headers, "rls-headers", rls.HeadersDraft, `response_headers_to_add of the rate limit service: "draft" (RateLimit-Policy, RateLimit, Retry-After), "ratelimit" (envoyproxy/ratelimit's RateLimit-Limit/-Remaining/-Reset) or "none"`)
 	fs.BoolVar(&o.RLS.Reflection, "rls-reflection", false, "serve gRPC reflection on the rate limit service")
-	fs.Var(textVar[httpedge.Mode]{&c.Mode}, "mode", `"decision" (answer 200/429, Envoy ext_authz) or "proxy" (forward allowed requests to -upstream)`)
+	fs.Var(textVar[httpedge.Role]{&c.Mode}, "mode", `"decision" (answer 200/429, Envoy ext_authz) or "proxy" (forward allowed requests to -upstream)`)
 	fs.StringVar(&c.Upstream, "upstream", c.Upstream, "upstream host:port in proxy mode, or several comma-separated (round-robin among the healthy ones)")
 	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", c.UpstreamTimeout, "bound of a proxied request's whole upstream exchange, streamed response body included (504 past it)")
 	fs.IntVar(&c.UpstreamConns, "upstream-conns", c.UpstreamConns, "connections to each upstream at most")
@@ -118,7 +118,7 @@ func parseFlagsEnv(args []string, stderr io.Writer, env []string) (edge.Options,
 		o.Redis.Addrs = strings.Split(s, ",")
 		return nil
 	})
-	fs.Var(textVar[redisstore.Mode]{&o.Redis.Mode}, "redis-mode", `"" (ask the servers), "standalone", "cluster" or "sentinel" (-redis names the sentinels)`)
+	fs.Var(textVar[redisstore.Topology]{&o.Redis.Mode}, "redis-mode", `"" (ask the servers), "standalone", "cluster" or "sentinel" (-redis names the sentinels)`)
 	fs.StringVar(&o.Redis.Username, "redis-user", "", "Redis ACL user")
 	fs.Func("redis-password-file", "file holding the Redis password", func(f string) (err error) {
 		o.Redis.Password, err = readToken(f)

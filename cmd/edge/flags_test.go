@@ -46,7 +46,7 @@ func TestRedisSentinelFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := o.Redis
-	if r.Mode != redisstore.ModeSentinel || r.SentinelMaster != "mymaster" || len(r.Addrs) != 2 ||
+	if r.Mode != redisstore.TopologySentinel || r.SentinelMaster != "mymaster" || len(r.Addrs) != 2 ||
 		r.SentinelUsername != "watcher" || r.SentinelPassword != "s3cret" {
 		t.Errorf("Redis config %+v", r)
 	}
