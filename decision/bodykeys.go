@@ -150,35 +150,9 @@ func equalFoldASCII(b []byte, s string) bool {
 // (BodyTooManyFields). A form has no malformed input: a bad escape
 // stands for itself. It does not allocate.
 func ScanForm(b []byte, name string, stopFirst bool) (first, last []byte, n int, why BodyReason) {
-	fieldsSeen := 0
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '&')
-		pair := b
-		if i >= 0 {
-			pair, b = b[:i], b[i+1:]
-		} else {
-			b = nil
-		}
-		if len(pair) == 0 {
-			continue
-		}
-		if fieldsSeen++; fieldsSeen > MaxFormFields {
-			return nil, nil, 0, BodyTooManyFields
-		}
-		k, v := pair, []byte(nil)
-		if j := bytes.IndexByte(pair, '='); j >= 0 {
-			k, v = pair[:j], pair[j+1:]
-		}
-		if !QueryNameIs(k, name) {
-			continue
-		}
-		if n == 0 {
-			first = v
-		}
-		last, n = v, n+1
-		if stopFirst {
-			break
-		}
+	first, last, n, over := scanPairs(b, name, false, MaxFormFields, stopFirst)
+	if over {
+		return nil, nil, 0, BodyTooManyFields
 	}
 	return first, last, n, BodyRead
 }
@@ -344,22 +318,22 @@ func (s *jsonScan) object(depth int, onPath bool, tok string, next int) {
 		if s.done() {
 			return
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			s.why = BodyMalformed
-			return
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return
-		default:
-			s.why = BodyMalformed
+		if !s.another('}') {
 			return
 		}
 	}
+}
+
+// another reads what follows a member or an element: ',' (another
+// comes) or end (the container ends, or anything else: malformed).
+func (s *jsonScan) another(end byte) bool {
+	s.ws()
+	if s.i < len(s.b) && (s.b[s.i] == ',' || s.b[s.i] == end) {
+		s.i++
+		return s.b[s.i-1] == ','
+	}
+	s.why = BodyMalformed
+	return false
 }
 
 // array scans the elements of an array after its '['.
@@ -378,19 +352,7 @@ func (s *jsonScan) array(depth int, onPath bool, tok string, next int) {
 		if s.done() {
 			return
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			s.why = BodyMalformed
-			return
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-		case ']':
-			s.i++
-			return
-		default:
-			s.why = BodyMalformed
+		if !s.another(']') {
 			return
 		}
 	}

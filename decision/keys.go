@@ -218,6 +218,15 @@ type RawQuery interface {
 // separates nothing. first and last are the values as sent, not decoded.
 // It does not allocate.
 func ScanQuery(q []byte, name string, semicolon bool) (first, last []byte, n int) {
+	first, last, n, _ = scanPairs(q, name, semicolon, 0, false)
+	return first, last, n
+}
+
+// scanPairs is ScanQuery's scan, which ScanForm shares: it stops at the
+// first match when stopFirst and, with maxPairs > 0, after that many
+// pairs (over).
+func scanPairs(q []byte, name string, semicolon bool, maxPairs int, stopFirst bool) (first, last []byte, n int, over bool) {
+	seen := 0
 	for len(q) > 0 {
 		i := bytes.IndexByte(q, '&')
 		if semicolon {
@@ -234,6 +243,9 @@ func ScanQuery(q []byte, name string, semicolon bool) (first, last []byte, n int
 		if len(pair) == 0 {
 			continue
 		}
+		if seen++; maxPairs > 0 && seen > maxPairs {
+			return nil, nil, 0, true
+		}
 		k, v := pair, []byte(nil)
 		if j := bytes.IndexByte(pair, '='); j >= 0 {
 			k, v = pair[:j], pair[j+1:]
@@ -245,8 +257,11 @@ func ScanQuery(q []byte, name string, semicolon bool) (first, last []byte, n int
 			first = v
 		}
 		last, n = v, n+1
+		if stopFirst {
+			break
+		}
 	}
-	return first, last, n
+	return first, last, n, false
 }
 
 // QueryNameIs reports whether the raw query name k, percent- and

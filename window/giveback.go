@@ -62,17 +62,7 @@ func (l *Limiter) giveBackLog(r *Policy, key, limit, cost uint64, at int64) erro
 	if cost == 0 {
 		return nil
 	}
-	ops := giveBackStateOps.Get().(*[1]store.StateOp)
-	defer giveBackStateOps.Put(ops)
-	ops[0] = store.StateOp{Kind: store.StateLog, Key: key, Log: logOf(r, limit), Now: l.cfg.Clock.Now().UnixNano(),
-		N: int64(min(cost, math.MaxInt64)), GiveBack: true, Mark: at}
-	l.store.DoState(context.Background(), ops[:])
-	l.m.storeOps.Inc()
-	if err := ops[0].Err; err != nil {
-		l.m.storeErrors.Inc()
-		return fmt.Errorf("window: give back: %w", err)
-	}
-	return nil
+	return l.giveBackState(store.StateOp{Kind: store.StateLog, Key: key, Log: logOf(r, limit), Mark: at}, cost)
 }
 
 // giveBackBucket takes cost units poured at mark back out of key's shared
@@ -81,10 +71,16 @@ func (l *Limiter) giveBackBucket(r *Policy, key, limit, cost uint64, mark int64)
 	if cost == 0 || mark == 0 {
 		return nil
 	}
+	return l.giveBackState(store.StateOp{Kind: store.StateGCRA, Key: key, Bucket: bucketOf(r, limit), Mark: mark}, cost)
+}
+
+// giveBackState sends op, a log's or a bucket's, as the give-back of cost
+// units now, through a pooled array so that settling allocates nothing.
+func (l *Limiter) giveBackState(op store.StateOp, cost uint64) error {
+	op.Now, op.N, op.GiveBack = l.cfg.Clock.Now().UnixNano(), int64(min(cost, math.MaxInt64)), true
 	ops := giveBackStateOps.Get().(*[1]store.StateOp)
 	defer giveBackStateOps.Put(ops)
-	ops[0] = store.StateOp{Kind: store.StateGCRA, Key: key, Bucket: bucketOf(r, limit), Now: l.cfg.Clock.Now().UnixNano(),
-		N: int64(min(cost, math.MaxInt64)), GiveBack: true, Mark: mark}
+	ops[0] = op
 	l.store.DoState(context.Background(), ops[:])
 	l.m.storeOps.Inc()
 	if err := ops[0].Err; err != nil {
