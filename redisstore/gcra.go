@@ -99,20 +99,11 @@ func (s *Store) addGCRA(b *batch, key uint64, lb algo.LeakyBucket, now, n int64,
 	if err != nil {
 		return err
 	}
-	b.begin(scriptGCRA, 1)
-	b.buf = AppendGCRAKey(b.buf, key)
-	b.end()
-	b.pair(now)
-	b.int(n)
-	b.pair(lb.Rate)
-	b.pair(nPer)
-	b.pair(room)
+	how := "0"
 	if conditional {
-		b.str("1")
-	} else {
-		b.str("0")
+		how = "1"
 	}
-	b.int(s.cfg.ClockSkew.Milliseconds())
+	s.addGCRAScript(b, key, lb, now, n, nPer, room, how, 0)
 	return nil
 }
 
@@ -127,6 +118,14 @@ func (s *Store) addGCRAGiveBack(b *batch, key uint64, lb algo.LeakyBucket, now, 
 		}
 		nPer = n * int64(lb.Per)
 	}
+	s.addGCRAScript(b, key, lb, now, n, nPer, 0, "2", mark)
+	return nil
+}
+
+// addGCRAScript appends the GCRA script's command: how is "0" (pour), "1"
+// (pour if the units conform) or "2" (give back the units of the pour
+// that left the TAT at mark, the script's one more argument).
+func (s *Store) addGCRAScript(b *batch, key uint64, lb algo.LeakyBucket, now, n, nPer, room int64, how string, mark int64) {
 	b.begin(scriptGCRA, 1)
 	b.buf = AppendGCRAKey(b.buf, key)
 	b.end()
@@ -134,11 +133,12 @@ func (s *Store) addGCRAGiveBack(b *batch, key uint64, lb algo.LeakyBucket, now, 
 	b.int(n)
 	b.pair(lb.Rate)
 	b.pair(nPer)
-	b.pair(0)
-	b.str("2")
+	b.pair(room)
+	b.str(how)
 	b.int(s.cfg.ClockSkew.Milliseconds())
-	b.pair(mark)
-	return nil
+	if how == "2" {
+		b.pair(mark)
+	}
 }
 
 // gcraState decodes the GCRA script's reply r for a bucket of the given

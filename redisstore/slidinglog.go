@@ -93,31 +93,23 @@ func (p SlidingLogParams) validate(maxEntries int) error {
 // addLog appends the sliding-log script's command for n units at now of
 // the log of key, or returns why it cannot run.
 func (s *Store) addLog(b *batch, key uint64, p SlidingLogParams, now, n int64, conditional bool) error {
-	if err := p.validate(s.cfg.MaxLogEntries); err != nil {
-		return err
-	}
-	b.begin(scriptSlidingLog, 2)
-	b.buf = append(appendTag(b.buf, key), ":log"...)
-	b.end()
-	b.buf = append(appendTag(b.buf, key), ":logm"...)
-	b.end()
-	b.pair(now)
-	b.int(n)
-	b.int(p.Limit)
-	b.pair(int64(p.Window))
+	how := "0"
 	if conditional {
-		b.str("1")
-	} else {
-		b.str("0")
+		how = "1"
 	}
-	b.int(int64((p.Window+time.Millisecond-1)/time.Millisecond) + s.cfg.ClockSkew.Milliseconds())
-	b.int(int64(s.cfg.MaxLogEntries))
-	return nil
+	return s.addLogScript(b, key, p, now, n, how, 0)
 }
 
 // addLogGiveBack appends the sliding-log script's command that takes back
 // n units logged at the instant mark (algo.SlidingLog.GiveBack).
 func (s *Store) addLogGiveBack(b *batch, key uint64, p SlidingLogParams, now, n, mark int64) error {
+	return s.addLogScript(b, key, p, now, n, "2", mark)
+}
+
+// addLogScript appends the sliding-log script's command: how is "0" (log),
+// "1" (log if the units conform) or "2" (give back the units logged at
+// mark, the script's one more argument).
+func (s *Store) addLogScript(b *batch, key uint64, p SlidingLogParams, now, n int64, how string, mark int64) error {
 	if err := p.validate(s.cfg.MaxLogEntries); err != nil {
 		return err
 	}
@@ -130,10 +122,12 @@ func (s *Store) addLogGiveBack(b *batch, key uint64, p SlidingLogParams, now, n,
 	b.int(n)
 	b.int(p.Limit)
 	b.pair(int64(p.Window))
-	b.str("2")
+	b.str(how)
 	b.int(int64((p.Window+time.Millisecond-1)/time.Millisecond) + s.cfg.ClockSkew.Milliseconds())
 	b.int(int64(s.cfg.MaxLogEntries))
-	b.pair(mark)
+	if how == "2" {
+		b.pair(mark)
+	}
 	return nil
 }
 
