@@ -187,7 +187,7 @@ func loginBlock(e *event.Event) {
 func loginCache(e *event.Event) { loginBlock(e); e.FromBlockCache = true }
 
 // knownTrace is a trace with a known exact answer.
-func knownTrace() (*trace, judge.Tally) {
+func knownTrace() (*trace, judge.DecisionTally) {
 	tr := newTrace()
 	A, L := event.Allowed, event.Limited
 	// api: throttle, 10 per 10 s.
@@ -212,7 +212,7 @@ func knownTrace() (*trace, judge.Tally) {
 	tr.add(400, 2, 100, 7, L, loginCache)                               // and its block-cache answers are right
 	tr.add(0, 11, 10, 8, A, func(e *event.Event) { e.Shadow = true })   // shadow: apart
 	tr.add(0, 11, 10, 9, A, func(e *event.Event) { e.Fallback = true }) // fallback: apart
-	want := judge.Tally{Decisions: 11 + 11 + 20 + 20 + 5 + 12 + 6, WronglyAllowed: 1 + 10 + 1 + 1, WronglyLimited: 2}
+	want := judge.DecisionTally{Decisions: 11 + 11 + 20 + 20 + 5 + 12 + 6, WronglyAllowed: 1 + 10 + 1 + 1, WronglyLimited: 2}
 	return tr, want
 }
 
@@ -241,7 +241,7 @@ func TestKnownAnswer(t *testing.T) {
 		t.Errorf("events, judged, late, buffered: got %d, %d, %d, %d; want %d, %d, 0, 0",
 			r.Events, r.Judged, r.Late, r.Buffered, len(tr.events), len(tr.events))
 	}
-	got := judge.Tally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
+	got := judge.DecisionTally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
 	if got != want {
 		t.Errorf("enforced: got %+v, want %+v", got, want)
 	}
@@ -357,7 +357,7 @@ func TestCopiesJudgedOnce(t *testing.T) {
 	})
 	r := getReport(t, a, true)
 	dupFrames := testenv.MetricSum(t, a.reg, "poplimit_pipeline_duplicate_frames_total")
-	got := judge.Tally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
+	got := judge.DecisionTally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
 	if r.Events != n || r.Duplicates != int64(singles) || int(dupFrames) != frames || got != want {
 		t.Errorf("events %d, copies dropped by the judge %d and by the consumer %v, enforced %+v; want %d, %d, %d, %+v",
 			r.Events, r.Duplicates, dupFrames, got, n, singles, frames, want)

@@ -67,8 +67,8 @@ func TestCountingKnownAnswer(t *testing.T) {
 	if r.Judged != int64(len(tr.events)) || r.Late != 0 {
 		t.Fatalf("judged %d, late %d; want %d, 0", r.Judged, r.Late, len(tr.events))
 	}
-	got := judge.Tally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
-	if want := (judge.Tally{Decisions: 42, WronglyAllowed: 1, WronglyLimited: 2}); got != want {
+	got := judge.DecisionTally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
+	if want := (judge.DecisionTally{Decisions: 42, WronglyAllowed: 1, WronglyLimited: 2}); got != want {
 		t.Errorf("enforced: got %+v, want %+v", got, want)
 	}
 	if r.FalseNegativeKeys != 1 || r.FalsePositiveKeys != 1 {

@@ -28,7 +28,7 @@ const groupPartitions = 8
 // In each phase every key gets 10 admissions, an 11th admission (wrongly
 // allowed) and a refusal (right); every 4th key gets a refusal at its 5th
 // attempt instead of an admission (wrongly limited).
-func groupTrace(keys int) (phases [2]*trace, want judge.Tally) {
+func groupTrace(keys int) (phases [2]*trace, want judge.DecisionTally) {
 	base := time.Now().Add(-2 * time.Minute).Truncate(10 * time.Second).UnixNano()
 	for ph := range phases {
 		tr := &trace{base: base}
@@ -93,12 +93,12 @@ func eventsOf(t *testing.T, as ...*Aggregator) float64 {
 	return n
 }
 
-func tallyOf(r judge.Report) judge.Tally {
-	return judge.Tally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
+func tallyOf(r judge.Report) judge.DecisionTally {
+	return judge.DecisionTally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
 }
 
-func addTally(a, b judge.Tally) judge.Tally {
-	return judge.Tally{Decisions: a.Decisions + b.Decisions, WronglyAllowed: a.WronglyAllowed + b.WronglyAllowed,
+func addTally(a, b judge.DecisionTally) judge.DecisionTally {
+	return judge.DecisionTally{Decisions: a.Decisions + b.Decisions, WronglyAllowed: a.WronglyAllowed + b.WronglyAllowed,
 		WronglyLimited: a.WronglyLimited + b.WronglyLimited}
 }
 

@@ -154,8 +154,8 @@ func TestClockBoundsThroughPipeline(t *testing.T) {
 	closeProducer(t, p)
 
 	r := getReport(t, a, true)
-	got := judge.Tally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
-	if want := (judge.Tally{Decisions: 32, WronglyAllowed: 1}); got != want || r.Late != 0 {
+	got := judge.DecisionTally{Decisions: r.Enforced.Decisions, WronglyAllowed: r.Enforced.WronglyAllowed, WronglyLimited: r.Enforced.WronglyLimited}
+	if want := (judge.DecisionTally{Decisions: 32, WronglyAllowed: 1}); got != want || r.Late != 0 {
 		t.Errorf("enforced, late: got %+v, %d; want %+v, 0", got, r.Late, want)
 	}
 	if r.Invalid != 2 || r.InvalidBreakdown["future"] != 1 || r.InvalidBreakdown["past"] != 1 {

@@ -231,17 +231,17 @@ func New(trusted []netip.Prefix, f Forwarding, ipHeader string) *Resolver {
 	return r
 }
 
-// Header says which of the headers a Resolver reads a header name is.
-type Header uint8
+// HeaderClass says which of the headers a Resolver reads a header name is.
+type HeaderClass uint8
 
 const (
-	Other          Header = iota // not read
-	ForwardingLine               // a line of the forwarding header: Hops.AddLine
-	ClientIPLine                 // a line of the client-IP header: its last line counts
+	Other          HeaderClass = iota // not read
+	ForwardingLine                    // a line of the forwarding header: Hops.AddLine
+	ClientIPLine                      // a line of the client-IP header: its last line counts
 )
 
 // Classify says which header name is, compared without case.
-func (r *Resolver) Classify(name []byte) Header {
+func (r *Resolver) Classify(name []byte) HeaderClass {
 	switch {
 	case bytes.EqualFold(name, r.fwdName):
 		return ForwardingLine

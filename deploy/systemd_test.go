@@ -20,7 +20,7 @@ const systemdDir = "systemd"
 
 type unitFile struct {
 	path string
-	unit deploytest.Unit
+	unit deploytest.SystemdUnit
 }
 
 func units(t *testing.T) []unitFile {

@@ -104,7 +104,7 @@ func partitionPage(classes []clientClass, series []sideSeries, settings [][2]str
 		pg.Data["admitted-"+cl.id] = strconv.FormatInt(s.total[2], 10)
 		pg.Sections = append(pg.Sections, plotpage.Section{
 			Heading: "Clients " + cl.name,
-			Tables:  []plotpage.Table{{ID: "table-" + cl.id, Head: append([]string{"per client, admitted per second"}, phases...), Rows: phaseTable[cl.id]}},
+			Tables:  []plotpage.FigureTable{{ID: "table-" + cl.id, Head: append([]string{"per client, admitted per second"}, phases...), Rows: phaseTable[cl.id]}},
 			Charts:  []plotpage.Chart{c},
 		})
 	}

@@ -118,7 +118,7 @@ func (c producerCounts) String() string {
 
 // pipelineLoad is the traffic of the pipeline tests: 100 clients at 8
 // requests per second (800 per second), each alternating between the edges.
-func pipelineLoad(d time.Duration) []loadtest.Request {
+func pipelineLoad(d time.Duration) []loadtest.TraceRequest {
 	var clients []client
 	for i := range 100 {
 		clients = append(clients, client{ip: clientIP(500 + i), path: "/", rate: 8})

@@ -70,7 +70,7 @@ func TestClockSkew(t *testing.T) {
 		}
 		return loadtest.Mix(parts...)
 	}
-	var reqs []loadtest.Request
+	var reqs []loadtest.TraceRequest
 	for r, err := range trace() {
 		if err != nil {
 			t.Fatal(err)
@@ -79,7 +79,7 @@ func TestClockSkew(t *testing.T) {
 	}
 
 	var wg sync.WaitGroup
-	reports := make([]*loadtest.Report, len(levels))
+	reports := make([]*loadtest.ReplayReport, len(levels))
 	for i, lv := range levels {
 		wg.Add(1)
 		go func() {

@@ -126,7 +126,7 @@ wait:
 		t.Fatalf("loadtest replay: %v\n%s", repErrV, repErr.String())
 	}
 	sample()
-	var report loadtest.Report
+	var report loadtest.ReplayReport
 	if err := json.Unmarshal(repOut.Bytes(), &report); err != nil {
 		t.Fatalf("replay report: %v\n%s", err, repOut.String())
 	}

@@ -41,10 +41,10 @@ func clientIP(i int) netip.Addr {
 // steady returns a trace in which every client sends at its rate, evenly
 // spaced with ±20 % jitter from a random phase, for d; and the client index
 // of each request, by its index in the replay (each request has Count 1).
-func steady(clients []client, d time.Duration, seed uint64) ([]loadtest.Request, []int) {
+func steady(clients []client, d time.Duration, seed uint64) ([]loadtest.TraceRequest, []int) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	type item struct {
-		r loadtest.Request
+		r loadtest.TraceRequest
 		c int
 	}
 	var items []item
@@ -52,12 +52,12 @@ func steady(clients []client, d time.Duration, seed uint64) ([]loadtest.Request,
 		gap := float64(time.Second) / c.rate
 		at := rng.Float64() * gap
 		for at < float64(d) {
-			items = append(items, item{loadtest.Request{At: time.Duration(at), IP: c.ip, Path: c.path}, ci})
+			items = append(items, item{loadtest.TraceRequest{At: time.Duration(at), IP: c.ip, Path: c.path}, ci})
 			at += gap * (0.8 + 0.4*rng.Float64())
 		}
 	}
 	sort.SliceStable(items, func(i, j int) bool { return items[i].r.At < items[j].r.At })
-	reqs := make([]loadtest.Request, len(items))
+	reqs := make([]loadtest.TraceRequest, len(items))
 	owner := make([]int, len(items))
 	for i, it := range items {
 		reqs[i], owner[i] = it.r, it.c
@@ -66,8 +66,8 @@ func steady(clients []client, d time.Duration, seed uint64) ([]loadtest.Request,
 }
 
 // traceOf returns reqs as a trace.
-func traceOf(reqs []loadtest.Request) loadtest.Trace {
-	return func(yield func(loadtest.Request, error) bool) {
+func traceOf(reqs []loadtest.TraceRequest) loadtest.Trace {
+	return func(yield func(loadtest.TraceRequest, error) bool) {
 		for _, r := range reqs {
 			if !yield(r, nil) {
 				return
@@ -79,7 +79,7 @@ func traceOf(reqs []loadtest.Request) loadtest.Trace {
 // replay replays reqs against targets and returns every request's result,
 // by index, with the report. MaxOutstanding stays modest: under the race
 // detector each outstanding request is a goroutine.
-func replay(t testing.TB, ctx context.Context, cfg loadtest.ReplayConfig, reqs []loadtest.Request) ([]loadtest.Result, *loadtest.Report) {
+func replay(t testing.TB, ctx context.Context, cfg loadtest.ReplayConfig, reqs []loadtest.TraceRequest) ([]loadtest.Result, *loadtest.ReplayReport) {
 	t.Helper()
 	results := make([]loadtest.Result, len(reqs))
 	if cfg.MaxOutstanding == 0 {
@@ -98,7 +98,7 @@ func replay(t testing.TB, ctx context.Context, cfg loadtest.ReplayConfig, reqs [
 		t.Errorf("replay: %v", err)
 	}
 	if rep == nil {
-		rep = &loadtest.Report{}
+		rep = &loadtest.ReplayReport{}
 	}
 	return results, rep
 }
@@ -114,7 +114,7 @@ func alignedStart(a time.Duration) time.Time {
 // keep its pace (requests not sent, or sent late), or "" if it kept it.
 // Accuracy figures measured while it could not are the machine's, not the
 // limiter's: tests log them but do not judge them.
-func overloaded(rep *loadtest.Report) string {
+func overloaded(rep *loadtest.ReplayReport) string {
 	switch {
 	case rep.NotSent > 0:
 		return fmt.Sprintf("%d requests not sent (too many outstanding)", rep.NotSent)

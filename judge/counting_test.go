@@ -42,13 +42,13 @@ func sent(evs []event.Event) []arriving {
 	return out
 }
 
-func ruleRow(r Report, name string) Tally {
+func ruleRow(r Report, name string) DecisionTally {
 	for _, b := range r.ByRule {
 		if b.Name == name {
 			return b.Enforced
 		}
 	}
-	return Tally{}
+	return DecisionTally{}
 }
 
 // TestCountingRule judges a rule that counts by response against the

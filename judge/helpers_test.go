@@ -67,7 +67,7 @@ type outcome struct {
 	FalsePositiveKeys          int64
 }
 
-func tri(t Tally) [3]int64 { return [3]int64{t.Decisions, t.WronglyAllowed, t.WronglyLimited} }
+func tri(t DecisionTally) [3]int64 { return [3]int64{t.Decisions, t.WronglyAllowed, t.WronglyLimited} }
 
 func outcomeOf(r Report) outcome {
 	return outcome{

@@ -8,9 +8,9 @@ import (
 	"github.com/poplimit/poplimit/policy"
 )
 
-// Tally counts judged decisions and the wrong ones among them. Ratios are
-// over Decisions (allowed and limited), 0 when there are none.
-type Tally struct {
+// DecisionTally counts judged decisions and the wrong ones among them.
+// Ratios are over Decisions (allowed and limited), 0 when there are none.
+type DecisionTally struct {
 	Decisions           int64   `json:"decisions"`
 	Allowed             int64   `json:"allowed"`
 	Limited             int64   `json:"limited"`
@@ -21,14 +21,14 @@ type Tally struct {
 	WronglyLimitedRatio float64 `json:"wrongly_limited_ratio"`
 }
 
-func (t *Tally) add(c *counts) {
+func (t *DecisionTally) add(c *counts) {
 	t.Allowed += c.allowed
 	t.Limited += c.limited
 	t.WronglyAllowed += c.wronglyAllowed
 	t.WronglyLimited += c.wronglyLimited
 }
 
-func (t *Tally) finish() {
+func (t *DecisionTally) finish() {
 	t.Decisions = t.Allowed + t.Limited
 	if t.Decisions > 0 {
 		d := float64(t.Decisions)
@@ -41,10 +41,10 @@ func (t *Tally) finish() {
 // Breakdown is one row of a breakdown: the decisions of one edge, rule,
 // algorithm, mode or source, per class.
 type Breakdown struct {
-	Name     string `json:"name"`
-	Enforced Tally  `json:"enforced"`
-	Shadow   Tally  `json:"shadow,omitzero"`
-	Fallback Tally  `json:"fallback,omitzero"`
+	Name     string        `json:"name"`
+	Enforced DecisionTally `json:"enforced"`
+	Shadow   DecisionTally `json:"shadow,omitzero"`
+	Fallback DecisionTally `json:"fallback,omitzero"`
 }
 
 // Bucket is one range of a distribution: values in (From, To], or above
@@ -107,9 +107,9 @@ type Report struct {
 
 	// Enforced is the headline: enforced decisions. Shadow and Fallback
 	// are apart, not in its ratios.
-	Enforced Tally `json:"enforced"`
-	Shadow   Tally `json:"shadow"`
-	Fallback Tally `json:"fallback"`
+	Enforced DecisionTally `json:"enforced"`
+	Shadow   DecisionTally `json:"shadow"`
+	Fallback DecisionTally `json:"fallback"`
 
 	// MeanRelativeError is the mean of |estimate − exact| / exact over
 	// RelativeErrorDecisions decisions (see the package doc).
@@ -192,7 +192,7 @@ func (j *Judge) Report() Report {
 		byScope.at(scopeName(k.global), k.class).add(c)
 		byPop.at(j.popNames[k.pop], k.class).add(c)
 	}
-	for _, t := range []*Tally{&r.Enforced, &r.Shadow, &r.Fallback} {
+	for _, t := range []*DecisionTally{&r.Enforced, &r.Shadow, &r.Fallback} {
 		t.finish()
 		r.Judged += t.Decisions
 	}
@@ -227,7 +227,7 @@ func (j *Judge) Report() Report {
 	return r
 }
 
-func classTally(r *Report, c Class) *Tally {
+func classTally(r *Report, c Class) *DecisionTally {
 	switch c {
 	case Shadow:
 		return &r.Shadow
@@ -300,7 +300,7 @@ func compareNames(a, b string) int {
 // rows accumulates breakdown rows by name.
 type rows map[string]*Breakdown
 
-func (rs rows) at(name string, c Class) *Tally {
+func (rs rows) at(name string, c Class) *DecisionTally {
 	b := rs[name]
 	if b == nil {
 		b = &Breakdown{Name: name}

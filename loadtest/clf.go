@@ -31,14 +31,15 @@ import (
 // earlier (inside the request line, or before the status or the size) is
 // bad.
 //
-// The Request has Time set and At 0; its Path is the request target with
-// every byte that is not printable ASCII percent-encoded. User-Agent and
-// Referer, when present and not "-", are in Headers. The error, if any, is
-// a *LineError with Line 0 and one of the Reason constants. It never panics.
-func ParseCLF(line []byte) (Request, error) {
+// The TraceRequest has Time set and At 0; its Path is the request target
+// with every byte that is not printable ASCII percent-encoded. User-Agent
+// and Referer, when present and not "-", are in Headers. The error, if any,
+// is a *LineError with Line 0 and one of the Reason constants. It never
+// panics.
+func ParseCLF(line []byte) (TraceRequest, error) {
 	r, _, fe := parseCLF(line)
 	if fe != nil {
-		return Request{}, &LineError{Reason: fe.reason, Detail: fe.detail}
+		return TraceRequest{}, &LineError{Reason: fe.reason, Detail: fe.detail}
 	}
 	return r, nil
 }
@@ -48,53 +49,53 @@ func ParseCLF(line []byte) (Request, error) {
 // it) was cut off, unterminated: the request is kept without that field,
 // since the fields a trace needs (client, time, request line) and the
 // status and size before it are intact.
-func parseCLF(s []byte) (Request, bool, *fieldError) {
+func parseCLF(s []byte) (TraceRequest, bool, *fieldError) {
 	s = bytes.TrimSpace(s)
 	if len(s) == 0 {
-		return Request{}, false, badf(ReasonEmpty, "nothing on the line")
+		return TraceRequest{}, false, badf(ReasonEmpty, "nothing on the line")
 	}
 	// The date's "[" follows a space: a bracketed IPv6 client may come first.
 	open := bytes.Index(s, []byte(" ["))
 	if open++; open <= 0 {
-		return Request{}, false, badf(ReasonLayout, "no [date] in %s", quoteShort(s))
+		return TraceRequest{}, false, badf(ReasonLayout, "no [date] in %s", quoteShort(s))
 	}
-	var r Request
+	var r TraceRequest
 	head := bytes.Fields(s[:open])
 	switch ip, ok := parseClient(head); {
 	case len(head) < 3:
-		return Request{}, false, badf(ReasonLayout, "expected client, ident and user before the date, got %s", quoteShort(s[:open]))
+		return TraceRequest{}, false, badf(ReasonLayout, "expected client, ident and user before the date, got %s", quoteShort(s[:open]))
 	case ok:
 		r.IP = ip
 	default:
 		if vhost, ip, ok := parseVhost(head); ok {
 			r.Host, r.IP = vhost, ip
 		} else {
-			return Request{}, false, badf(ReasonClient, "%s is not an IP address", quoteShort(head[0]))
+			return TraceRequest{}, false, badf(ReasonClient, "%s is not an IP address", quoteShort(head[0]))
 		}
 	}
 	end := bytes.IndexByte(s[open:], ']')
 	if end < 0 {
-		return Request{}, false, badf(ReasonDate, "unterminated [date] %s", quoteShort(s[open:]))
+		return TraceRequest{}, false, badf(ReasonDate, "unterminated [date] %s", quoteShort(s[open:]))
 	}
 	t, fe := parseCLFDate(s[open+1 : open+end])
 	if fe != nil {
-		return Request{}, false, fe
+		return TraceRequest{}, false, fe
 	}
 	r.Time = t
 	rest := bytes.TrimLeft(s[open+end+1:], " ")
 	if len(rest) == 0 || rest[0] != '"' {
-		return Request{}, false, badf(ReasonLayout, "no quoted request after the date: %s", quoteShort(rest))
+		return TraceRequest{}, false, badf(ReasonLayout, "no quoted request after the date: %s", quoteShort(rest))
 	}
 	reqLine, rest, ok := quotedField(rest, func(after []byte) bool {
 		status, _ := nextField(after)
 		return len(after) > 0 && after[0] == ' ' && validStatus(status)
 	})
 	if !ok {
-		return Request{}, false, badf(ReasonQuote, "request %s", quoteShort(rest))
+		return TraceRequest{}, false, badf(ReasonQuote, "request %s", quoteShort(rest))
 	}
 	status, rest := nextField(rest)
 	if !validStatus(status) {
-		return Request{}, false, badf(ReasonStatus, "%s: want three digits or -", quoteShort(status))
+		return TraceRequest{}, false, badf(ReasonStatus, "%s: want three digits or -", quoteShort(status))
 	}
 	if isDigits(status) {
 		// What the origin answered: a rule that counts by response is
@@ -105,7 +106,7 @@ func parseCLF(s []byte) (Request, bool, *fieldError) {
 	}
 	size, rest := nextField(rest)
 	if !validSize(size) {
-		return Request{}, false, badf(ReasonSize, "%s: want digits or -", quoteShort(size))
+		return TraceRequest{}, false, badf(ReasonSize, "%s: want digits or -", quoteShort(size))
 	}
 	// Combined: "referer" "user-agent"; anything after is ignored. A log
 	// line cut off (a line-length limit, a full disk, a partial write) most
@@ -126,12 +127,12 @@ func parseCLF(s []byte) (Request, bool, *fieldError) {
 		}
 	}
 	if fe := parseRequestLine(&r, unescapeLog(reqLine)); fe != nil {
-		return Request{}, false, fe
+		return TraceRequest{}, false, fe
 	}
 	addHeader(&r, "Referer", referer)
 	addHeader(&r, "User-Agent", agent)
 	if fe := checkRequest(&r); fe != nil {
-		return Request{}, false, fe
+		return TraceRequest{}, false, fe
 	}
 	return r, truncated, nil
 }
@@ -399,7 +400,7 @@ func unhex(c byte) byte {
 
 // parseRequestLine fills r's method, path (and host, for an absolute
 // target) from an unescaped request line.
-func parseRequestLine(r *Request, line []byte) *fieldError {
+func parseRequestLine(r *TraceRequest, line []byte) *fieldError {
 	parts := bytes.Fields(line)
 	switch {
 	case len(parts) == 0 || len(parts) == 1 && string(parts[0]) == "-":
@@ -468,7 +469,7 @@ func percentEncode(b []byte) string {
 
 // addHeader adds a logged header value unless it is "-", empty, or not a
 // valid header value once unescaped.
-func addHeader(r *Request, name string, escaped []byte) {
+func addHeader(r *TraceRequest, name string, escaped []byte) {
 	if len(escaped) == 0 || string(escaped) == "-" {
 		return
 	}
@@ -566,7 +567,7 @@ type Importer struct {
 	newest      time.Time // the latest time read
 	maxDisorder time.Duration
 	hasOrigin   bool
-	group       []Request // one second's requests, for Spread
+	group       []TraceRequest // one second's requests, for Spread
 }
 
 // NewImporter returns an Importer of the log read from r.
@@ -598,18 +599,18 @@ func (im *Importer) window() time.Duration {
 // All returns the log as a Trace: good requests, and a *LineError for each
 // bad line (skipped; the iteration goes on). It can be ranged over once.
 func (im *Importer) All() Trace {
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		for {
 			line, tooLong, err := im.lr.next()
 			if err == io.EOF {
 				break
 			}
 			if err != nil {
-				yield(Request{}, fmt.Errorf("loadtest: read log: %w", err))
+				yield(TraceRequest{}, fmt.Errorf("loadtest: read log: %w", err))
 				return
 			}
 			im.sum.Lines++
-			var r Request
+			var r TraceRequest
 			var truncated bool
 			var fe *fieldError
 			if tooLong {
@@ -620,7 +621,7 @@ func (im *Importer) All() Trace {
 			if fe != nil {
 				im.sum.Bad++
 				im.sum.Reasons[fe.reason]++
-				if !yield(Request{}, &LineError{Line: im.lr.line, Reason: fe.reason, Detail: fe.detail}) {
+				if !yield(TraceRequest{}, &LineError{Line: im.lr.line, Reason: fe.reason, Detail: fe.detail}) {
 					return
 				}
 				continue
@@ -663,7 +664,7 @@ func (im *Importer) All() Trace {
 }
 
 // emit hands out r in time order, through the Spread group when enabled.
-func (im *Importer) emit(r Request, yield func(Request, error) bool) bool {
+func (im *Importer) emit(r TraceRequest, yield func(TraceRequest, error) bool) bool {
 	if !im.hasOrigin {
 		im.hasOrigin = true
 		im.sum.First, im.emitted = r.Time, r.Time
@@ -690,12 +691,12 @@ func (im *Importer) emit(r Request, yield func(Request, error) bool) bool {
 
 // flushGroup yields the requests of one timestamp spread over the second
 // that follows it.
-func (im *Importer) flushGroup(yield func(Request, error) bool) bool {
+func (im *Importer) flushGroup(yield func(TraceRequest, error) bool) bool {
 	n := len(im.group)
 	for i := range im.group {
 		r := im.group[i]
 		r.At += time.Duration(i) * time.Second / time.Duration(n)
-		im.group[i] = Request{}
+		im.group[i] = TraceRequest{}
 		if !yield(r, nil) {
 			im.group = im.group[:0]
 			return false
@@ -709,7 +710,7 @@ func (im *Importer) flushGroup(yield func(Request, error) bool) bool {
 type reqHeap struct{ items []heapItem }
 
 type heapItem struct {
-	r   Request
+	r   TraceRequest
 	seq int64
 }
 

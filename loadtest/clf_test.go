@@ -63,7 +63,7 @@ func TestImportCorpus(t *testing.T) {
 		t.Errorf("got first %v last %v, want %v and 30 s later (the leap second)", sum.First, sum.Last, first)
 	}
 	// The trace is in time order and every request parses back.
-	byPath := map[string]loadtest.Request{}
+	byPath := map[string]loadtest.TraceRequest{}
 	var prev time.Duration
 	n := 0
 	for r, err := range loadtest.NewReader(&out).All() {

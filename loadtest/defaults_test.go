@@ -21,7 +21,7 @@ func TestOfflineDefaultsAreTheEdges(t *testing.T) {
 	}
 	ip := netip.MustParseAddr("192.0.2.1")
 	prefix := httpedge.Config{}.WithDefaults().CheckPrefix
-	reqs := []loadtest.Request{{At: 0, IP: ip, Path: prefix + "/api/x"}, {At: 1000, IP: ip, Path: prefix + "/api/y"}}
+	reqs := []loadtest.TraceRequest{{At: 0, IP: ip, Path: prefix + "/api/x"}, {At: 1000, IP: ip, Path: prefix + "/api/y"}}
 	var statuses []int
 	_, err = loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: rs,
 		OnDecision: func(d loadtest.OfflineDecision) { statuses = append(statuses, d.Status) }}, sliceTrace(reqs))

@@ -22,7 +22,7 @@
 // that scheduled instant, so a stalled server shows as latency instead of
 // slowing the load. MaxOutstanding bounds the requests in flight; one due
 // past it is counted as not sent. ReplayConfig.Align and Phase start the
-// trace at a chosen phase of the rules' window grid. The Report gives
+// trace at a chosen phase of the rules' window grid. The ReplayReport gives
 // latency percentiles, rates, statuses, and per rule the allowed and
 // limited requests read from each response's quota fields, then the
 // aggregator's report when given its URL. ReplayConfig.Results receives a

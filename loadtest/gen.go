@@ -36,8 +36,8 @@ func (e Endpoint) withDefaults(method, path string) Endpoint {
 	return e
 }
 
-func (e Endpoint) request(at time.Duration, ip netip.Addr) Request {
-	return Request{At: at, IP: ip, Method: e.Method, Host: e.Host, Path: e.Path}
+func (e Endpoint) request(at time.Duration, ip netip.Addr) TraceRequest {
+	return TraceRequest{At: at, IP: ip, Method: e.Method, Host: e.Host, Path: e.Path}
 }
 
 func (e Endpoint) check(gen string) error {
@@ -153,7 +153,7 @@ func Zipf(cfg ZipfConfig) (Trace, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		rng := newRand(cfg.Seed)
 		var z *rand.Zipf
 		if cfg.Clients > 1 {
@@ -215,7 +215,7 @@ func Abuser(cfg AbuserConfig) (Trace, error) {
 		return nil, err
 	}
 	ip := cfg.IP.Unmap()
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		rng := newRand(cfg.Seed)
 		spacing := 1e9 / cfg.Rate
 		for i := 0; ; i++ {
@@ -288,7 +288,7 @@ func Burst(cfg BurstConfig) (Trace, error) {
 		return nil, err
 	}
 	ip := cfg.IP.Unmap()
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		step := cfg.Spread / time.Duration(cfg.Limit)
 		for b := 0; b < cfg.Bursts; b++ {
 			edge := time.Duration(1+3*b) * cfg.Window
@@ -336,7 +336,7 @@ func Flood(cfg FloodConfig) (Trace, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		rng := newRand(cfg.Seed)
 		t := 0.0
 		for i := uint64(0); bits >= 64 || i < uint64(1)<<bits; i++ {
@@ -505,7 +505,7 @@ func Stuffing(cfg StuffingConfig) (Trace, error) {
 var honestPrefix = netip.MustParsePrefix("198.18.0.0/15")
 
 // login returns a login attempt of user with password at at from ip.
-func (cfg *StuffingConfig) login(at time.Duration, ip netip.Addr, user, password string) Request {
+func (cfg *StuffingConfig) login(at time.Duration, ip netip.Addr, user, password string) TraceRequest {
 	r := cfg.Endpoint.request(at, ip)
 	if cfg.UserHeader != "" {
 		r.Headers = map[string]string{cfg.UserHeader: user}
@@ -517,7 +517,7 @@ func (cfg *StuffingConfig) login(at time.Duration, ip netip.Addr, user, password
 // honestLogins returns the honest users' logins of a Stuffing trace, in
 // time order.
 func honestLogins(cfg StuffingConfig) Trace {
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		rng := newRand(cfg.Seed ^ 0x5bd1e995)
 		var retries attemptHeap // an attempt's user is its left field
 		next := 0.0
@@ -546,7 +546,7 @@ func honestLogins(cfg StuffingConfig) Trace {
 // honestAttempt yields honest user i's attempt at at: mistyped with
 // probability Mistype, and then retried 1 to 3 s later.
 func (cfg *StuffingConfig) honestAttempt(rng *rand.Rand, retries *attemptHeap, at time.Duration, i int,
-	yield func(Request, error) bool) bool {
+	yield func(TraceRequest, error) bool) bool {
 	user := StuffingMember(i)
 	typed := user
 	if rng.IntN(4) == 0 { // the same account in other letter cases
@@ -566,7 +566,7 @@ func (cfg *StuffingConfig) honestAttempt(rng *rand.Rand, retries *attemptHeap, a
 // stuffingAttack returns the attackers' attempts of a Stuffing trace.
 func stuffingAttack(cfg StuffingConfig) Trace {
 	bits := hostBits(cfg.Prefix)
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		rng := newRand(cfg.Seed)
 		var pending attemptHeap
 		next := 0.0 // next new address, seconds
@@ -579,7 +579,7 @@ func stuffingAttack(cfg StuffingConfig) Trace {
 			}
 			for pending.Len() > 0 && pending[0].at <= arrival {
 				a := pending[0]
-				var r Request
+				var r TraceRequest
 				switch {
 				case cfg.Accounts > 0:
 					victim := StuffingVictim(rng.IntN(cfg.Accounts))
@@ -636,14 +636,14 @@ func (h *attemptHeap) Pop() any {
 // Each range over the mix ranges over every part once, concurrently with
 // none: the parts are pulled one request at a time.
 func Mix(parts ...Trace) Trace {
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		type head struct {
-			next func() (Request, error, bool)
-			r    Request
+			next func() (TraceRequest, error, bool)
+			r    TraceRequest
 		}
 		heads := make([]*head, 0, len(parts))
 		for _, p := range parts {
-			next, stop := iter.Pull2(iter.Seq2[Request, error](p))
+			next, stop := iter.Pull2(iter.Seq2[TraceRequest, error](p))
 			defer stop()
 			heads = append(heads, &head{next: next})
 		}
@@ -660,7 +660,7 @@ func Mix(parts ...Trace) Trace {
 			for {
 				ok, err := fill(h)
 				if err != nil {
-					if !yield(Request{}, err) || !isLineError(err) {
+					if !yield(TraceRequest{}, err) || !isLineError(err) {
 						return
 					}
 					continue
@@ -685,7 +685,7 @@ func Mix(parts ...Trace) Trace {
 			for {
 				ok, err := fill(h)
 				if err != nil {
-					if !yield(Request{}, err) || !isLineError(err) {
+					if !yield(TraceRequest{}, err) || !isLineError(err) {
 						return
 					}
 					continue

@@ -15,9 +15,9 @@ import (
 	"github.com/poplimit/poplimit/loadtest"
 )
 
-func collect(t testing.TB, tr loadtest.Trace) []loadtest.Request {
+func collect(t testing.TB, tr loadtest.Trace) []loadtest.TraceRequest {
 	t.Helper()
-	var out []loadtest.Request
+	var out []loadtest.TraceRequest
 	for r, err := range tr {
 		if err != nil {
 			t.Fatal(err)

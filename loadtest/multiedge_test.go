@@ -136,7 +136,7 @@ func TestOfflinePoPNearLimit(t *testing.T) {
 	if guess.Enforced.WronglyAllowed >= local.Enforced.WronglyAllowed {
 		t.Errorf("wrongly allowed: %d guessing the others' units, %d not; want fewer guessing", guess.Enforced.WronglyAllowed, local.Enforced.WronglyAllowed)
 	}
-	wrong := func(r judge.Tally) int64 { return r.WronglyAllowed + r.WronglyLimited }
+	wrong := func(r judge.DecisionTally) int64 { return r.WronglyAllowed + r.WronglyLimited }
 	if wrong(near.Enforced) >= wrong(local.Enforced) || wrong(near.Enforced) >= wrong(guess.Enforced) {
 		t.Errorf("wrong decisions: %d with near-limit round trips, %d local, %d guessing; want the fewest with round trips",
 			wrong(near.Enforced), wrong(local.Enforced), wrong(guess.Enforced))

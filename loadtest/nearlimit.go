@@ -64,7 +64,7 @@ func NearLimit(cfg NearLimitConfig) (Trace, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		rng := newRand(cfg.Seed)
 		base := float64(cfg.Limit) / cfg.Window.Seconds() // the limit as a rate, per second
 		w := float64(cfg.Window)

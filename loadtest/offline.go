@@ -395,7 +395,7 @@ type keyStat struct {
 
 const maxKeyDisplay = 256
 
-func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int64) OfflineDecision {
+func (o *offline) decide(origin time.Time, at time.Duration, r *TraceRequest, idx int64) OfflineDecision {
 	now := origin.Add(at)
 	t := now.UnixNano()
 	o.finishUntil(at)
@@ -462,7 +462,7 @@ func (o *offline) decide(origin time.Time, at time.Duration, r *Request, idx int
 }
 
 // edgeOf is the edge the balancer deals request idx to.
-func (o *offline) edgeOf(r *Request, idx int64) int {
+func (o *offline) edgeOf(r *TraceRequest, idx int64) int {
 	n := len(o.edges)
 	if n == 1 {
 		return 0

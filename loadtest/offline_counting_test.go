@@ -29,8 +29,8 @@ rules:
     action: block
 `
 
-func loginLine(at time.Duration, ip, user string, status int, dur time.Duration) loadtest.Request {
-	return loadtest.Request{At: at, IP: netip.MustParseAddr(ip), Method: "POST", Path: "/login",
+func loginLine(at time.Duration, ip, user string, status int, dur time.Duration) loadtest.TraceRequest {
+	return loadtest.TraceRequest{At: at, IP: netip.MustParseAddr(ip), Method: "POST", Path: "/login",
 		ContentType: "application/x-www-form-urlencoded", Body: "username=" + user + "&password=x", Status: status, Duration: dur}
 }
 
@@ -41,7 +41,7 @@ func loginLine(at time.Duration, ip, user string, status int, dur time.Duration)
 // parallel failures is held to the limit, since each request's units are
 // reserved until its response is known.
 func TestOfflineCountingRule(t *testing.T) {
-	var reqs []loadtest.Request
+	var reqs []loadtest.TraceRequest
 	min := time.Minute
 	for i := range 8 { // alice: 8 failures within 10 minutes, from 8 addresses
 		reqs = append(reqs, loginLine(time.Duration(i)*min+time.Second, fmt.Sprintf("203.0.113.%d", i+1), "alice", 401, 0))
@@ -124,6 +124,6 @@ func TestOfflineCountingFromAccessLog(t *testing.T) {
 }
 
 // sortByAt orders a trace's requests by their offset, stably.
-func sortByAt(reqs []loadtest.Request) {
-	slices.SortStableFunc(reqs, func(a, b loadtest.Request) int { return cmp.Compare(a.At, b.At) })
+func sortByAt(reqs []loadtest.TraceRequest) {
+	slices.SortStableFunc(reqs, func(a, b loadtest.TraceRequest) int { return cmp.Compare(a.At, b.At) })
 }

@@ -78,7 +78,7 @@ rules:
     shadow: true
 `)
 	ip1, ip2 := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::2")
-	reqs := []loadtest.Request{
+	reqs := []loadtest.TraceRequest{
 		{At: 0, IP: ip1, Path: "/login", Count: 3},                                                           // 2 allowed, 1 limited (login); watch sees 2
 		{At: 100 * time.Millisecond, IP: ip1, Path: "/check/login"},                                          // stripped: from the block cache
 		{At: 200 * time.Millisecond, IP: ip2, Path: "/api/x", Headers: map[string]string{"X-API-Key": "k1"}}, // allowed
@@ -145,7 +145,7 @@ func TestOfflineAmbiguousPaths(t *testing.T) {
 	var got []string
 	rep, err := loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: rs, CheckPrefix: "/check",
 		OnDecision: func(d loadtest.OfflineDecision) { got = append(got, fmt.Sprintf("%d:%s", d.Status, d.Rule)) }},
-		sliceTrace([]loadtest.Request{{IP: ip, Path: "/login"}, {IP: ip, Path: `/x/..\login`}, {IP: ip, Path: "/x/..%5Clogin"},
+		sliceTrace([]loadtest.TraceRequest{{IP: ip, Path: "/login"}, {IP: ip, Path: `/x/..\login`}, {IP: ip, Path: "/x/..%5Clogin"},
 			{IP: ip, Path: "//evil/login"}, {IP: ip, Path: "/check//evil/login"}, {IP: ip, Path: `/other?q=\`}}))
 	if err != nil {
 		t.Fatal(err)
@@ -155,8 +155,8 @@ func TestOfflineAmbiguousPaths(t *testing.T) {
 	}
 }
 
-func sliceTrace(reqs []loadtest.Request) loadtest.Trace {
-	return func(yield func(loadtest.Request, error) bool) {
+func sliceTrace(reqs []loadtest.TraceRequest) loadtest.Trace {
+	return func(yield func(loadtest.TraceRequest, error) bool) {
 		for _, r := range reqs {
 			if !yield(r, nil) {
 				return
@@ -167,7 +167,7 @@ func sliceTrace(reqs []loadtest.Request) loadtest.Trace {
 
 func TestOfflineKeysBounded(t *testing.T) {
 	flood := must(t)(loadtest.Flood(loadtest.FloodConfig{Rate: 10000, Duration: time.Second}))
-	twice := func(yield func(loadtest.Request, error) bool) {
+	twice := func(yield func(loadtest.TraceRequest, error) bool) {
 		for r, err := range flood {
 			r.Count = 2
 			if !yield(r, err) {
@@ -203,7 +203,7 @@ rules:
 `
 	ip := netip.MustParseAddr("192.0.2.9")
 	ms := time.Millisecond
-	trace := []loadtest.Request{
+	trace := []loadtest.TraceRequest{
 		{At: 0, IP: ip, Path: "/health"}, {At: 1 * ms, IP: ip, Path: "/health"}, {At: 2 * ms, IP: ip, Path: "/health"},
 		{At: 10 * ms, IP: ip, Path: "/upload", Duration: 100 * ms}, // holds the one slot until 110 ms
 		{At: 20 * ms, IP: ip, Path: "/upload", Duration: 100 * ms}, // refused: the slot is held
@@ -268,7 +268,7 @@ func startEdge(t *testing.T, rulesYAML string) string {
 func BenchmarkOffline(b *testing.B) {
 	rs := parseRules(b, "rules: [{name: api, limit: 10, window: 1s}, {name: all, limit: 100, window: 1m}]")
 	tr, _ := loadtest.Zipf(loadtest.ZipfConfig{Clients: 10_000, Rate: 1e5, Duration: 1000 * time.Hour})
-	bounded := func(yield func(loadtest.Request, error) bool) {
+	bounded := func(yield func(loadtest.TraceRequest, error) bool) {
 		n := 0
 		for r, err := range tr {
 			if n++; n > b.N || !yield(r, err) {
@@ -326,7 +326,7 @@ func TestOfflineSyncDecidesAsAsync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reqs []loadtest.Request
+	var reqs []loadtest.TraceRequest
 	for r, err := range loadtest.Mix(zipf, abuser, burst) {
 		if err != nil {
 			t.Fatal(err)
@@ -338,7 +338,7 @@ func TestOfflineSyncDecidesAsAsync(t *testing.T) {
 		var out []loadtest.OfflineDecision
 		_, err := loadtest.Offline(context.Background(), loadtest.OfflineConfig{Rules: rs,
 			OnDecision: func(d loadtest.OfflineDecision) { out = append(out, d) }},
-			func(yield func(loadtest.Request, error) bool) {
+			func(yield func(loadtest.TraceRequest, error) bool) {
 				for _, r := range reqs {
 					if !yield(r, nil) {
 						return

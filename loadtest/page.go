@@ -37,7 +37,7 @@ type Totals struct {
 }
 
 // Totals returns r's headline counts.
-func (r *Report) Totals() Totals {
+func (r *ReplayReport) Totals() Totals {
 	t := Totals{Scheduled: r.Scheduled, Sent: r.Sent, Completed: r.Completed, NotSent: r.NotSent, Errors: sumValues(r.Errors)}
 	for k, n := range r.Statuses {
 		s, err := strconv.Atoi(k)
@@ -57,7 +57,7 @@ func (r *Report) Totals() Totals {
 // rule the judged decisions and the worst keys' admitted count in every
 // trailing window against the limit, on the window grid. tl is the
 // replay's Timeline (ReplayConfig.Timeline or ReadResults).
-func WritePage(w io.Writer, r *Report, tl *Timeline) error {
+func WritePage(w io.Writer, r *ReplayReport, tl *Timeline) error {
 	if tl == nil {
 		tl = &Timeline{Start: r.Start, StepSeconds: 1}
 	}
@@ -98,10 +98,10 @@ func WritePage(w io.Writer, r *Report, tl *Timeline) error {
 	}
 
 	// Totals, as the text report gives them.
-	totals := plotpage.Table{ID: "totals",
+	totals := plotpage.FigureTable{ID: "totals",
 		Head: []string{"requests due", "sent", "completed", "allowed (2xx)", "limited (429)", "other statuses", "transport errors", "not sent (outstanding bound)"},
 		Rows: [][]string{{itoa(tot.Scheduled), itoa(tot.Sent), itoa(tot.Completed), itoa(tot.Allowed), itoa(tot.Limited), itoa(tot.OtherStatus), itoa(tot.Errors), itoa(tot.NotSent)}}}
-	summary := plotpage.Section{Heading: "Requests", Tables: []plotpage.Table{totals}, Text: []string{
+	summary := plotpage.Section{Heading: "Requests", Tables: []plotpage.FigureTable{totals}, Text: []string{
 		"Latency " + r.Latency.text() + " (from the scheduled send time); send lag " + r.SendLag.text() + ".",
 		fmt.Sprintf("Throughput: scheduled %.1f/s, sent %.1f/s, completed %.1f/s.", r.ScheduledRate, r.SentRate, r.CompletedRate),
 	}}
@@ -183,9 +183,9 @@ func WritePage(w io.Writer, r *Report, tl *Timeline) error {
 
 // rulesSection is the rules' decisions, as the responses told them and as
 // the aggregator judged them.
-func rulesSection(r *Report, tl *Timeline, acc *pageAccuracy) plotpage.Section {
+func rulesSection(r *ReplayReport, tl *Timeline, acc *pageAccuracy) plotpage.Section {
 	s := plotpage.Section{Heading: "Rules"}
-	t := plotpage.Table{ID: "rules", Head: []string{"rule", "limit", "allowed", "limited", "limited %", "judged", "wrongly allowed", "wrongly limited"}}
+	t := plotpage.FigureTable{ID: "rules", Head: []string{"rule", "limit", "allowed", "limited", "limited %", "judged", "wrongly allowed", "wrongly limited"}}
 	var bars plotpage.Bars
 	wa, wl := plotpage.BarSet{Name: "wrongly allowed", Color: 2}, plotpage.BarSet{Name: "wrongly limited", Color: 3}
 	for _, rc := range r.Rules {
@@ -216,7 +216,7 @@ func rulesSection(r *Report, tl *Timeline, acc *pageAccuracy) plotpage.Section {
 		t.Rows = append(t.Rows, row)
 		t.Data = append(t.Data, data)
 	}
-	s.Tables = []plotpage.Table{t}
+	s.Tables = []plotpage.FigureTable{t}
 	switch {
 	case r.AggregatorError != "":
 		s.Text = append(s.Text, "The aggregator's report was unavailable: "+r.AggregatorError+". The decisions were not judged.")
@@ -235,7 +235,7 @@ func rulesSection(r *Report, tl *Timeline, acc *pageAccuracy) plotpage.Section {
 }
 
 // keysSection draws a rule's worst keys in their trailing windows.
-func keysSection(r *Report, tl *Timeline, rt *RuleTimeline) (plotpage.Section, bool) {
+func keysSection(r *ReplayReport, tl *Timeline, rt *RuleTimeline) (plotpage.Section, bool) {
 	if len(rt.Keys) == 0 || rt.WindowSeconds <= 0 {
 		return plotpage.Section{}, false
 	}
@@ -249,7 +249,7 @@ func keysSection(r *Report, tl *Timeline, rt *RuleTimeline) (plotpage.Section, b
 	if rt.Limit >= 0 {
 		c.HLines = []plotpage.Marker{{At: float64(rt.Limit), Label: fmt.Sprintf("limit %d", rt.Limit), Color: 3}}
 	}
-	t := plotpage.Table{ID: "keys-table-" + plotpage.AttrName(rt.Rule), Head: []string{"key (client)", "admitted", "most in a trailing window", "limit", "× limit"}}
+	t := plotpage.FigureTable{ID: "keys-table-" + plotpage.AttrName(rt.Rule), Head: []string{"key (client)", "admitted", "most in a trailing window", "limit", "× limit"}}
 	var xmax float64
 	var worst int64
 	for i, k := range rt.Keys {
@@ -277,12 +277,12 @@ func keysSection(r *Report, tl *Timeline, rt *RuleTimeline) (plotpage.Section, b
 	for at := first; float64(at-st)/1e9 <= xmax && len(c.Grid) < 2000; at += w {
 		c.Grid = append(c.Grid, float64(at-st)/1e9)
 	}
-	s.Tables = []plotpage.Table{t}
+	s.Tables = []plotpage.FigureTable{t}
 	s.Charts = []plotpage.Chart{c}
 	return s, true
 }
 
-func phaseText(r *Report) string {
+func phaseText(r *ReplayReport) string {
 	if r.AlignMillis <= 0 {
 		return "not aligned to a window grid"
 	}

@@ -60,7 +60,7 @@ func TestPageBound(t *testing.T) {
 	for i := range res {
 		tr.Add(&res[i])
 	}
-	rep := &Report{Targets: []string{"127.0.0.1:7070", "127.0.0.1:7072"}, Spread: "by-client", Speed: 1, Start: start,
+	rep := &ReplayReport{Targets: []string{"127.0.0.1:7070", "127.0.0.1:7072"}, Spread: "by-client", Speed: 1, Start: start,
 		Scheduled: int64(len(res)), Statuses: map[string]int64{}, Stopped: StopEnd, ElapsedSeconds: 60}
 	t0 := time.Now()
 	tl := tr.Timeline()

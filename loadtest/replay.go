@@ -108,7 +108,7 @@ type job struct {
 	idx    int64
 	target int
 	due    time.Time
-	req    Request
+	req    TraceRequest
 }
 
 // Replay sends the requests of trace to the targets on the trace's
@@ -123,7 +123,7 @@ type job struct {
 // Replay starts one goroutine per outstanding request and one for the
 // progress line, and has stopped them all when it returns. It may be called
 // concurrently; each call has its own connections.
-func Replay(ctx context.Context, cfg ReplayConfig, trace Trace) (*Report, error) {
+func Replay(ctx context.Context, cfg ReplayConfig, trace Trace) (*ReplayReport, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

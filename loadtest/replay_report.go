@@ -33,11 +33,11 @@ type RuleCount struct {
 	Limited int64  `json:"limited"`
 }
 
-// Report is the summary of one replay. Rates are per second over the span
-// of what they count: the scheduled rate over (first due, last due), the
-// sent rate over (first sent, last sent), each as intervals (n−1 of them for
-// n requests), so a perfectly paced replay shows equal rates.
-type Report struct {
+// ReplayReport is the summary of one replay. Rates are per second over the
+// span of what they count: the scheduled rate over (first due, last due),
+// the sent rate over (first sent, last sent), each as intervals (n−1 of
+// them for n requests), so a perfectly paced replay shows equal rates.
+type ReplayReport struct {
 	Targets []string  `json:"targets"`
 	Spread  string    `json:"spread"`
 	Speed   float64   `json:"speed"`
@@ -143,9 +143,9 @@ func (rp *replayer) count2xx() int64 {
 	return n
 }
 
-func (rp *replayer) report(start time.Time, stopped string, firstDue, lastDue time.Time, badLines int64) *Report {
+func (rp *replayer) report(start time.Time, stopped string, firstDue, lastDue time.Time, badLines int64) *ReplayReport {
 	cfg := &rp.cfg
-	r := &Report{
+	r := &ReplayReport{
 		Targets: cfg.Targets, Spread: cfg.Spread.String(), Speed: cfg.Speed, Start: start.Round(0), Stopped: stopped,
 		AlignMillis: float64(cfg.Align) / 1e6, PhaseMillis: float64(cfg.Phase) / 1e6,
 		Scheduled: rp.scheduled.Load(), Sent: rp.sent.Load(), NotSent: rp.notSent.Load(), Completed: rp.completed.Load(),

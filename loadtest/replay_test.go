@@ -39,13 +39,13 @@ func ok200(ctx *fasthttp.RequestCtx) {}
 
 // steady returns n requests from ip spaced by every, as a Trace.
 func steady(n int, every time.Duration, ips ...string) loadtest.Trace {
-	return func(yield func(loadtest.Request, error) bool) {
+	return func(yield func(loadtest.TraceRequest, error) bool) {
 		for i := 0; i < n; i++ {
 			ip := "192.0.2.1"
 			if len(ips) > 0 {
 				ip = ips[i%len(ips)]
 			}
-			if !yield(loadtest.Request{At: time.Duration(i) * every, IP: netip.MustParseAddr(ip), Path: "/p"}, nil) {
+			if !yield(loadtest.TraceRequest{At: time.Duration(i) * every, IP: netip.MustParseAddr(ip), Path: "/p"}, nil) {
 				return
 			}
 		}
@@ -99,13 +99,13 @@ func TestLatencyCountsFromSchedule(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 		}
 	})
-	trace := func(yield func(loadtest.Request, error) bool) {
+	trace := func(yield func(loadtest.TraceRequest, error) bool) {
 		for i := 0; i < 50; i++ {
 			p := "/p"
 			if i == 0 {
 				p = "/stall"
 			}
-			if !yield(loadtest.Request{At: time.Duration(i) * 10 * time.Millisecond, IP: netip.MustParseAddr("192.0.2.1"), Path: p}, nil) {
+			if !yield(loadtest.TraceRequest{At: time.Duration(i) * 10 * time.Millisecond, IP: netip.MustParseAddr("192.0.2.1"), Path: p}, nil) {
 				return
 			}
 		}
@@ -261,9 +261,9 @@ func TestRulesStatusesAndErrors(t *testing.T) {
 			ctx.SetStatusCode(418)
 		}
 	})
-	trace := func(yield func(loadtest.Request, error) bool) {
+	trace := func(yield func(loadtest.TraceRequest, error) bool) {
 		for i, p := range []string{"/limited", "/limited-body", "/allowed", "/allowed", "/none", "/teapot"} {
-			r := loadtest.Request{At: time.Duration(i) * time.Millisecond, IP: netip.MustParseAddr("192.0.2.1"), Path: p, Count: 1}
+			r := loadtest.TraceRequest{At: time.Duration(i) * time.Millisecond, IP: netip.MustParseAddr("192.0.2.1"), Path: p, Count: 1}
 			if p == "/limited" {
 				r.Count = 3
 			}
@@ -271,7 +271,7 @@ func TestRulesStatusesAndErrors(t *testing.T) {
 				return
 			}
 		}
-		yield(loadtest.Request{}, &loadtest.LineError{Line: 9, Reason: loadtest.ReasonJSON})
+		yield(loadtest.TraceRequest{}, &loadtest.LineError{Line: 9, Reason: loadtest.ReasonJSON})
 	}
 	dead := func() string { // a port nobody listens on
 		ln, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -301,9 +301,9 @@ func TestRulesStatusesAndErrors(t *testing.T) {
 func TestTraceErrorStopsReplay(t *testing.T) {
 	addr := startServer(t, ok200)
 	boom := fmt.Errorf("loadtest: read trace: disk on fire")
-	trace := func(yield func(loadtest.Request, error) bool) {
-		if yield(loadtest.Request{IP: netip.MustParseAddr("192.0.2.1")}, nil) {
-			yield(loadtest.Request{}, boom)
+	trace := func(yield func(loadtest.TraceRequest, error) bool) {
+		if yield(loadtest.TraceRequest{IP: netip.MustParseAddr("192.0.2.1")}, nil) {
+			yield(loadtest.TraceRequest{}, boom)
 		}
 	}
 	rep, err := loadtest.Replay(context.Background(), loadtest.ReplayConfig{Targets: []string{addr}}, trace)
@@ -406,8 +406,8 @@ func TestReplaySendsTheTraceRequest(t *testing.T) {
 		got <- fmt.Sprintf("%s %s host=%s xff=%s key=%s", ctx.Method(), ctx.RequestURI(), ctx.Host(),
 			ctx.Request.Header.Peek("X-Forwarded-For"), ctx.Request.Header.Peek("X-API-Key"))
 	})
-	tr := func(yield func(loadtest.Request, error) bool) {
-		yield(loadtest.Request{IP: netip.MustParseAddr("2001:db8::5"), Method: "POST", Host: "api.example", Path: "//a/../b?q=1", Headers: map[string]string{"X-API-Key": "k1"}}, nil)
+	tr := func(yield func(loadtest.TraceRequest, error) bool) {
+		yield(loadtest.TraceRequest{IP: netip.MustParseAddr("2001:db8::5"), Method: "POST", Host: "api.example", Path: "//a/../b?q=1", Headers: map[string]string{"X-API-Key": "k1"}}, nil)
 	}
 	if _, err := loadtest.Replay(context.Background(), loadtest.ReplayConfig{Targets: []string{addr}, PathPrefix: "/check"}, tr); err != nil {
 		t.Fatal(err)
@@ -427,8 +427,8 @@ func TestReplaySendsTheBody(t *testing.T) {
 		ctx.SetStatusCode(fasthttp.StatusUnauthorized)
 	})
 	body := "username=Alice%40example.com&password=hunter3"
-	tr := func(yield func(loadtest.Request, error) bool) {
-		yield(loadtest.Request{IP: netip.MustParseAddr("192.0.2.5"), Method: "POST", Path: "/login",
+	tr := func(yield func(loadtest.TraceRequest, error) bool) {
+		yield(loadtest.TraceRequest{IP: netip.MustParseAddr("192.0.2.5"), Method: "POST", Path: "/login",
 			ContentType: "application/x-www-form-urlencoded", Body: body}, nil)
 	}
 	var results bytes.Buffer
@@ -465,9 +465,9 @@ func BenchmarkReplaySaturated(b *testing.B) {
 				defer f.Close()
 				cfg.Results = f
 			}
-			tr := func(yield func(loadtest.Request, error) bool) {
+			tr := func(yield func(loadtest.TraceRequest, error) bool) {
 				for i := 0; i < b.N; i++ {
-					if !yield(loadtest.Request{IP: netip.MustParseAddr("192.0.2.1"), Path: "/"}, nil) {
+					if !yield(loadtest.TraceRequest{IP: netip.MustParseAddr("192.0.2.1"), Path: "/"}, nil) {
 						return
 					}
 				}

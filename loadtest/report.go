@@ -17,7 +17,7 @@ import (
 // WriteText writes the report for an operator: throughput, latency,
 // decisions, and the headline of the aggregator's accuracy report (the
 // whole of it is in the JSON form).
-func (r *Report) WriteText(w io.Writer) error {
+func (r *ReplayReport) WriteText(w io.Writer) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "replay: %d requests due over %s to %s (%s), speed %g×, stopped: %s\n",
 		r.Scheduled, seconds(r.ElapsedSeconds), strings.Join(r.Targets, ", "), r.Spread, r.Speed, r.Stopped)
@@ -65,7 +65,7 @@ func (r *Report) WriteText(w io.Writer) error {
 
 // startText says when the replay started and at which phase of which
 // window grid.
-func (r *Report) startText() string {
+func (r *ReplayReport) startText() string {
 	start := r.Start.UTC().Format(time.RFC3339Nano)
 	if r.AlignMillis <= 0 {
 		return start + ", not aligned to a window grid (-align W [-phase D] puts offset 0 D past a multiple of W)"

@@ -30,7 +30,7 @@ func (e resultErr) Error() string { return errKinds[e] }
 // it stopped and the aggregator's report; without it the targets are the
 // edges the lines name and the start is the first request's due time. The
 // file is read twice, line by line; the memory is the Timeline's bound.
-func ReadResults(path string, base *Report) (*Report, *Timeline, error) {
+func ReadResults(path string, base *ReplayReport) (*ReplayReport, *Timeline, error) {
 	var start int64
 	if base != nil && !base.Start.IsZero() {
 		start = base.Start.UnixNano()
@@ -43,7 +43,7 @@ func ReadResults(path string, base *Report) (*Report, *Timeline, error) {
 			start = first
 		}
 	}
-	rep := &Report{Start: time.Unix(0, start).UTC(), Statuses: map[string]int64{}}
+	rep := &ReplayReport{Start: time.Unix(0, start).UTC(), Statuses: map[string]int64{}}
 	if base != nil {
 		rep.Targets, rep.Spread, rep.Speed, rep.Stopped = base.Targets, base.Spread, base.Speed, base.Stopped
 		rep.AlignMillis, rep.PhaseMillis, rep.BadLines = base.AlignMillis, base.PhaseMillis, base.BadLines

@@ -78,16 +78,16 @@ func readResults(t *testing.T, data []byte) []resultLine {
 func TestReplayResultsFile(t *testing.T) {
 	addr := startEdge(t, "rules: [{name: per-client, limit: 5, window: 1m}]")
 	a, b, c := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::7"), netip.MustParseAddr("198.51.100.9")
-	var reqs []loadtest.Request
+	var reqs []loadtest.TraceRequest
 	at := time.Duration(0)
 	next := func() time.Duration { at += 15 * time.Millisecond; return at }
 	for i := 0; i < 8; i++ {
-		reqs = append(reqs, loadtest.Request{At: next(), IP: a, Path: "/p/" + strconv.Itoa(i)})
+		reqs = append(reqs, loadtest.TraceRequest{At: next(), IP: a, Path: "/p/" + strconv.Itoa(i)})
 		if i < 3 {
-			reqs = append(reqs, loadtest.Request{At: next(), IP: b, Method: "PUT", Path: "/b?i=" + strconv.Itoa(i)})
+			reqs = append(reqs, loadtest.TraceRequest{At: next(), IP: b, Method: "PUT", Path: "/b?i=" + strconv.Itoa(i)})
 		}
 	}
-	reqs = append(reqs, loadtest.Request{At: next(), IP: c, Method: "POST", Host: "api.example", Path: "/api/x?q=1", Count: 2})
+	reqs = append(reqs, loadtest.TraceRequest{At: next(), IP: c, Method: "POST", Host: "api.example", Path: "/api/x?q=1", Count: 2})
 	path := filepath.Join(t.TempDir(), "results.tsv")
 	f, err := os.Create(path)
 	if err != nil {
@@ -182,7 +182,7 @@ func TestResultsOutcomesAndLegacyHeaders(t *testing.T) {
 	}()
 	ip := netip.MustParseAddr("192.0.2.1")
 	var buf bytes.Buffer
-	trace := sliceTrace([]loadtest.Request{
+	trace := sliceTrace([]loadtest.TraceRequest{
 		{At: 0, IP: ip, Path: "/legacy"},
 		{At: time.Millisecond, IP: ip, Path: "/draft"},
 		{At: 100 * time.Millisecond, IP: ip, Path: "/stall"},

@@ -19,9 +19,10 @@ import (
 	"github.com/poplimit/poplimit/rules"
 )
 
-// Request is one request of a trace. The zero value is not valid: IP is
-// required. A Request is a plain value; Headers is shared by copies.
-type Request struct {
+// TraceRequest is one request of a trace. The zero value is not valid: IP
+// is required. A TraceRequest is a plain value; Headers is shared by
+// copies.
+type TraceRequest struct {
 	// At is when the request is due, as an offset from the trace's origin
 	// (the instant of offset 0). Replays send it at start + At/speed.
 	At time.Duration
@@ -61,7 +62,7 @@ type Request struct {
 }
 
 // count returns r.Count with 0 as 1.
-func (r *Request) count() int { return max(r.Count, 1) }
+func (r *TraceRequest) count() int { return max(r.Count, 1) }
 
 // Limits of the trace format, so that a hostile trace costs bounded memory.
 const (
@@ -83,7 +84,7 @@ const (
 // An iteration yields either a request and a nil error, or an error: a
 // *LineError is a bad line that was skipped, and the iteration goes on if
 // the consumer continues; any other error is the last thing yielded.
-type Trace iter.Seq2[Request, error]
+type Trace iter.Seq2[TraceRequest, error]
 
 // LineError is a bad line of a trace or of an access log, skipped.
 type LineError struct {
@@ -153,71 +154,71 @@ type lineJSON struct {
 // doc for the schema). A line with ts and no offset_ms has At 0: a Reader
 // places it by its ts. The error, if any, is a *LineError with Line 0. It
 // never panics.
-func ParseTraceLine(line []byte) (Request, error) {
+func ParseTraceLine(line []byte) (TraceRequest, error) {
 	r, _, err := parseTraceLine(line)
 	if err != nil {
-		return Request{}, &LineError{Reason: err.reason, Detail: err.detail}
+		return TraceRequest{}, &LineError{Reason: err.reason, Detail: err.detail}
 	}
 	return r, nil
 }
 
-func parseTraceLine(line []byte) (Request, bool, *fieldError) {
+func parseTraceLine(line []byte) (TraceRequest, bool, *fieldError) {
 	var j lineJSON
 	if err := json.Unmarshal(line, &j); err != nil {
-		return Request{}, false, badf(ReasonJSON, "%v", err)
+		return TraceRequest{}, false, badf(ReasonJSON, "%v", err)
 	}
-	var r Request
+	var r TraceRequest
 	hasOffset := j.OffsetMillis != ""
 	if hasOffset {
 		d, ok := parseMillis(string(j.OffsetMillis))
 		if !ok {
-			return Request{}, false, badf(ReasonTime, "offset_ms %s: must be a number of milliseconds from 0 to 10 years", quoteShort(string(j.OffsetMillis)))
+			return TraceRequest{}, false, badf(ReasonTime, "offset_ms %s: must be a number of milliseconds from 0 to 10 years", quoteShort(string(j.OffsetMillis)))
 		}
 		r.At = d
 	}
 	if j.TS != "" {
 		t, err := time.Parse(time.RFC3339Nano, j.TS)
 		if err != nil {
-			return Request{}, false, badf(ReasonTime, "ts %s: not an RFC 3339 timestamp", quoteShort(j.TS))
+			return TraceRequest{}, false, badf(ReasonTime, "ts %s: not an RFC 3339 timestamp", quoteShort(j.TS))
 		}
 		r.Time = t
 	} else if !hasOffset {
-		return Request{}, false, badf(ReasonTime, "the line has neither offset_ms nor ts")
+		return TraceRequest{}, false, badf(ReasonTime, "the line has neither offset_ms nor ts")
 	}
 	ip, err := netip.ParseAddr(j.IP)
 	if err != nil || ip.Zone() != "" {
-		return Request{}, false, badf(ReasonClient, "ip %s: not an IP address", quoteShort(j.IP))
+		return TraceRequest{}, false, badf(ReasonClient, "ip %s: not an IP address", quoteShort(j.IP))
 	}
 	r.IP = ip.Unmap()
 	r.Method, r.Host, r.Path, r.Headers = j.Method, j.Host, j.Path, j.Headers
 	if j.Count != nil {
 		if *j.Count < 1 || *j.Count > maxCount {
-			return Request{}, false, badf(ReasonField, "count %d: must be between 1 and %d", *j.Count, maxCount)
+			return TraceRequest{}, false, badf(ReasonField, "count %d: must be between 1 and %d", *j.Count, maxCount)
 		}
 		r.Count = int(*j.Count)
 	}
 	if j.DurationMs != "" {
 		d, ok := parseMillis(string(j.DurationMs))
 		if !ok {
-			return Request{}, false, badf(ReasonField, "duration_ms %s: must be a number of milliseconds from 0 to 10 years", quoteShort(string(j.DurationMs)))
+			return TraceRequest{}, false, badf(ReasonField, "duration_ms %s: must be a number of milliseconds from 0 to 10 years", quoteShort(string(j.DurationMs)))
 		}
 		r.Duration = d
 	}
 	r.Body, r.ContentType = j.Body, j.ContentType
 	if j.Status != nil {
 		if *j.Status < 100 || *j.Status > 599 {
-			return Request{}, false, badf(ReasonStatus, "status %d: must be an HTTP status from 100 to 599", *j.Status)
+			return TraceRequest{}, false, badf(ReasonStatus, "status %d: must be an HTTP status from 100 to 599", *j.Status)
 		}
 		r.Status = int(*j.Status)
 	}
 	if fe := checkRequest(&r); fe != nil {
-		return Request{}, false, fe
+		return TraceRequest{}, false, fe
 	}
 	return r, hasOffset, nil
 }
 
 // checkRequest validates the fields that every trace source must get right.
-func checkRequest(r *Request) *fieldError {
+func checkRequest(r *TraceRequest) *fieldError {
 	if r.Method != "" && (len(r.Method) > maxMethod || !rules.IsToken(r.Method)) {
 		return badf(ReasonField, "method %s: not an HTTP method token", quoteShort(r.Method))
 	}
@@ -330,7 +331,7 @@ func parseMillis(s string) (time.Duration, bool) {
 // AppendTraceLine appends r as one JSON trace line, with its "\n", to dst.
 // Headers are written in sorted order, so equal requests give equal bytes.
 // It does not allocate when r has no headers and dst has room.
-func AppendTraceLine(dst []byte, r *Request) []byte {
+func AppendTraceLine(dst []byte, r *TraceRequest) []byte {
 	dst = append(dst, `{"offset_ms":`...)
 	dst = appendMillis(dst, r.At)
 	if !r.Time.IsZero() {
@@ -463,24 +464,24 @@ func NewReader(r io.Reader) *Reader { return &Reader{lr: newLineReader(r)} }
 
 // Next returns the next request, io.EOF at the end, a *LineError for a bad
 // line (call Next again to go on), or the underlying reader's error.
-func (rd *Reader) Next() (Request, error) {
+func (rd *Reader) Next() (TraceRequest, error) {
 	for {
 		line, tooLong, err := rd.lr.next()
 		if err != nil {
 			if err == io.EOF {
-				return Request{}, io.EOF
+				return TraceRequest{}, io.EOF
 			}
-			return Request{}, fmt.Errorf("loadtest: read trace: %w", err)
+			return TraceRequest{}, fmt.Errorf("loadtest: read trace: %w", err)
 		}
 		if tooLong {
-			return Request{}, &LineError{Line: rd.lr.line, Reason: ReasonTooLong, Detail: fmt.Sprintf("more than %d bytes", MaxLineBytes)}
+			return TraceRequest{}, &LineError{Line: rd.lr.line, Reason: ReasonTooLong, Detail: fmt.Sprintf("more than %d bytes", MaxLineBytes)}
 		}
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		r, hasOffset, fe := parseTraceLine(line)
 		if fe != nil {
-			return Request{}, &LineError{Line: rd.lr.line, Reason: fe.reason, Detail: fe.detail}
+			return TraceRequest{}, &LineError{Line: rd.lr.line, Reason: fe.reason, Detail: fe.detail}
 		}
 		switch {
 		case hasOffset && !r.Time.IsZero() && !rd.hasOrigin:
@@ -491,7 +492,7 @@ func (rd *Reader) Next() (Request, error) {
 		case !hasOffset:
 			r.At = r.Time.Sub(rd.origin)
 			if r.At < 0 || r.At > maxOffset {
-				return Request{}, &LineError{Line: rd.lr.line, Reason: ReasonTime,
+				return TraceRequest{}, &LineError{Line: rd.lr.line, Reason: ReasonTime,
 					Detail: fmt.Sprintf("ts %s is %v from the trace's origin %s", r.Time.Format(time.RFC3339Nano), r.At, rd.origin.Format(time.RFC3339Nano))}
 			}
 		case r.Time.IsZero() && rd.hasOrigin:
@@ -503,7 +504,7 @@ func (rd *Reader) Next() (Request, error) {
 
 // All returns the rest of the trace as a Trace, which can be ranged over once.
 func (rd *Reader) All() Trace {
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		for {
 			r, err := rd.Next()
 			if err == io.EOF {
@@ -521,12 +522,12 @@ func (rd *Reader) All() Trace {
 // read once). Each range over it opens the file anew; an open error is
 // yielded as the only element.
 func ReadFile(path string) Trace {
-	return func(yield func(Request, error) bool) {
+	return func(yield func(TraceRequest, error) bool) {
 		f := os.Stdin
 		if path != "-" {
 			var err error
 			if f, err = os.Open(path); err != nil {
-				yield(Request{}, fmt.Errorf("loadtest: %w", err))
+				yield(TraceRequest{}, fmt.Errorf("loadtest: %w", err))
 				return
 			}
 			defer f.Close()
@@ -547,7 +548,7 @@ type Writer struct {
 func NewWriter(w io.Writer) *Writer { return &Writer{w: w, buf: make([]byte, 0, 64<<10)} }
 
 // Write appends r to the trace. Errors are sticky.
-func (w *Writer) Write(r *Request) error {
+func (w *Writer) Write(r *TraceRequest) error {
 	if w.err != nil {
 		return w.err
 	}

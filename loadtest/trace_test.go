@@ -15,7 +15,7 @@ import (
 	"github.com/poplimit/poplimit/loadtest"
 )
 
-func sameRequest(a, b loadtest.Request) bool {
+func sameRequest(a, b loadtest.TraceRequest) bool {
 	return a.At == b.At && a.Time.Equal(b.Time) && a.IP == b.IP && a.Method == b.Method && a.Host == b.Host &&
 		a.Path == b.Path && maps.Equal(a.Headers, b.Headers) && max(a.Count, 1) == max(b.Count, 1) &&
 		a.Body == b.Body && a.ContentType == b.ContentType && a.Status == b.Status
@@ -23,7 +23,7 @@ func sameRequest(a, b loadtest.Request) bool {
 
 func TestTraceRoundTrip(t *testing.T) {
 	ts := time.Date(2024, 5, 7, 10, 0, 1, 500250000, time.FixedZone("", 2*3600))
-	tests := []loadtest.Request{
+	tests := []loadtest.TraceRequest{
 		{At: 0, IP: netip.MustParseAddr("203.0.113.7")},
 		{At: 1500250 * time.Microsecond, Time: ts, IP: netip.MustParseAddr("2001:db8::1"), Method: "POST", Host: "api.example.com",
 			Path: "/v1/login?x=1&y=%22", Headers: map[string]string{"X-API-Key": "k\"1\\", "Cookie": "sid=é; a=b", "X-Ctl": "\t"}, Count: 3},
@@ -206,7 +206,7 @@ func BenchmarkParseTraceLine(b *testing.B) {
 }
 
 func BenchmarkAppendTraceLine(b *testing.B) {
-	r := loadtest.Request{At: 1500250 * time.Microsecond, IP: netip.MustParseAddr("203.0.113.7"), Method: "GET", Path: "/v1/items?id=12"}
+	r := loadtest.TraceRequest{At: 1500250 * time.Microsecond, IP: netip.MustParseAddr("203.0.113.7"), Method: "GET", Path: "/v1/items?id=12"}
 	buf := make([]byte, 0, 256)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -215,7 +215,7 @@ func BenchmarkAppendTraceLine(b *testing.B) {
 }
 
 func TestAppendTraceLineDoesNotAllocate(t *testing.T) {
-	r := loadtest.Request{At: 1500250 * time.Microsecond, IP: netip.MustParseAddr("2001:db8::7"), Method: "GET", Path: "/v1/items?id=12", Count: 2}
+	r := loadtest.TraceRequest{At: 1500250 * time.Microsecond, IP: netip.MustParseAddr("2001:db8::7"), Method: "GET", Path: "/v1/items?id=12", Count: 2}
 	buf := make([]byte, 0, 256)
 	if n := testing.AllocsPerRun(100, func() { buf = loadtest.AppendTraceLine(buf[:0], &r) }); n != 0 {
 		t.Errorf("AppendTraceLine allocates %v times, want 0", n)
@@ -242,7 +242,7 @@ not a trace line
 
 func ExampleNewWriter() {
 	w := loadtest.NewWriter(os.Stdout)
-	w.Write(&loadtest.Request{At: 1500 * time.Microsecond, IP: netip.MustParseAddr("203.0.113.7"), Path: "/", Headers: map[string]string{"X-B": "2", "X-A": "1"}})
+	w.Write(&loadtest.TraceRequest{At: 1500 * time.Microsecond, IP: netip.MustParseAddr("203.0.113.7"), Path: "/", Headers: map[string]string{"X-B": "2", "X-A": "1"}})
 	w.Flush()
 	// Output:
 	// {"offset_ms":1.5,"ip":"203.0.113.7","path":"/","headers":{"X-A":"1","X-B":"2"}}
@@ -268,7 +268,7 @@ func ExampleReadFile() {
 }
 
 func ExampleAppendTraceLine() {
-	r := loadtest.Request{At: 2 * time.Second, IP: netip.MustParseAddr("::ffff:192.0.2.1").Unmap(), Method: "GET", Path: "/x", Count: 5}
+	r := loadtest.TraceRequest{At: 2 * time.Second, IP: netip.MustParseAddr("::ffff:192.0.2.1").Unmap(), Method: "GET", Path: "/x", Count: 5}
 	fmt.Print(string(loadtest.AppendTraceLine(nil, &r)))
 	// Output: {"offset_ms":2000,"ip":"192.0.2.1","method":"GET","path":"/x","count":5}
 }

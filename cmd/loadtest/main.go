@@ -384,7 +384,7 @@ func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 
 // writePage writes the replay's HTML page to path and says on stderr how
 // big it is and how long it took (the timeline's summing included).
-func writePage(path string, rep *loadtest.Report, timeline func() *loadtest.Timeline, stderr io.Writer) error {
+func writePage(path string, rep *loadtest.ReplayReport, timeline func() *loadtest.Timeline, stderr io.Writer) error {
 	t0 := time.Now()
 	tl := timeline()
 	f, err := os.Create(path)
@@ -418,13 +418,13 @@ func runReport(args []string, stdout, stderr io.Writer) error {
 	if *resultsPath == "" {
 		return errors.New("loadtest report: -results FILE is required")
 	}
-	var base *loadtest.Report
+	var base *loadtest.ReplayReport
 	if *basePath != "" {
 		data, err := os.ReadFile(*basePath)
 		if err != nil {
 			return fmt.Errorf("loadtest report: -replay-json: %w", err)
 		}
-		base = &loadtest.Report{}
+		base = &loadtest.ReplayReport{}
 		if err := json.Unmarshal(data, base); err != nil {
 			return fmt.Errorf("loadtest report: -replay-json %s: not a replay's JSON report: %w", *basePath, err)
 		}
@@ -534,9 +534,9 @@ func runOffline(ctx context.Context, args []string, stdin io.Reader, stdout, std
 
 // phaseResult is the accuracy of one run of offlinePhases.
 type phaseResult struct {
-	PhaseMillis float64     `json:"phase_ms"` // the trace's start into the window grid
-	Enforced    judge.Tally `json:"enforced"`
-	WorstRatio  float64     `json:"worst_key_ratio"` // the most over-admitted key's count ÷ its limit (0: none)
+	PhaseMillis float64             `json:"phase_ms"` // the trace's start into the window grid
+	Enforced    judge.DecisionTally `json:"enforced"`
+	WorstRatio  float64             `json:"worst_key_ratio"` // the most over-admitted key's count ÷ its limit (0: none)
 	// MeanRelativeError is the judge's mean |estimate − exact| / exact.
 	MeanRelativeError float64 `json:"mean_relative_error"`
 	// StoreOpsPerRequest is the operations the edges sent the store per request.

@@ -124,7 +124,7 @@ func TestReplayAgainstAServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep loadtest.Report
+	var rep loadtest.ReplayReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v in %s", err, out)
 	}
@@ -161,7 +161,7 @@ func TestReplayAlignPhaseAndResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep loadtest.Report
+	var rep loadtest.ReplayReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v in %s", err, out)
 	}

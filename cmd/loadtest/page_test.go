@@ -64,7 +64,7 @@ func pageTrace(t *testing.T) string {
 		t.Fatal(err)
 	}
 	i := 0
-	api := func(yield func(loadtest.Request, error) bool) {
+	api := func(yield func(loadtest.TraceRequest, error) bool) {
 		for r, err := range tr {
 			if i++; i%2 == 0 {
 				r.Path = "/api/x"
@@ -123,7 +123,7 @@ func sumList(t *testing.T, s string) int64 {
 
 // checkPage opens the page in Chromium and checks that its figures, and
 // the sums of the series it plots, are the report's and the aggregator's.
-func checkPage(t *testing.T, path string, rep *loadtest.Report, shot string) {
+func checkPage(t *testing.T, path string, rep *loadtest.ReplayReport, shot string) {
 	t.Helper()
 	st, err := os.Stat(path)
 	if err != nil {
@@ -233,7 +233,7 @@ func TestReplayPage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %s", err, errOut)
 	}
-	var rep loadtest.Report
+	var rep loadtest.ReplayReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v in %s", err, out)
 	}
@@ -262,7 +262,7 @@ func TestReplayPage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %s", err, errOut)
 	}
-	var rebuilt loadtest.Report
+	var rebuilt loadtest.ReplayReport
 	if err := json.Unmarshal([]byte(text), &rebuilt); err != nil {
 		t.Fatalf("%v in %s", err, text)
 	}

@@ -97,7 +97,7 @@ func newLoginTally() *loginTally {
 
 // trace wraps tr, noting each login as it is due.
 func (lt *loginTally) trace(tr loadtest.Trace) loadtest.Trace {
-	return func(yield func(loadtest.Request, error) bool) {
+	return func(yield func(loadtest.TraceRequest, error) bool) {
 		for r, err := range tr {
 			if err == nil {
 				if user, pw := loginCredentials([]byte(r.ContentType), []byte(r.Body)); user != "" {
@@ -167,7 +167,7 @@ func countingRules(path string) map[string]bool {
 // and how many the failed-login rules stopped, per account; the honest
 // users' and how many were refused (none, when the rules are right); and
 // the judge's figures for the rules that count by response.
-func writeLogins(w io.Writer, lt *loginTally, rep *loadtest.Report, counting map[string]bool, perAccountLimit int) error {
+func writeLogins(w io.Writer, lt *loginTally, rep *loadtest.ReplayReport, counting map[string]bool, perAccountLimit int) error {
 	var b bytes.Buffer
 	lt.mu.Lock()
 	var attacked, honest []string

@@ -114,12 +114,12 @@ func TestLoginSummary(t *testing.T) {
 		i++
 	}
 	jr := judge.Report{ByRule: []judge.Breakdown{
-		{Name: "failed-logins-account", Enforced: judge.Tally{Decisions: 120, WronglyLimited: 1, WrongRatio: 1.0 / 120}},
-		{Name: "per-client", Enforced: judge.Tally{Decisions: 1000}},
+		{Name: "failed-logins-account", Enforced: judge.DecisionTally{Decisions: 120, WronglyLimited: 1, WrongRatio: 1.0 / 120}},
+		{Name: "per-client", Enforced: judge.DecisionTally{Decisions: 1000}},
 	}}
 	raw, _ := json.Marshal(jr)
 	var out bytes.Buffer
-	if err := writeLogins(&out, lt, &loadtest.Report{Aggregator: raw}, map[string]bool{"failed-logins-account": true}, 5); err != nil {
+	if err := writeLogins(&out, lt, &loadtest.ReplayReport{Aggregator: raw}, map[string]bool{"failed-logins-account": true}, 5); err != nil {
 		t.Fatal(err)
 	}
 	s := out.String()

@@ -355,7 +355,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // replay runs the built-in mix through the edges and fetches the
 // aggregator's report at the end.
-func replay(ctx context.Context, o *options, targets []string, stdout io.Writer, logins *loginTally) (*loadtest.Report, error) {
+func replay(ctx context.Context, o *options, targets []string, stdout io.Writer, logins *loginTally) (*loadtest.ReplayReport, error) {
 	zipf, err := loadtest.Zipf(loadtest.ZipfConfig{Seed: 1, Clients: 2000, Rate: o.rate * 0.9, Duration: o.duration})
 	if err != nil {
 		return nil, err
@@ -398,7 +398,7 @@ func replay(ctx context.Context, o *options, targets []string, stdout io.Writer,
 
 // writePage writes the built-in replay's page, replay.html in the working
 // directory (loadtest replay -html's page), and returns its absolute path.
-func writePage(o *options, rep *loadtest.Report) (string, error) {
+func writePage(o *options, rep *loadtest.ReplayReport) (string, error) {
 	path, err := filepath.Abs(filepath.Join(o.dir, "replay.html"))
 	if err != nil {
 		return "", err

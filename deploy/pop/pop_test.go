@@ -120,11 +120,11 @@ func TestEnsureTools(t *testing.T) {
 
 func TestSummaryPerRule(t *testing.T) {
 	jr := judge.Report{
-		Enforced: judge.Tally{Decisions: 100_000, WronglyAllowed: 4, WronglyLimited: 1, WrongRatio: 5.0 / 100_000},
+		Enforced: judge.DecisionTally{Decisions: 100_000, WronglyAllowed: 4, WronglyLimited: 1, WrongRatio: 5.0 / 100_000},
 		ByRule: []judge.Breakdown{
-			{Name: "abuse-block", Enforced: judge.Tally{Decisions: 50_000, WronglyAllowed: 3, WrongRatio: 3.0 / 50_000}},
-			{Name: "login", Enforced: judge.Tally{Decisions: 300}},
-			{Name: "per-client", Enforced: judge.Tally{Decisions: 49_700, WronglyAllowed: 1, WronglyLimited: 1, WrongRatio: 2.0 / 49_700}},
+			{Name: "abuse-block", Enforced: judge.DecisionTally{Decisions: 50_000, WronglyAllowed: 3, WrongRatio: 3.0 / 50_000}},
+			{Name: "login", Enforced: judge.DecisionTally{Decisions: 300}},
+			{Name: "per-client", Enforced: judge.DecisionTally{Decisions: 49_700, WronglyAllowed: 1, WronglyLimited: 1, WrongRatio: 2.0 / 49_700}},
 		},
 		FalseNegativeKeys: 2,
 		TopFalseNegatives: []judge.Key{{Rule: "per-client", Ratio: 1.04}, {Rule: "abuse-block", Ratio: 1.0033}},
@@ -133,7 +133,7 @@ func TestSummaryPerRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := &loadtest.Report{Start: time.Unix(1000, 2500*int64(time.Millisecond)), Aggregator: raw}
+	rep := &loadtest.ReplayReport{Start: time.Unix(1000, 2500*int64(time.Millisecond)), Aggregator: raw}
 	var out bytes.Buffer
 	if err := writeSummary(&out, rep, map[string]time.Duration{"abuse-block": 10 * time.Second, "login": time.Minute, "per-client": 10 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestSummaryPerRule(t *testing.T) {
 	}
 
 	out.Reset()
-	writeSummary(&out, &loadtest.Report{AggregatorError: "GET http://127.0.0.1:7080/report: connection refused"}, nil)
+	writeSummary(&out, &loadtest.ReplayReport{AggregatorError: "GET http://127.0.0.1:7080/report: connection refused"}, nil)
 	if !strings.Contains(out.String(), "no accuracy report: GET") {
 		t.Errorf("without a report: %q", out.String())
 	}

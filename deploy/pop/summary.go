@@ -70,7 +70,7 @@ func accuracyByRule(r *judge.Report) (rows []ruleAccuracy, total ruleAccuracy) {
 // writeSummary writes the PoP's end summary: per rule, the decisions the
 // aggregator judged, the wrong ones, and the worst key, next to
 // Cloudflare's published figures.
-func writeSummary(w io.Writer, rep *loadtest.Report, windows map[string]time.Duration) error {
+func writeSummary(w io.Writer, rep *loadtest.ReplayReport, windows map[string]time.Duration) error {
 	var b bytes.Buffer
 	b.WriteString("pop: summary: every enforced decision of both edges, judged by the aggregator against the exact count\n")
 	if !rep.Start.IsZero() {
@@ -154,7 +154,7 @@ func writeScopes(b *bytes.Buffer, jr *judge.Report) {
 
 // phaseText says where the replay's start fell in each window grid of the
 // rules: windows start at multiples of their length since the Unix epoch.
-func phaseText(rep *loadtest.Report, windows map[string]time.Duration) string {
+func phaseText(rep *loadtest.ReplayReport, windows map[string]time.Duration) string {
 	var ws []time.Duration
 	for _, w := range windows {
 		if w > 0 && !slices.Contains(ws, w) {

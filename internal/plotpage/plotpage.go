@@ -330,9 +330,9 @@ func (c *Chart) addBars(p *plot.Plot) error {
 	return nil
 }
 
-// Table is a table of figures; Data, when set, holds each row's data-*
+// FigureTable is a table of figures; Data, when set, holds each row's data-*
 // attributes.
-type Table struct {
+type FigureTable struct {
 	ID   string
 	Head []string
 	Rows [][]string
@@ -343,7 +343,7 @@ type Table struct {
 type Section struct {
 	Heading string
 	Text    []string
-	Tables  []Table
+	Tables  []FigureTable
 	Charts  []Chart
 }
 

@@ -14,11 +14,11 @@ import (
 	"strings"
 )
 
-// Page is a console template rendered as the Prometheus server renders it
-// (web/web.go and template/template.go of Prometheus 2.x: html/template,
-// the libraries' *.lib parsed after the page, the same data and function
-// names), with a stand-in for the query engine.
-type Page struct {
+// ConsolePage is a console template rendered as the Prometheus server
+// renders it (web/web.go and template/template.go of Prometheus 2.x:
+// html/template, the libraries' *.lib parsed after the page, the same data
+// and function names), with a stand-in for the query engine.
+type ConsolePage struct {
 	HTML string
 	// Queries are the expressions the template evaluated with "query",
 	// in order.
@@ -53,14 +53,14 @@ type queryResult []*sample
 
 // RenderConsole renders the console page (a file name in consolesDir) with
 // the URL parameters params and the libraries libDir/*.lib.
-func RenderConsole(consolesDir, libDir, page string, params map[string]string) (Page, error) {
+func RenderConsole(consolesDir, libDir, page string, params map[string]string) (ConsolePage, error) {
 	text, err := os.ReadFile(filepath.Join(consolesDir, page))
 	if err != nil {
-		return Page{}, err
+		return ConsolePage{}, err
 	}
 	libs, err := filepath.Glob(filepath.Join(libDir, "*.lib"))
 	if err != nil {
-		return Page{}, err
+		return ConsolePage{}, err
 	}
 	raw := url.Values{}
 	for k, v := range params {
@@ -75,7 +75,7 @@ func RenderConsole(consolesDir, libDir, page string, params map[string]string) (
 	// The variables Prometheus defines before every console.
 	defs := `{{$rawParams := .RawParams }}{{$params := .Params}}{{$path := .Path}}{{$externalLabels := .ExternalLabels}}`
 
-	var p Page
+	var p ConsolePage
 	tmpl := template.New("__console_" + page)
 	tmpl.Funcs(consoleFuncs(&p))
 	tmpl.Funcs(template.FuncMap{
@@ -86,16 +86,16 @@ func RenderConsole(consolesDir, libDir, page string, params map[string]string) (
 		},
 	})
 	if _, err := tmpl.Parse(defs + string(text)); err != nil {
-		return Page{}, err
+		return ConsolePage{}, err
 	}
 	if len(libs) > 0 {
 		if _, err := tmpl.ParseFiles(libs...); err != nil {
-			return Page{}, err
+			return ConsolePage{}, err
 		}
 	}
 	var out bytes.Buffer
 	if err := tmpl.Execute(&out, data); err != nil {
-		return Page{}, err
+		return ConsolePage{}, err
 	}
 	p.HTML = out.String()
 	p.Graphs, err = graphs(p.HTML)
@@ -137,7 +137,7 @@ func htmlUnescape(s string) string {
 
 // consoleFuncs are Prometheus's template functions, with query answered by
 // one sample labelled FakeLabels and recorded in p.Queries.
-func consoleFuncs(p *Page) template.FuncMap {
+func consoleFuncs(p *ConsolePage) template.FuncMap {
 	num := func(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
 	return template.FuncMap{
 		"query": func(q string) (queryResult, error) {

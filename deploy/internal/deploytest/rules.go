@@ -15,13 +15,13 @@ type RuleFile struct {
 
 // RuleGroup is a named group of rules.
 type RuleGroup struct {
-	Name     string `json:"name"`
-	Interval string `json:"interval,omitempty"`
-	Rules    []Rule `json:"rules"`
+	Name     string     `json:"name"`
+	Interval string     `json:"interval,omitempty"`
+	Rules    []PromRule `json:"rules"`
 }
 
-// Rule is a recording rule (Record) or an alerting rule (Alert).
-type Rule struct {
+// PromRule is a recording rule (Record) or an alerting rule (Alert).
+type PromRule struct {
 	Record      string            `json:"record,omitempty"`
 	Alert       string            `json:"alert,omitempty"`
 	Expr        string            `json:"expr"`
@@ -53,11 +53,11 @@ type RuleTestFile struct {
 
 // RuleTest is one test group of a promtool test file.
 type RuleTest struct {
-	Name           string   `json:"name,omitempty"`
-	Interval       string   `json:"interval,omitempty"`
-	ExternalLabels any      `json:"external_labels,omitempty"`
-	ExternalURL    string   `json:"external_url,omitempty"`
-	InputSeries    []Series `json:"input_series"`
+	Name           string        `json:"name,omitempty"`
+	Interval       string        `json:"interval,omitempty"`
+	ExternalLabels any           `json:"external_labels,omitempty"`
+	ExternalURL    string        `json:"external_url,omitempty"`
+	InputSeries    []InputSeries `json:"input_series"`
 	AlertRuleTests []struct {
 		EvalTime  string `json:"eval_time"`
 		Alertname string `json:"alertname"`
@@ -76,8 +76,8 @@ type RuleTest struct {
 	} `json:"promql_expr_test,omitempty"`
 }
 
-// Series is one input series of a promtool test.
-type Series struct {
+// InputSeries is one input series of a promtool test.
+type InputSeries struct {
 	Series string `json:"series"`
 	Values string `json:"values"`
 }

@@ -6,9 +6,9 @@ import (
 	"strings"
 )
 
-// Unit is a parsed systemd unit file: each section's settings, in order,
-// with repeated keys kept.
-type Unit map[string][]Setting
+// SystemdUnit is a parsed systemd unit file: each section's settings, in
+// order, with repeated keys kept.
+type SystemdUnit map[string][]Setting
 
 // Setting is one Key=Value line of a unit (continuation lines joined).
 type Setting struct {
@@ -17,7 +17,7 @@ type Setting struct {
 }
 
 // Values returns the values of key in section, in order.
-func (u Unit) Values(section, key string) []string {
+func (u SystemdUnit) Values(section, key string) []string {
 	var vs []string
 	for _, s := range u[section] {
 		if s.Key == key {
@@ -28,7 +28,7 @@ func (u Unit) Values(section, key string) []string {
 }
 
 // Value returns the last value of key in section, and whether it is set.
-func (u Unit) Value(section, key string) (string, bool) {
+func (u SystemdUnit) Value(section, key string) (string, bool) {
 	vs := u.Values(section, key)
 	if len(vs) == 0 {
 		return "", false
@@ -39,8 +39,8 @@ func (u Unit) Value(section, key string) (string, bool) {
 // ParseUnit parses a unit file as systemd.syntax(7) describes it: sections
 // in brackets, Key=Value lines, comments starting with # or ;, and lines
 // continued by a trailing backslash.
-func ParseUnit(text string) (Unit, error) {
-	u := Unit{}
+func ParseUnit(text string) (SystemdUnit, error) {
+	u := SystemdUnit{}
 	section := ""
 	sc := bufio.NewScanner(strings.NewReader(text))
 	n := 0
