@@ -225,77 +225,33 @@ type Registry interface {
 func DefaultOptions() Options { return Options{}.withDefaults() }
 
 func (o Options) withDefaults() Options {
-	if o.Listen == "" {
-		o.Listen = "127.0.0.1:7070"
-	}
-	if o.Admin == "" {
-		o.Admin = "127.0.0.1:7071"
-	}
-	if o.AdminMaxConns == 0 {
-		o.AdminMaxConns = 64
-	}
+	o.Listen = cmp.Or(o.Listen, "127.0.0.1:7070")
+	o.Admin = cmp.Or(o.Admin, "127.0.0.1:7071")
+	o.AdminMaxConns = cmp.Or(o.AdminMaxConns, 64)
 	o.Server = o.Server.WithDefaults()
 	o.Limiter = o.Limiter.WithDefaults()
-	if o.Slots.StoreTimeout == 0 {
-		o.Slots.StoreTimeout = o.Limiter.StoreTimeout
-	}
+	o.Slots.StoreTimeout = cmp.Or(o.Slots.StoreTimeout, o.Limiter.StoreTimeout)
 	o.Slots = o.Slots.WithDefaults()
-	if o.Memcache.Timeout == 0 {
-		o.Memcache.Timeout = o.Limiter.StoreTimeout
-	}
-	if o.Redis.Timeout == 0 {
-		o.Redis.Timeout = o.Limiter.StoreTimeout
-	}
+	o.Memcache.Timeout = cmp.Or(o.Memcache.Timeout, o.Limiter.StoreTimeout)
+	o.Redis.Timeout = cmp.Or(o.Redis.Timeout, o.Limiter.StoreTimeout)
 	o.Memcache = o.Memcache.WithDefaults() // hash, protocol, pool: shardproxy's
 	o.BlockCache = o.BlockCache.WithDefaults()
-	if o.Topic == "" {
-		o.Topic = pipeline.DefaultTopic
-	}
-	if o.GlobalTopic == "" {
-		o.GlobalTopic = global.DefaultTopic
-	}
-	if o.GlobalStale == 0 {
-		o.GlobalStale = global.DefaultStale
-	}
-	if o.GlobalShare == 0 {
-		o.GlobalShare = decision.DefaultGlobalShare
-	}
-	if o.GlobalMaxSkew == 0 {
-		o.GlobalMaxSkew = global.DefaultMaxSkew
-	}
-	if o.Sample == 0 {
-		o.Sample = 1
-	}
-	if o.ShutdownTimeout == 0 {
-		o.ShutdownTimeout = 10 * time.Second
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.Clock == nil {
-		o.Clock = store.SystemClock
-	}
-	if o.RetryJitter == 0 {
-		o.RetryJitter = decision.DefaultRetryJitter
-	}
-	if o.BodyKeyBytes == 0 {
-		o.BodyKeyBytes = decision.DefaultBodyKeyBytes
-	}
-	if o.SettleTimeout == 0 {
-		o.SettleTimeout = decision.DefaultSettleTimeout
-	}
-	if o.MaxReservations == 0 {
-		o.MaxReservations = decision.DefaultMaxHeld
-	}
-	if o.ReloadPoll == 0 {
-		o.ReloadPoll = 2 * time.Second
-	}
-	if o.ReloadSettle == 0 {
-		o.ReloadSettle = time.Second
-	}
-	if o.RulesMaxBytes == 0 {
-		o.RulesMaxBytes = rules.DefaultMaxFileBytes
-	}
+	o.Topic = cmp.Or(o.Topic, pipeline.DefaultTopic)
+	o.GlobalTopic = cmp.Or(o.GlobalTopic, global.DefaultTopic)
+	o.GlobalStale = cmp.Or(o.GlobalStale, global.DefaultStale)
+	o.GlobalShare = cmp.Or(o.GlobalShare, decision.DefaultGlobalShare)
+	o.GlobalMaxSkew = cmp.Or(o.GlobalMaxSkew, global.DefaultMaxSkew)
+	o.Sample = cmp.Or(o.Sample, 1)
+	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, 10*time.Second)
+	o.Logger = cmp.Or(o.Logger, slog.Default())
+	o.Clock = cmp.Or(o.Clock, store.SystemClock)
+	o.RetryJitter = cmp.Or(o.RetryJitter, decision.DefaultRetryJitter)
+	o.BodyKeyBytes = cmp.Or(o.BodyKeyBytes, decision.DefaultBodyKeyBytes)
+	o.SettleTimeout = cmp.Or(o.SettleTimeout, decision.DefaultSettleTimeout)
+	o.MaxReservations = cmp.Or(o.MaxReservations, decision.DefaultMaxHeld)
+	o.ReloadPoll = cmp.Or(o.ReloadPoll, 2*time.Second)
+	o.ReloadSettle = cmp.Or(o.ReloadSettle, time.Second)
+	o.RulesMaxBytes = cmp.Or(o.RulesMaxBytes, rules.DefaultMaxFileBytes)
 	return o
 }
 

@@ -8,20 +8,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/poplimit/poplimit"
 	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/decision"
 	"github.com/poplimit/poplimit/middleware"
-	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/store"
 )
 
 func newCore(t testing.TB, yaml string) *decision.Core {
 	t.Helper()
-	rs, err := rules.ParseRules([]byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := decision.New(rs, store.NewMemStore(nil), decision.Options{})
+	c, err := poplimit.New([]byte(yaml), store.NewMemStore(nil), decision.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
