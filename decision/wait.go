@@ -143,24 +143,14 @@ func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte,
 			}
 			continue
 		}
-		d := c.get(now)
-		d.key = append(d.key[:0], key...)
-		refused := c.decide(g.sn, r, d, t, cost)
-		fallback, rel := d.Fallback, d.Quota.ReleaseAt
-		c.Finish(d)
+		admitted, failed, rel := c.decideNow(g, r, now, key, cost)
 		switch {
-		case fallback:
+		case failed:
 			c.wm.result[waitStoreFailed].Inc()
 			return fmt.Errorf("decision: wait on rule %q: %w", rule, ErrStoreFailed)
-		case !refused:
+		case admitted:
 			c.wm.result[waitAdmitted].Inc()
 			return nil
-		case rel == 0:
-			// No release time although the cost is within the rule's
-			// limit: a global rule whose room the other PoPs hold. Their
-			// counts say nothing of when it frees: ask again after a
-			// sixteenth of the window.
-			rel = t + max(int64(r.Window)/16, int64(time.Millisecond))
 		}
 		if asked {
 			c.wm.retries.Inc() // woke when it would have conformed: the room was taken
@@ -169,6 +159,32 @@ func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte,
 			return err
 		}
 	}
+}
+
+// decideNow decides cost units of key under r at now as a request's are,
+// and says whether they were admitted, whether the store failed (the
+// rule's failure policy answered), and, refused, when they would conform
+// (Unix ns).
+func (c *Core) decideNow(g Generation, r *rules.Rule, now time.Time, key []byte, cost uint64) (admitted, failed bool, at int64) {
+	t := now.UnixNano()
+	d := c.get(now)
+	d.key = append(d.key[:0], key...)
+	refused := c.decide(g.sn, r, d, t, cost)
+	failed, at = d.Fallback, d.Quota.ReleaseAt
+	c.Finish(d)
+	if refused && at == 0 {
+		// No release time although the cost is within the rule's limit: a
+		// global rule whose room the other PoPs hold. Their counts say
+		// nothing of when it frees.
+		at = askAgain(r, t)
+	}
+	return !refused, failed, at
+}
+
+// askAgain is when to ask again from t when nothing says when units
+// conform: after a sixteenth of the rule's window, at least 1 ms.
+func askAgain(r *rules.Rule, t int64) int64 {
+	return t + max(int64(r.Window)/16, int64(time.Millisecond))
 }
 
 // sleepUntil sleeps from t until at (Unix ns), or returns at once with
@@ -357,7 +373,7 @@ func (c *Core) reserve(ctx context.Context, g Generation, r *rules.Rule, now tim
 			// Past the bucket this instant holds (a global rule's room
 			// held by the other PoPs), or a queue's bound: ask again
 			// after a sixteenth of the window.
-			wr.At = t + max(int64(r.Window)/16, int64(time.Millisecond))
+			wr.At = askAgain(r, t)
 		}
 		res.ok, res.at = wr.OK, time.Unix(0, wr.At)
 		if wr.OK {
@@ -367,24 +383,18 @@ func (c *Core) reserve(ctx context.Context, g Generation, r *rules.Rule, now tim
 		}
 		return res, nil
 	}
-	d := c.get(now)
-	d.key = append(d.key[:0], key...)
-	refused := c.decide(g.sn, r, d, t, cost)
-	fallback, rel := d.Fallback, d.Quota.ReleaseAt
-	c.Finish(d)
+	admitted, failed, rel := c.decideNow(g, r, now, key, cost)
 	switch {
-	case fallback:
+	case failed:
 		c.wm.reserve[reserveStoreFailed].Inc()
 		return nil, fmt.Errorf("decision: reserve on rule %q: %w", r.Name, ErrStoreFailed)
-	case !refused:
+	case admitted:
 		res.ok, res.at = true, now
 		if r.Algorithm.IsCounter() && !r.Shadow {
 			res.counted = t
 		}
 		c.wm.reserve[reserveTaken].Inc()
 		return res, nil
-	case rel == 0:
-		rel = t + max(int64(r.Window)/16, int64(time.Millisecond))
 	}
 	res.at = time.Unix(0, rel)
 	c.wm.reserve[reserveLater].Inc()
