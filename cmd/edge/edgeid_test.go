@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,16 +39,19 @@ func startRun(t *testing.T, addr string, args ...string) *runningEdge {
 	ctx, e.cancel = context.WithCancel(context.Background())
 	args = append([]string{"-listen", addr, "-admin", "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))}, args...)
 	go func() { e.done <- run(ctx, args, e.out) }()
+	// The start line is logged once the listeners accept, so it is what to
+	// wait for: a port that accepts may not yet have its line written (or
+	// may, on a busy machine, be another process's).
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			break
+	for !strings.Contains(e.out.String(), `msg="edge: started"`) {
+		select {
+		case err := <-e.done:
+			t.Fatalf("edge on %s ended before starting: %v\n%s", addr, err, e.out.String())
+		default:
 		}
 		if time.Now().After(deadline) {
 			e.cancel()
-			t.Fatalf("edge on %s not accepting: %s", addr, e.out.String())
+			t.Fatalf("edge on %s not started: %s", addr, e.out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
