@@ -11,7 +11,7 @@ type frame struct {
 	value     []byte // the encoded frame, never modified once sealed
 	events    int    // events in it
 	partition int    // where its events' keys hash
-	time      int64  // Time of its first event, Unix ns (0: kafka-go stamps the write time)
+	time      int64  // when the producer opened it, Unix ns (0: kafka-go stamps the write time)
 
 	// Set by send, for one write: a frame sent again (from the retry
 	// buffer) is a new frame value of a new write.
@@ -26,7 +26,7 @@ type openFrame struct {
 	buf  []byte
 	n    int    // events in buf
 	edge uint16 // the edge of its events
-	time int64  // Time of its first event
+	time int64  // when the producer opened it: framer.now at its first event
 }
 
 // maxOpenPerPartition bounds the open frames of one partition, one per edge
@@ -46,6 +46,16 @@ type framer struct {
 	key    *FrameKey
 	format byte // the frames' first byte: frameByte, or signedFrameByte with key
 	room   int  // the most bytes of a frame before its MAC
+
+	// now is the producer's clock, Unix ns, set by each round of framing:
+	// a frame's time (its message timestamp, and its age for RetryFor) is
+	// when it was opened, never an event's Time, so that one event stamped
+	// far from now (a skewed or forged clock, which the judge counts
+	// invalid) cannot have its frame, and the valid events in it, deleted
+	// by the broker's retention, refused by a broker bounding timestamps
+	// (log.message.timestamp.before.max.ms, after.max.ms), or dropped from
+	// the retry buffer as too old. 0: kafka-go stamps the write time.
+	now int64
 
 	parts int           // the partition count events are placed by (0: unknown yet)
 	open  [][]openFrame // by partition, one per edge; may be longer than parts
@@ -130,7 +140,7 @@ func (f *framer) add(e *event.Event, n int) {
 		f.seal(p, o)
 	}
 	if o.n == 0 {
-		o.edge, o.time = e.Edge, e.Time
+		o.edge, o.time = e.Edge, f.now
 	}
 	o.buf = appendFramedEvent(o.buf, e, n)
 	o.n++

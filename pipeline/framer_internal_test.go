@@ -83,10 +83,13 @@ func decodeFrameT(t *testing.T, f frame) (FrameHeader, []event.Event) {
 func TestFramerSealsByCountAndNumbers(t *testing.T) {
 	var base uint64 = 1<<64 - 2 // the sequence wraps around, as uint64s do
 	f := testFramer(t, 3, 16<<10, 2, base)
+	frameTime := map[int]int64{0: 1000, 1: 2000} // the producer's clock when each partition's frames opened
+	f.now = frameTime[0]
 	for i := range 7 { // 7 events of partition 0, 2 of partition 1
 		e := event.Event{KeyHash: keyOn(0, 2, i+1), Time: int64(i + 1), Rule: []byte("r")}
 		f.add(&e, event.EncodedLen(&e))
 	}
+	f.now = frameTime[1]
 	for i := range 2 {
 		e := event.Event{KeyHash: keyOn(1, 2, i+1), Time: int64(100 + i), Rule: []byte("r")}
 		f.add(&e, event.EncodedLen(&e))
@@ -111,8 +114,8 @@ func TestFramerSealsByCountAndNumbers(t *testing.T) {
 			t.Errorf("frame %d: got seq %d, partition %d, %d events; want %d, %d, %d",
 				i, h.Seq, s.partition, s.events, wantSeq[i], wantPart[i], wantEvents[i])
 		}
-		if s.time != nextTime[s.partition] {
-			t.Errorf("frame %d: got time %d, want its first event's %d", i, s.time, nextTime[s.partition])
+		if s.time != frameTime[s.partition] {
+			t.Errorf("frame %d: got time %d, want the producer's clock when it opened, %d (not its events' times)", i, s.time, frameTime[s.partition])
 		}
 		for _, e := range evs {
 			if e.Time != nextTime[s.partition] {

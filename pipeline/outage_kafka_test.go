@@ -184,23 +184,26 @@ func TestBrokerUnreachable(t *testing.T) {
 }
 
 // TestRetryOnlyRecentEvents: while the broker is away, the frames of failed
-// writes are kept to be sent again only if they are younger than RetryFor;
-// older ones fail at once, counted.
+// writes are kept to be sent again only if they were framed less than
+// RetryFor ago; older ones fail at once, counted. The events' own times do
+// not count: a century-old stamp in a recent frame is kept.
 func TestRetryOnlyRecentEvents(t *testing.T) {
 	tests := []struct {
-		name string
-		age  time.Duration
-		kept bool
+		name     string
+		retryFor time.Duration
+		age      time.Duration // of the events' Time
+		kept     bool
 	}{
-		{"recent", 0, true},
-		{"two minutes old", 2 * time.Minute, false},
+		{"framed within RetryFor", time.Minute, 0, true},
+		{"framed within RetryFor, events stamped a century ago", time.Minute, 100 * 365 * 24 * time.Hour, true},
+		{"framed longer ago than RetryFor", time.Nanosecond, 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			broker, addr := startBroker(t, 0, "events")
 			cfg := fastProducerConfig(addr, "events")
-			cfg.RetryFor = time.Minute
+			cfg.RetryFor = tt.retryFor
 			p, reg := newProducer(t, cfg)
 			// One event delivered: the producer knows the topic's partitions.
 			p.Emit(&event.Event{Rule: []byte("warm-up")})

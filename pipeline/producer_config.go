@@ -136,7 +136,7 @@ type ProducerConfig struct {
 	// counted. 0 retries nothing (every failed write is lost, counted).
 	// Default 65536.
 	RetryBuffer int
-	// RetryFor bounds how old (by the Time of its first event) a frame may
+	// RetryFor bounds how old (since the producer opened it) a frame may
 	// be and still be kept to send again: older ones fail, counted, so
 	// that a broker that answers but refuses every write (a deleted topic)
 	// cannot keep the same events going round for ever. Default 5 min.

@@ -17,7 +17,7 @@ import (
 // takes.
 type retryBuffer struct {
 	limit  int           // events
-	maxAge time.Duration // by the Time of a frame's first event
+	maxAge time.Duration // by when the producer opened the frame
 
 	mu     sync.Mutex
 	frames []frame

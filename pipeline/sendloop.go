@@ -114,6 +114,7 @@ func (p *Producer) add(e *event.Event) {
 // how many it framed.
 func (p *Producer) drain(max int) int {
 	var e event.Event
+	p.framer.now = time.Now().UnixNano()
 	for i := range max {
 		if !p.queue.pop(&e) {
 			return i
