@@ -11,12 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/segmentio/kafka-go/sasl"
@@ -74,7 +71,7 @@ type Options struct {
 	// running rules stay. Empty RulesFile means decision.DefaultRules.
 	RulesFile     string
 	OverridesFile string
-	ReloadPoll    time.Duration // default 2s; the TLS files are polled as often
+	ReloadPoll    time.Duration // default 2s; the TLS pairs' files (Server.TLSCert, RLS.TLSCert) are stat'ed as often
 	// ReloadSettle is how long the rules files' contents must stay the
 	// same (read twice, this far apart) before a change or a SIGHUP
 	// applies them, so a file written in steps never applies half-written.
@@ -292,6 +289,12 @@ type Edge struct {
 	reloadMu sync.Mutex
 	reload   *reloader
 
+	// watchStop stops the file watchers Serve started (startWatchers);
+	// closing is set once Close stopped them, so none start after.
+	watchMu   sync.Mutex
+	watchStop func()
+	closing   bool
+
 	xds *xds.Subscriber // nil without Options.XDS.Server
 }
 
@@ -400,7 +403,7 @@ func Build(o Options) (e *Edge, err error) {
 	if e.reload, err = newReloader(reg); err != nil {
 		return e, err
 	}
-	e.reload.loaded, e.reload.loadedTLS = src.Stamp, e.Server.TLSStamp()
+	e.reload.loaded = src.Stamp
 	if o.RLSListen != "" {
 		rc := o.RLS
 		if rc.Ready == nil {
@@ -515,14 +518,7 @@ func (e *Edge) Serve(ctx context.Context) error {
 		}
 	}
 	go e.admin.Serve(e.aln)
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
-	if e.Options.RulesFile != "" || e.Options.OverridesFile != "" || e.Options.Server.TLSCert != "" {
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-		go e.watchFiles(wctx, hup)
-	}
+	e.startWatchers(ctx) // stopped by Close
 	errc := make(chan error, 3)
 	go func() { errc <- e.Server.Serve(e.ln) }()
 	if e.RLS != nil {
@@ -563,6 +559,7 @@ func (e *Edge) Close(ctx context.Context) error {
 }
 
 func (e *Edge) close(ctx context.Context) error {
+	e.stopWatchers() // no reload while the parts close
 	var errs []error
 	if e.RLS != nil && e.rln != nil {
 		if err := e.RLS.Stop(ctx); err != nil {

@@ -3,11 +3,15 @@ package edge
 import (
 	"context"
 	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/internal/certfile"
 	"github.com/poplimit/poplimit/rules"
 )
 
@@ -20,9 +24,8 @@ type reloader struct {
 	unsettled prometheus.Counter
 	// loaded stamps the rules files' contents last applied or rejected
 	// (under reloadMu), so the watcher neither misses a change made
-	// before it starts nor applies again what Reload applied; loadedTLS
-	// stamps the TLS files as of the edge's building.
-	loaded, loadedTLS string
+	// before it starts nor applies again what Reload applied.
+	loaded string
 	// applying, when set, is called while a reload holds reloadMu, after
 	// the new rules are swapped in: a test hook.
 	applying func()
@@ -112,7 +115,7 @@ func (e *Edge) swapLocked(rs *rules.Rules, err error, from, which string) error 
 
 // watchFiles reloads the rules when the rules or overrides files' contents
 // change (read every ReloadPoll, symlinks followed) or when hup receives,
-// and the fasthttp server's certificate likewise, until ctx ends.
+// until ctx ends. The TLS pairs have their own watcher (watchCerts).
 //
 // New contents apply only once two reads ReloadSettle apart found the
 // same bytes, so a file truncated and written in steps never applies
@@ -121,10 +124,6 @@ func (e *Edge) swapLocked(rs *rules.Rules, err error, from, which string) error 
 // applies: the bytes stamped are the bytes parsed.
 func (e *Edge) watchFiles(ctx context.Context, hup <-chan os.Signal) {
 	o := &e.Options
-	e.reloadMu.Lock()
-	lastTLS := e.reload.loadedTLS
-	e.reloadMu.Unlock()
-	watchRules := o.RulesFile != "" || o.OverridesFile != ""
 	var (
 		pending string    // contents seen, not yet settled
 		since   time.Time // when pending was first seen
@@ -134,9 +133,6 @@ func (e *Edge) watchFiles(ctx context.Context, hup <-chan os.Signal) {
 	settle.Stop()
 	defer settle.Stop()
 	check := func() {
-		if !watchRules {
-			return
-		}
 		src, cur, err := e.readRules()
 		now := time.Now()
 		e.reloadMu.Lock()
@@ -173,16 +169,80 @@ func (e *Edge) watchFiles(ctx context.Context, hup <-chan os.Signal) {
 		case <-hup:
 			force = true
 			check()
-			lastTLS = e.Server.TLSStamp()
-			e.Server.ReloadTLS()
 		case <-settle.C:
 			check()
 		case <-t.C:
 			check()
-			if cur := e.Server.TLSStamp(); cur != lastTLS {
-				lastTLS = cur
-				e.Server.ReloadTLS()
-			}
 		}
+	}
+}
+
+// tlsPairs are the certificate pairs read from files, which the edge
+// reloads when they change: the traffic listener's and the rate limit
+// service's.
+func (e *Edge) tlsPairs() []*certfile.Pair {
+	var ps []*certfile.Pair
+	if p := e.Server.TLSPair(); p != nil {
+		ps = append(ps, p)
+	}
+	if e.RLS != nil {
+		if p := e.RLS.TLSPair(); p != nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// startWatchers starts the watchers of the rules files (watchFiles) and
+// of the TLS pairs (certfile.Watch, every ReloadPoll and on SIGHUP), each
+// with its own SIGHUP channel, until ctx ends or the edge closes: close
+// stops them and waits for them before it closes anything else.
+func (e *Edge) startWatchers(ctx context.Context) {
+	o := &e.Options
+	rules, pairs := o.RulesFile != "" || o.OverridesFile != "", e.tlsPairs()
+	if !rules && len(pairs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var hups []chan os.Signal
+	watch := func(f func(hup <-chan os.Signal)) {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		hups = append(hups, hup)
+		wg.Add(1)
+		go func() { defer wg.Done(); f(hup) }()
+	}
+	if rules {
+		watch(func(hup <-chan os.Signal) { e.watchFiles(ctx, hup) })
+	}
+	if len(pairs) > 0 {
+		watch(func(hup <-chan os.Signal) { certfile.Watch(ctx, o.ReloadPoll, hup, pairs...) })
+	}
+	stop := func() {
+		cancel()
+		wg.Wait()
+		for _, hup := range hups {
+			signal.Stop(hup)
+		}
+	}
+	e.watchMu.Lock()
+	if e.watchStop != nil || e.closing {
+		e.watchMu.Unlock()
+		stop() // Serve called twice, or after Close: one set of watchers
+		return
+	}
+	e.watchStop = stop
+	e.watchMu.Unlock()
+}
+
+// stopWatchers stops the watchers startWatchers started, and waits for them.
+func (e *Edge) stopWatchers() {
+	e.watchMu.Lock()
+	stop := e.watchStop
+	e.watchStop, e.closing = nil, true
+	e.watchMu.Unlock()
+	if stop != nil {
+		stop()
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/poplimit/poplimit/clientaddr"
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/internal/certfile"
 	"github.com/poplimit/poplimit/rules"
 )
 
@@ -42,7 +43,7 @@ type Server struct {
 	rm       *readMetrics // requests the HTTP reader refused (bodylimit.go)
 	conns    *connLimiter // connections per client (connlimit.go)
 	upstream *upstreamPool
-	certs    *certs // nil without TLS
+	certs    *certfile.Pair // nil without TLS
 
 }
 
@@ -73,8 +74,10 @@ func NewServer(cfg Config, core *decision.Core, deps Deps) (*Server, error) {
 	}
 	s.warn(core.Rules())
 	if cfg.TLSCert != "" {
-		if s.certs, err = newCerts(cfg.TLSCert, cfg.TLSKey); err != nil {
-			return nil, err
+		// Reloads are logged and counted by the pair (certfile), and
+		// watched by the edge (edge.Serve).
+		if s.certs, err = certfile.Load(cfg.TLSCert, cfg.TLSKey, certfile.Options{Logger: s.log, Prefix: "edge", Reloads: s.m.tlsReloads}); err != nil {
+			return nil, fmt.Errorf("edge: %w", err)
 		}
 	}
 	if cfg.Mode == Proxy {
@@ -136,8 +139,12 @@ func (s *Server) TLSStamp() string {
 	if s.certs == nil {
 		return ""
 	}
-	return s.certs.stamp()
+	return s.certs.Stamp()
 }
+
+// TLSPair is the traffic listener's certificate and key, which the edge
+// watches; nil without TLS.
+func (s *Server) TLSPair() *certfile.Pair { return s.certs }
 
 // CheckRules logs what of rs this front end will not apply; a front end's
 // owner calls it when rules are swapped in (see Core.SetRules).
@@ -151,7 +158,7 @@ func (s *Server) CheckRules(rs *rules.Rules) { s.warn(rs) }
 func (s *Server) Serve(ln net.Listener) error {
 	ln = s.conns.wrap(ln, s.certs == nil) // below TLS: a refused connection costs no handshake
 	if s.certs != nil {
-		ln = tls.NewListener(ln, s.certs.config())
+		ln = tls.NewListener(ln, s.certs.ServerConfig(nil))
 	}
 	if s.upstream != nil {
 		stop := s.upstream.startChecks() // the health checks run while Serve does
@@ -166,14 +173,7 @@ func (s *Server) ReloadTLS() error {
 	if s.certs == nil {
 		return nil
 	}
-	if err := s.certs.reload(); err != nil {
-		s.m.tlsReloads.WithLabelValues("rejected").Inc()
-		s.log.Error("edge: TLS reload rejected; the running certificate stays", "err", err)
-		return err
-	}
-	s.m.tlsReloads.WithLabelValues("applied").Inc()
-	s.log.Info("edge: TLS certificate reloaded", "cert", s.cfg.TLSCert)
-	return nil
+	return s.certs.Reload()
 }
 
 // Shutdown stops accepting and waits for requests in flight within ctx.

@@ -63,6 +63,17 @@ type Config struct {
 	// TLS, when set, serves gRPC over TLS with it (client certificates
 	// required when it says so). Default: plaintext.
 	TLS *tls.Config
+	// TLSCert and TLSKey, set together, are the PEM files of the
+	// service's certificate and key: gRPC over TLS 1.2 and 1.3 (1.2 with
+	// ECDHE and AEAD ciphers only, unless TLS names its suites), the rest
+	// of the configuration (client certificates) taken from TLS when set,
+	// its certificates ignored. The pair is reloaded when its files change
+	// (Service.TLSPair, watched by the edge), as envoyproxy/ratelimit
+	// reloads GRPC_SERVER_TLS_CERT and _KEY: new handshakes get the new
+	// pair, connections made keep theirs, and a pair that does not load
+	// keeps the running one (poplimit_rls_tls_reloads_total). Default
+	// none.
+	TLSCert, TLSKey string
 	// MaxConnectionAge and MaxConnectionAgeGrace close a client's
 	// connection (GOAWAY) once it is this old, and force it closed the
 	// grace later, so that clients spread over new servers
@@ -104,6 +115,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxDescriptors < 0 || c.MaxDescriptors > 1<<16 {
 		errs = append(errs, fmt.Errorf("rls: Config.MaxDescriptors %d: must be between 0 (default 256) and 65536", c.MaxDescriptors))
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, fmt.Errorf("rls: Config.TLSCert %q, TLSKey %q: set both or neither", c.TLSCert, c.TLSKey))
 	}
 	if c.HealthInterval < 0 || c.HealthInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("rls: Config.HealthInterval %v: must be between 0 (default 1s) and 1m", c.HealthInterval))

@@ -18,6 +18,7 @@ type rlsMetrics struct {
 	uncountedHits, uncountedZero                  prometheus.Counter
 	duration                                      prometheus.Histogram
 	http                                          *prometheus.CounterVec // path, code
+	tlsReloads                                    *prometheus.CounterVec // result: applied, rejected
 }
 
 // httpAnswer counts an answer of HTTPHandler (path and code are bounded:
@@ -54,14 +55,18 @@ func newRLSMetrics(reg prometheus.Registerer) (*rlsMetrics, error) {
 			Help: "Requests to a domain no file names, answered OK (ratelimit's domain_not_found)."}),
 		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "global_shadow_mode_total",
 			Help: "OVER_LIMIT answers turned OK by the global shadow mode."}),
+		tlsReloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "tls_reloads_total",
+			Help: "Reloads of the service's TLS certificate (Config.TLSCert), by result (applied, rejected)."}, []string{"result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "request_duration_seconds",
 			Help:    "Time to decide a ShouldRateLimit call, from its arrival in the handler to its answer, in seconds.",
 			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1}}),
 	}
+	m.tlsReloads.WithLabelValues("applied")
+	m.tlsReloads.WithLabelValues("rejected")
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{reqs, descs, errs, uncounted, m.unknownDomain, m.globalShadow, m.duration, m.http} {
+	for _, c := range []prometheus.Collector{reqs, descs, errs, uncounted, m.unknownDomain, m.globalShadow, m.duration, m.http, m.tlsReloads} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rls: metrics: %w", err)
 		}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/poplimit/poplimit/decision"
+	"github.com/poplimit/poplimit/internal/certfile"
 	"github.com/poplimit/poplimit/rules/envoyconf"
 )
 
@@ -54,7 +55,8 @@ type Service struct {
 	m      *rlsMetrics
 	srv    *grpc.Server
 	health *health.Server
-	pool   sync.Pool // *rlsScratch
+	pool   sync.Pool      // *rlsScratch
+	certs  *certfile.Pair // Config.TLSCert's; nil without
 
 	mu      sync.Mutex // guards started and stopped
 	started bool
@@ -83,7 +85,13 @@ func New(core *decision.Core, cfg Config, log *slog.Logger, reg prometheus.Regis
 		return nil, err
 	}
 	opts := []grpc.ServerOption{grpc.ForceServerCodecV2(rlsCodec{base: encoding.GetCodecV2("proto"), rls: s})}
-	if cfg.TLS != nil {
+	switch {
+	case cfg.TLSCert != "":
+		if s.certs, err = certfile.Load(cfg.TLSCert, cfg.TLSKey, certfile.Options{Logger: log, Prefix: "rls", Reloads: s.m.tlsReloads}); err != nil {
+			return nil, fmt.Errorf("rls: Config.TLSCert, TLSKey (-rls-tls-cert, -rls-tls-key): %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.certs.ServerConfig(cfg.TLS))))
+	case cfg.TLS != nil:
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
 	}
 	if cfg.MaxConnectionAge > 0 || cfg.MaxConnectionAgeGrace > 0 {
@@ -98,6 +106,10 @@ func New(core *decision.Core, cfg Config, log *slog.Logger, reg prometheus.Regis
 	s.setHealth(s.ready())
 	return s, nil
 }
+
+// TLSPair is the certificate and key of Config.TLSCert, which the edge
+// watches for changes; nil without.
+func (s *Service) TLSPair() *certfile.Pair { return s.certs }
 
 // Serve serves the service on ln until Stop; it returns nil after Stop.
 // It may be called for several listeners.

@@ -33,9 +33,9 @@ func envoyFlags(fs *flag.FlagSet, o *edge.Options, ex *flagExtras) {
 	fs.StringVar(&o.RLS.ResetHeader, "rls-reset-header", "", "-rls-headers ratelimit: the seconds-to-reset header (default RateLimit-Reset)")
 	fs.DurationVar(&o.RLS.MaxConnectionAge, "rls-max-conn-age", 0, "rate limit service: close a client's connection (GOAWAY) this old, so clients spread over new servers; 0: never")
 	fs.DurationVar(&o.RLS.MaxConnectionAgeGrace, "rls-max-conn-age-grace", 0, "rate limit service: force a connection closed this long after -rls-max-conn-age; 0: never")
-	fs.StringVar(&ex.rlsTLS.cert, "rls-tls-cert", "", "PEM certificate of the rate limit service (with -rls-tls-key): gRPC over TLS 1.2+")
+	fs.StringVar(&ex.rlsTLS.cert, "rls-tls-cert", "", "PEM certificate of the rate limit service (with -rls-tls-key): gRPC over TLS 1.2+, reloaded on change")
 	fs.StringVar(&ex.rlsTLS.key, "rls-tls-key", "", "PEM private key of -rls-tls-cert")
-	fs.StringVar(&ex.rlsTLS.clientCA, "rls-tls-client-ca", "", "PEM CA file: the rate limit service requires client certificates it signed (mutual TLS)")
+	fs.StringVar(&ex.rlsTLS.clientCA, "rls-tls-client-ca", "", "PEM CA file: the rate limit service requires client certificates it signed (mutual TLS); read at start")
 	fs.StringVar(&ex.rlsTLS.clientSAN, "rls-tls-client-san", "", "with -rls-tls-client-ca: a client certificate must name this DNS name or IP address")
 	fs.BoolVar(&ex.redisTLS.on, "redis-tls", false, "talk to Redis over TLS, verifying its certificate with the system's CAs (or -redis-tls-ca)")
 	fs.StringVar(&ex.redisTLS.cert, "redis-tls-cert", "", "PEM client certificate presented to Redis (with -redis-tls-key; implies -redis-tls)")
@@ -43,7 +43,9 @@ func envoyFlags(fs *flag.FlagSet, o *edge.Options, ex *flagExtras) {
 	fs.BoolVar(&ex.redisTLS.skipHostname, "redis-tls-skip-hostname-verification", false, "verify Redis's certificate chain but not the name in it (implies -redis-tls)")
 }
 
-// build reads the TLS files the flags name into o.
+// build checks the flags' combinations and puts the TLS settings they name
+// into o: the CA files and Redis's client pair read here, the rate limit
+// service's pair by rls.New (which reloads it when its files change).
 func (ex *flagExtras) build(o *edge.Options) error {
 	switch ex.logFormat {
 	case "text", "json":
@@ -64,11 +66,11 @@ func (ex *flagExtras) build(o *edge.Options) error {
 		return errors.New("edge: -rls-tls-client-san needs -rls-tls-client-ca")
 	}
 	if t.cert != "" {
-		pair, err := tls.LoadX509KeyPair(t.cert, t.key)
-		if err != nil {
-			return fmt.Errorf("edge: -rls-tls-cert, -rls-tls-key: %w", err)
-		}
-		c := &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+		// The pair is read by rls.New and reloaded when its files change;
+		// the client CA is read here, once, as envoyproxy/ratelimit reads
+		// GRPC_CLIENT_TLS_CACERT only at start.
+		o.RLS.TLSCert, o.RLS.TLSKey = t.cert, t.key
+		c := &tls.Config{MinVersion: tls.VersionTLS12}
 		if t.clientCA != "" {
 			pool, err := readCAPool(t.clientCA)
 			if err != nil {
@@ -86,7 +88,7 @@ func (ex *flagExtras) build(o *edge.Options) error {
 				return fmt.Errorf("client certificate does not name %s", san)
 			}
 		}
-		o.RLS.TLS = c
+		o.RLS.TLS = c // the rest of the configuration: client certificates
 	}
 	r := ex.redisTLS
 	if (r.cert == "") != (r.key == "") {
