@@ -1,6 +1,7 @@
 package edge_test
 
 import (
+	"crypto/tls"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +21,30 @@ func TestRedisSentinelFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts five Redis processes and waits for a failover")
 	}
+	sentinelFailover(t, testenv.Sentinels(t, 500*time.Millisecond), nil)
+}
+
+// The same over TLS alone: the master and the replica on TLS ports only,
+// replicating over TLS, the sentinels on TLS ports, every certificate of
+// a CA made here, which the edge alone trusts; its one TLS configuration
+// (Config.TLS) applies to the sentinels too, as SentinelTLS is left nil.
+// The sentinels name the master by IP address, which its certificate
+// carries.
+func TestRedisSentinelTLSFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five Redis processes and waits for a failover")
+	}
+	set := testenv.SentinelsTLS(t, 500*time.Millisecond, nil)
+	if out := testenv.RedisCLI(t, set.Sentinels[0].Addr, "ping"); out == "PONG" {
+		t.Fatalf("a sentinel answered in plaintext: the set does not speak TLS alone")
+	}
+	sentinelFailover(t, set, set.TLS.Config())
+}
+
+func sentinelFailover(t *testing.T, set *testenv.SentinelSet, tlsConfig *tls.Config) {
 	const storeTimeout = 200 * time.Millisecond
-	set := testenv.Sentinels(t, 500*time.Millisecond)
 	opts := edge.Options{}
-	opts.Redis = redisstore.Config{Addrs: set.SentinelAddrs(), Mode: redisstore.TopologySentinel, SentinelMaster: set.Master}
+	opts.Redis = redisstore.Config{Addrs: set.SentinelAddrs(), Mode: redisstore.TopologySentinel, SentinelMaster: set.Master, TLS: tlsConfig}
 	opts.Limiter.StoreTimeout = storeTimeout
 	opts.Limiter.FlushInterval = 2 * time.Millisecond
 	// Sync rules, each decision a store round trip; windows of an hour, so
@@ -56,7 +77,7 @@ rules:
 	}
 	// The counts are on the replica before the master dies (WAIT 1: one
 	// replica acknowledged every write so far).
-	if got := testenv.RedisCLI(t, set.Primary.Addr, "wait", "1", "2000"); got != "1" {
+	if got := set.CLI(t, set.Primary.Addr, "wait", "1", "2000"); got != "1" {
 		t.Fatalf("WAIT 1 on the master: %q, want 1 replica", got)
 	}
 
@@ -120,7 +141,7 @@ rules:
 	if got := statuses("/after", 5); got != "AAALL" {
 		t.Errorf("/after (limit 3) on the promoted master: %s, want AAALL", got)
 	}
-	if got := testenv.RedisCLI(t, set.Replica.Addr, "dbsize"); got == "0" {
+	if got := set.CLI(t, set.Replica.Addr, "dbsize"); got == "0" {
 		t.Error("the promoted master holds no key")
 	}
 }

@@ -81,6 +81,9 @@ type Config struct {
 	// SentinelTLS, when not nil, wraps the connections to the sentinels in
 	// TLS with this configuration; nil: the same as TLS (as
 	// envoyproxy/ratelimit's REDIS_TLS applies to its sentinels too).
+	// ServerName defaults, as TLS's, to each address's host: a sentinel's
+	// in Addrs, and the master's as the sentinels report it (an IP address
+	// unless they announce hostnames).
 	SentinelTLS *tls.Config
 	// SentinelRefresh is how often the sentinels are asked for the master
 	// besides their +switch-master events, so that a missed event cannot

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -69,5 +70,50 @@ func TestSentinelAuth(t *testing.T) {
 	}
 	if got := cli(t, master.Addr, "-a", "masterpw", "--no-auth-warning", "get", fmtKey(1, 1)); got != "1" {
 		t.Errorf("the master's counter: %q, want 1 (the one op that got through)", got)
+	}
+}
+
+// TestSentinelTLS runs the Store against sentinels, a master and a replica
+// that speak TLS alone, their certificates for 127.0.0.1 from a CA made
+// here: with TLS trusting that CA (and SentinelTLS nil, the same) the
+// Store finds the master through the sentinels and counts there; a CA
+// that did not sign the sentinels' certificates, for the sentinels alone
+// (SentinelTLS) or for all, or no TLS at all, leaves it unconnected,
+// its ops failing with ErrUnavailable.
+func TestSentinelTLS(t *testing.T) {
+	set := testenv.SentinelsTLS(t, 5*time.Second, nil)
+	other := &tls.Config{RootCAs: testenv.NewCA(t, "another CA").Pool(), MinVersion: tls.VersionTLS12}
+	ctx := context.Background()
+	for i, tt := range []struct {
+		name          string
+		tls, sentinel *tls.Config
+		ok            bool
+		want          string // in the error
+	}{
+		{"the CA for all", set.TLS.Config(), nil, true, ""},
+		{"the CA for each", set.TLS.Config(), set.TLS.Config(), true, ""},
+		{"another CA", other, nil, false, "certificate"},
+		{"another CA for the sentinels", set.TLS.Config(), other, false, "certificate"},
+		{"plaintext", nil, nil, false, "connect: "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _ := newStore(t, Config{Addrs: set.SentinelAddrs(), Mode: TopologySentinel, SentinelMaster: set.Master,
+				TLS: tt.tls, SentinelTLS: tt.sentinel, DialTimeout: 2 * time.Second, ReconnectInterval: time.Hour})
+			ops := []store.Op{{Key: uint64(100 + i), Start: 1, Delta: 1, TTL: time.Minute}}
+			s.Do(ctx, ops)
+			if tt.ok {
+				if ops[0].Err != nil {
+					t.Fatalf("Do: got %v, want it to work", ops[0].Err)
+				}
+				if got := set.CLI(t, set.Primary.Addr, "get", fmtKey(uint64(100+i), 1)); got != "1" {
+					t.Errorf("the master's counter: %q, want 1", got)
+				}
+				return
+			}
+			t.Logf("Do: %v", ops[0].Err)
+			if err := ops[0].Err; !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Do: got %v, want ErrUnavailable naming %q", err, tt.want)
+			}
+		})
 	}
 }

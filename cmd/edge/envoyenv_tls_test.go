@@ -2,17 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -25,65 +16,24 @@ import (
 	"github.com/poplimit/poplimit/internal/testenv"
 )
 
-// testCA issues certificates into a directory.
+// testCA issues certificates into a directory (testenv.CA).
 type testCA struct {
-	dir  string
+	*testenv.CA
 	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
 	file string // ca.pem
-	n    int64
 }
 
 func newTestCA(t *testing.T) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "envoyenv test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &testCA{dir: t.TempDir(), key: key, n: 1}
-	ca.cert, _ = x509.ParseCertificate(der)
-	ca.file = filepath.Join(ca.dir, "ca.pem")
-	if err := os.WriteFile(ca.file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return ca
+	ca := testenv.NewCA(t, "envoyenv test CA")
+	return &testCA{CA: ca, cert: ca.Cert, file: ca.File}
 }
 
 // issue writes name.pem and name-key.pem, a certificate for dns and ips
 // with the usage given.
 func (ca *testCA) issue(t *testing.T, name string, usage x509.ExtKeyUsage, dns []string, ips ...string) (certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca.n++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.n), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: dns,
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
-	for _, ip := range ips {
-		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(key)
-	certFile, keyFile = filepath.Join(ca.dir, name+".pem"), filepath.Join(ca.dir, name+"-key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
+	return ca.Issue(t, name, []x509.ExtKeyUsage{usage}, dns, ips...)
 }
 
 // tlsRedis starts redis-server speaking only TLS with the certificate

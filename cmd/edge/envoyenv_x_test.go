@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/x509"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,30 @@ func TestEnvoyEnvSentinel(t *testing.T) {
 	}
 	if got := testenv.RedisCLI(t, set.Primary.Addr, "dbsize"); strings.TrimSpace(got) == "0" {
 		t.Errorf("the master holds no key: the counts went elsewhere")
+	}
+}
+
+// The same over TLS (REDIS_TLS=true with REDIS_TLS_CACERT and a client
+// certificate): the sentinels, the master and its replica speak TLS alone
+// and require client certificates of the CA, which REDIS_TLS_CACERT names;
+// the one TLS configuration reaches the sentinels and the master they
+// name by IP address.
+func TestEnvoyEnvSentinelTLS(t *testing.T) {
+	x := testenv.NewTLSFiles(t)
+	x.ClientAuth = true
+	clientCert, clientKey := x.CA.Issue(t, "ratelimit", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, []string{"ratelimit.internal"})
+	set := testenv.SentinelsTLS(t, time.Second, x)
+	root := runtimeDir(t, map[string]string{"config.yaml": istioConfig})
+	url := set.Master + "," + strings.Join(set.SentinelAddrs(), ",")
+	env := append(istioEnv(url, root), loopbackPorts(t)...)
+	env = append(env, "DEBUG_HOST=127.0.0.1", "REDIS_TYPE=sentinel", "REDIS_TLS=true", "REDIS_TLS_CACERT="+x.CA.File,
+		"REDIS_TLS_CLIENT_CERT="+clientCert, "REDIS_TLS_CLIENT_KEY="+clientKey)
+	e := startEnvoyEnv(t, env)
+	if !countsInRedis(t, e, e.client) {
+		t.Fatalf("REDIS_TYPE=sentinel, REDIS_TLS=true: not counting on the master\n%s", e.out.String())
+	}
+	if got := set.CLI(t, set.Primary.Addr, "dbsize"); got == "0" || strings.Contains(got, "rror") {
+		t.Errorf("the master's DBSIZE: %q: the counts went elsewhere", got)
 	}
 }
 

@@ -21,6 +21,14 @@ type SentinelSet struct {
 	Primary   *Proc  // the first master
 	Replica   *Proc  // its replica, which a failover promotes
 	Sentinels []*Proc
+	TLS       *TLSFiles // every process's TLS files; nil: plaintext
+}
+
+// CLI runs RedisCLI against addr, one of the set's processes, over TLS
+// when the set speaks it.
+func (s *SentinelSet) CLI(t testing.TB, addr string, args ...string) string {
+	t.Helper()
+	return redisCLI(t, addr, s.TLS.cliArgs(), args...)
 }
 
 // SentinelAddrs returns the sentinels' addresses.
@@ -39,13 +47,31 @@ func (s *SentinelSet) SentinelAddrs() []string {
 // failover can start as soon as the master dies.
 func Sentinels(t testing.TB, downAfter time.Duration) *SentinelSet {
 	t.Helper()
+	return sentinels(t, downAfter, nil)
+}
+
+// SentinelsTLS is Sentinels with every process speaking TLS alone with
+// the files of x (NewTLSFiles when nil): the master and the replica on
+// their TLS ports only, the replica replicating over TLS, and the
+// sentinels served on TLS ports, talking TLS to the master, the replica
+// and each other.
+func SentinelsTLS(t testing.TB, downAfter time.Duration, x *TLSFiles) *SentinelSet {
+	t.Helper()
+	if x == nil {
+		x = NewTLSFiles(t)
+	}
+	return sentinels(t, downAfter, x)
+}
+
+func sentinels(t testing.TB, downAfter time.Duration, x *TLSFiles) *SentinelSet {
+	t.Helper()
 	bin := LookBinary(t, "redis-server", "redis-server")
-	s := &SentinelSet{Master: "mymaster"}
-	s.Primary = Redis(t)
+	s := &SentinelSet{Master: "mymaster", TLS: x}
+	s.Primary = redis(t, x)
 	_, mport, _ := net.SplitHostPort(s.Primary.Addr)
-	s.Replica = Redis(t, "--replicaof", "127.0.0.1", mport)
+	s.Replica = redis(t, x, "--replicaof", "127.0.0.1", mport)
 	WaitFor(t, 10*time.Second, "the replica in sync with the master", func() bool {
-		return strings.Contains(RedisCLI(t, s.Replica.Addr, "info", "replication"), "master_link_status:up")
+		return strings.Contains(s.CLI(t, s.Replica.Addr, "info", "replication"), "master_link_status:up")
 	})
 	for i := 0; i < 3; i++ {
 		var last error
@@ -53,12 +79,16 @@ func Sentinels(t testing.TB, downAfter time.Duration) *SentinelSet {
 			port := FreePort(t)
 			dir := t.TempDir()
 			conf := filepath.Join(dir, "sentinel.conf") // sentinels rewrite their file: it must be theirs
-			text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nloglevel warning\n"+
+			listen := fmt.Sprintf("port %d\n", port)
+			if x != nil {
+				listen = fmt.Sprintf("port 0\ntls-port %d\n", port) + strings.Join(x.conf(), "\n") + "\n"
+			}
+			text := fmt.Sprintf("%sbind 127.0.0.1\ndir %s\nloglevel warning\n"+
 				"sentinel monitor %s 127.0.0.1 %s 2\n"+
 				"sentinel down-after-milliseconds %s %d\n"+
 				"sentinel failover-timeout %s %d\n"+
 				"sentinel parallel-syncs %s 1\n",
-				port, dir, s.Master, mport, s.Master, downAfter.Milliseconds(), s.Master, 4*downAfter.Milliseconds(), s.Master)
+				listen, dir, s.Master, mport, s.Master, downAfter.Milliseconds(), s.Master, 4*downAfter.Milliseconds(), s.Master)
 			if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -76,8 +106,8 @@ func Sentinels(t testing.TB, downAfter time.Duration) *SentinelSet {
 	// from their hello messages (every 2 s) on the master.
 	WaitFor(t, 20*time.Second, "every sentinel knowing the replica and the other two sentinels", func() bool {
 		for _, p := range s.Sentinels {
-			if !strings.Contains(RedisCLI(t, p.Addr, "sentinel", "ckquorum", s.Master), "OK 3 usable") ||
-				!strings.Contains(RedisCLI(t, p.Addr, "sentinel", "replicas", s.Master), s.Replica.Addr[len("127.0.0.1:"):]) {
+			if !strings.Contains(s.CLI(t, p.Addr, "sentinel", "ckquorum", s.Master), "OK 3 usable") ||
+				!strings.Contains(s.CLI(t, p.Addr, "sentinel", "replicas", s.Master), s.Replica.Addr[len("127.0.0.1:"):]) {
 				return false
 			}
 		}
@@ -91,7 +121,7 @@ func Sentinels(t testing.TB, downAfter time.Duration) *SentinelSet {
 func (s *SentinelSet) MasterAddr(t testing.TB) string {
 	t.Helper()
 	for _, p := range s.Sentinels {
-		out := strings.Fields(RedisCLI(t, p.Addr, "sentinel", "get-master-addr-by-name", s.Master))
+		out := strings.Fields(s.CLI(t, p.Addr, "sentinel", "get-master-addr-by-name", s.Master))
 		if len(out) == 2 {
 			return net.JoinHostPort(out[0], out[1])
 		}
@@ -104,6 +134,11 @@ func (s *SentinelSet) MasterAddr(t testing.TB) string {
 // "Could not connect" is an answer here).
 func RedisCLI(t testing.TB, addr string, args ...string) string {
 	t.Helper()
+	return redisCLI(t, addr, nil, args...)
+}
+
+func redisCLI(t testing.TB, addr string, opts []string, args ...string) string {
+	t.Helper()
 	bin := LookBinary(t, "redis-cli", "redis-tools")
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -111,6 +146,6 @@ func RedisCLI(t testing.TB, addr string, args ...string) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	out, _ := exec.CommandContext(ctx, bin, append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
+	out, _ := exec.CommandContext(ctx, bin, append(append([]string{"-h", host, "-p", port}, opts...), args...)...).CombinedOutput()
 	return strings.TrimSpace(string(out))
 }
