@@ -25,7 +25,8 @@ import (
 // slots vanish within one to two leases: the lease is what bounds a crashed
 // edge's damage. Until the carries have landed (a grace of the renew
 // interval plus the store timeout), Acquire also counts the previous
-// epoch's slots, so an epoch change never opens the gates.
+// epoch's slots, so an epoch change never opens the gates; a carried slot
+// released is taken out of both counters, so it does not close them either.
 //
 // Acquire is a store round trip on the request path (concurrency cannot be
 // coalesced: the slot is the admission). Its failure policy is the rule's.
@@ -52,6 +53,14 @@ type heldSlots struct {
 	old        int64 // slots still living in the epoch before (not yet carried)
 	oldEpoch   int64
 	failedOpen int64 // slots admitted by fail-open, never counted in the store
+	// carried of the slots in n were carried (Renew) from carriedFrom,
+	// whose counter still counts them: it is the previous epoch's, which
+	// Acquire reads during the grace. Releasing one of them takes it out
+	// of both counters, so that a slot carried and then released cannot
+	// refuse a request in the grace. Releases take from the slots not
+	// carried first: the previous counter never undercounts.
+	carried     int64
+	carriedFrom int64
 }
 
 // Config configures Slots.
@@ -165,7 +174,7 @@ func (s *Slots) get(key uint64, lease, epoch int64) *heldSlots {
 		// The current slots still live in their old epoch until carried.
 		h.old += h.n
 		h.oldEpoch = h.epoch
-		h.n, h.epoch = 0, epoch
+		h.n, h.epoch, h.carried = 0, epoch, 0
 	}
 	return h
 }
@@ -178,25 +187,29 @@ func (s *Slots) Release(key uint64) {
 		s.mu.Unlock()
 		return
 	}
-	var op store.Op
+	var buf [2]store.Op
+	ops := buf[:0]
 	switch {
 	case h.failedOpen > 0:
 		h.failedOpen--
 	case h.old > 0:
 		h.old--
-		op = store.Op{Key: key, Start: h.oldEpoch / 1e6, Delta: -1}
+		ops = append(ops, store.Op{Key: key, Start: h.oldEpoch / 1e6, Delta: -1})
 	case h.n > 0:
 		h.n--
-		op = store.Op{Key: key, Start: h.epoch / 1e6, Delta: -1}
+		ops = append(ops, store.Op{Key: key, Start: h.epoch / 1e6, Delta: -1})
+		if h.n < h.carried {
+			h.carried = h.n
+			ops = append(ops, store.Op{Key: key, Start: h.carriedFrom / 1e6, Delta: -1})
+		}
 	}
 	if h.n == 0 && h.old == 0 && h.failedOpen == 0 {
 		delete(s.held, key)
 	}
 	s.mu.Unlock()
-	if op.Delta == 0 {
+	if len(ops) == 0 {
 		return
 	}
-	ops := []store.Op{op}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	s.store.Do(ctx, ops)
 	cancel()
@@ -216,11 +229,13 @@ func (s *Slots) Renew(ctx context.Context, now time.Time) int {
 		}
 		if epoch > h.epoch {
 			h.old += h.n
-			h.n, h.epoch = 0, epoch
+			h.oldEpoch = h.epoch
+			h.n, h.epoch, h.carried = 0, epoch, 0
 		}
 		if h.old > 0 {
 			ops = append(ops, store.Op{Key: key, Start: epoch / 1e6, Delta: h.old, TTL: 2 * time.Duration(h.lease)})
 			h.n += h.old
+			h.carried, h.carriedFrom = h.old, h.oldEpoch
 			h.old = 0
 		}
 	}

@@ -103,6 +103,56 @@ func TestSlotsLimitInFlightAcrossEdges(t *testing.T) {
 	}
 }
 
+// A slot carried into a new epoch and then released no longer counts
+// in the grace: the previous epoch's counter, which Acquire reads until the
+// carries have landed, gives it back too. (Before, two slots taken just
+// before an epoch ended, carried and released, refused the next request
+// for the rest of the grace.) Slots not carried still count there.
+func TestSlotsCarriedAndReleasedFreeTheGrace(t *testing.T) {
+	clock := newSimClock(t0.Add(9900 * time.Millisecond)) // 100 ms before an epoch of 10 s ends
+	st := store.NewMemStore(clock)
+	const lease, limit = 10 * time.Second, 2
+	a, b := slots.New(slots.Config{}, st), slots.New(slots.Config{}, st)
+	key := uint64(0x9e3779b97f4a7c15)
+	ctx := context.Background()
+	acq := func(s *slots.Slots) bool {
+		ok, _ := s.Acquire(ctx, clock.Now(), lease, policy.FailOpen, key, limit)
+		return ok
+	}
+	if !acq(a) || !acq(a) {
+		t.Fatal("the first 2 slots were refused")
+	}
+	clock.Add(150 * time.Millisecond) // 50 ms into the next epoch: in the grace
+	if n := a.Renew(ctx, clock.Now()); n != 1 {
+		t.Fatalf("Renew carried %d keys, want 1", n)
+	}
+	a.Release(key)
+	a.Release(key)
+	clock.Add(50 * time.Millisecond) // still in the grace (renew interval + store timeout: 200 ms)
+	if !acq(b) {
+		t.Fatal("after both carried slots were released, a slot was refused in the grace")
+	}
+	if !acq(b) {
+		t.Fatal("after both carried slots were released, a second slot was refused in the grace")
+	}
+	if acq(a) {
+		t.Fatal("a 3rd slot was granted with 2 in flight")
+	}
+
+	// b's two slots, taken in this epoch, are carried into the next one
+	// by a renew that lands; one is released. In the grace, the one still
+	// held counts once: a second slot is granted, a third is not.
+	clock.Add(10 * time.Second) // 100 ms into the epoch after
+	b.Renew(ctx, clock.Now())
+	b.Release(key)
+	if !acq(a) {
+		t.Fatal("with 1 slot held after a carry and a release, a slot was refused in the grace")
+	}
+	if acq(a) {
+		t.Fatal("a 3rd slot was granted in the grace with 2 in flight")
+	}
+}
+
 func TestSlotsFailurePolicy(t *testing.T) {
 	clock := newSimClock(t0)
 	st := &countingStore{Store: store.NewMemStore(clock)}
