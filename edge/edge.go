@@ -71,7 +71,7 @@ type Options struct {
 	// running rules stay. Empty RulesFile means decision.DefaultRules.
 	RulesFile     string
 	OverridesFile string
-	ReloadPoll    time.Duration // default 2s; the TLS pairs' files (Server.TLSCert, RLS.TLSCert) are stat'ed as often
+	ReloadPoll    time.Duration // default 2s; the TLS pairs' files (Server.TLSCert, RLS.TLSCert) are read as often
 	// ReloadSettle is how long the rules files' contents must stay the
 	// same (read twice, this far apart) before a change or a SIGHUP
 	// applies them, so a file written in steps never applies half-written.

@@ -10,9 +10,11 @@
 // certificate, one file replaced before the other) keeps the running one;
 // the failure is logged and counted.
 //
-// Changes are found by polling: Watch stats both files (following
-// symlinks) every interval and reloads when either's modification time or
-// size changed, and reloads unconditionally on a signal (SIGHUP).
+// Changes are found by polling: Watch reads both files (following
+// symlinks) every interval and reloads when either's contents changed,
+// and reloads unconditionally on a signal (SIGHUP). Contents, not
+// modification times: a pair rewritten in place within one tick of the
+// file system's clock, at the same size, is still seen.
 package certfile
 
 import (
@@ -25,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -114,13 +117,13 @@ func (p *Pair) ReloadIfChanged() (bool, error) {
 	return true, p.reloadLocked()
 }
 
-// Stamp identifies the files' current versions: path, modification time
-// and size of each, symlinks followed.
+// Stamp identifies the files' current contents: path and a hash of each
+// file's bytes, symlinks followed (a file that cannot be read is left out).
 func (p *Pair) Stamp() string {
 	var b []byte
 	for _, f := range []string{p.certFile, p.keyFile} {
-		if st, err := os.Stat(f); err == nil {
-			b = fmt.Appendf(b, "%s:%d:%d;", f, st.ModTime().UnixNano(), st.Size())
+		if data, err := os.ReadFile(f); err == nil {
+			b = fmt.Appendf(b, "%s:%d:%x;", f, len(data), xxhash.Sum64(data))
 		}
 	}
 	return string(b)
