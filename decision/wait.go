@@ -73,8 +73,9 @@ const InfDuration = time.Duration(math.MaxInt64)
 // sliding window's release, a bucket's theoretical arrival time) and is
 // decided again, since other processes sharing the store may have taken
 // the room meanwhile (poplimit_edge_wait_retries_total counts those). A
-// waiter proceeds only on the limiter's admission: when the store fails,
-// Wait returns ErrStoreFailed whatever the rule's failure policy. A queue
+// waiter proceeds only on the limiter's admission: when the store fails to
+// decide three times running (asked again 10 ms, then 20 ms, later), Wait
+// returns ErrStoreFailed whatever the rule's failure policy. A queue
 // (action: delay) takes the request's place in it at once, within the
 // queue's bound and ctx's deadline, and Wait sleeps until the place comes;
 // a place given up when ctx ends is not given back (a bucket's store
@@ -111,7 +112,18 @@ func (wallClock) Sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// waitStoreRetries is how many times a waiter asks again after the store
+// failed to decide, waitStoreBackoff, then twice that, later, before Wait
+// returns ErrStoreFailed: a failure can pass in a moment (a
+// compare-and-swap that lost to other writers every round, a reply late in
+// a stall), and a dead store costs the waiter three store timeouts.
+const (
+	waitStoreRetries = 2
+	waitStoreBackoff = 10 * time.Millisecond
+)
+
 func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte, cost uint64) error {
+	failures := 0
 	for asked := false; ; asked = true {
 		if err := ctx.Err(); err != nil {
 			c.wm.result[waitCanceled].Inc()
@@ -145,6 +157,13 @@ func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte,
 		}
 		admitted, failed, rel := c.decideNow(g, r, now, key, cost)
 		switch {
+		case failed && failures < waitStoreRetries:
+			failures++
+			if err := clk.Sleep(ctx, time.Duration(failures)*waitStoreBackoff); err != nil {
+				c.wm.result[waitCanceled].Inc()
+				return err
+			}
+			continue
 		case failed:
 			c.wm.result[waitStoreFailed].Inc()
 			return fmt.Errorf("decision: wait on rule %q: %w", rule, ErrStoreFailed)

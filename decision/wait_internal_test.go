@@ -496,3 +496,57 @@ func TestWaitStopsWhenTheStoreFails(t *testing.T) {
 		t.Errorf("waits_total{result=store_failed} = %v, want 3", n)
 	}
 }
+
+// flakyStore fails the first fails calls it is given, as failingStore
+// does, as a store that cannot decide for a moment (a compare-and-swap
+// lost every round, a reply late in a stall), then answers as its Store.
+type flakyStore struct {
+	store.Store
+	fails int
+}
+
+func (s *flakyStore) Do(ctx context.Context, ops []store.Op) {
+	if s.fails > 0 {
+		s.fails--
+		failingStore{}.Do(ctx, ops)
+		return
+	}
+	s.Store.Do(ctx, ops)
+}
+
+func (s *flakyStore) DoState(ctx context.Context, ops []store.StateOp) {
+	if s.fails > 0 {
+		s.fails--
+		failingStore{}.DoState(ctx, ops)
+		return
+	}
+	s.Store.DoState(ctx, ops)
+}
+
+// A store that fails for a moment does not stop a waiter: it asks again
+// 10 ms and then 20 ms later, and only a third failure running returns
+// ErrStoreFailed.
+func TestWaitAsksAgainAfterAStoreFailure(t *testing.T) {
+	for _, rule := range []string{
+		"{name: r, limit: 10, window: 1s, mode: sync}",
+		"{name: r, limit: 10, window: 1s, algorithm: token_bucket, mode: sync}",
+		"{name: r, limit: 10, window: 1s, algorithm: sliding_log}",
+	} {
+		for _, fails := range []int{1, 2, 3} {
+			clk := newSteppedClock()
+			backend := &flakyStore{Store: store.NewMemStore(clk), fails: fails}
+			c := waitCore(t, "rules: ["+rule+"]", backend, clk)
+			err := c.wait(context.Background(), clk, "r", []byte("k"), 1)
+			want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond}[:min(fails, 2)]
+			switch {
+			case fails <= 2 && err != nil:
+				t.Errorf("%s, %d failures: %v, want admitted", rule, fails, err)
+			case fails > 2 && !errors.Is(err, ErrStoreFailed):
+				t.Errorf("%s, %d failures: %v, want ErrStoreFailed", rule, fails, err)
+			}
+			if len(clk.slept) != len(want) || (len(want) > 0 && (clk.slept[0] != want[0] || clk.slept[len(want)-1] != want[len(want)-1])) {
+				t.Errorf("%s, %d failures: slept %v, want %v", rule, fails, clk.slept, want)
+			}
+		}
+	}
+}
