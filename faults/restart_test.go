@@ -198,9 +198,9 @@ func TestEdgeRestart(t *testing.T) {
 	// Over the rest is the hand-over failing (an edge counting from zero
 	// would admit 40): at most one more, decided before the shared count
 	// came. Under it, by a few, is the burst: its near-limit round trips
-	// run at once, and a refusal's increment can land before the take-back
-	// of another, so a few are refused within the limit (17 of 20, once in
-	// about ten full runs).
+	// run at once, and a few were seen refused within the limit (17 of 20,
+	// once in about ten full runs), likely by increments of requests
+	// refused meanwhile that had not yet been taken back.
 	if left := 50 - before; after > left+1 || after < left-4 {
 		t.Errorf("a burst of 40 to a new edge: %d admitted after %d on the old edge, want the %d left (at most one more, at most four fewer)", after, before, left)
 	}
