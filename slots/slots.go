@@ -53,14 +53,13 @@ type heldSlots struct {
 	old        int64 // slots still living in the epoch before (not yet carried)
 	oldEpoch   int64
 	failedOpen int64 // slots admitted by fail-open, never counted in the store
-	// carried of the slots in n were carried (Renew) from carriedFrom,
-	// whose counter still counts them: it is the previous epoch's, which
-	// Acquire reads during the grace. Releasing one of them takes it out
-	// of both counters, so that a slot carried and then released cannot
-	// refuse a request in the grace. Releases take from the slots not
-	// carried first: the previous counter never undercounts.
-	carried     int64
-	carriedFrom int64
+	// carried of the slots in n were carried (Renew) from oldEpoch, whose
+	// counter still counts them: it is the previous epoch's, which Acquire
+	// reads during the grace. Releasing one of them takes it out of both
+	// counters, so that a slot carried and then released cannot refuse a
+	// request in the grace. Releases take from the slots not carried
+	// first: the previous counter never undercounts.
+	carried int64
 }
 
 // Config configures Slots.
@@ -200,7 +199,7 @@ func (s *Slots) Release(key uint64) {
 		ops = append(ops, store.Op{Key: key, Start: h.epoch / 1e6, Delta: -1})
 		if h.n < h.carried {
 			h.carried = h.n
-			ops = append(ops, store.Op{Key: key, Start: h.carriedFrom / 1e6, Delta: -1})
+			ops = append(ops, store.Op{Key: key, Start: h.oldEpoch / 1e6, Delta: -1})
 		}
 	}
 	if h.n == 0 && h.old == 0 && h.failedOpen == 0 {
@@ -235,7 +234,7 @@ func (s *Slots) Renew(ctx context.Context, now time.Time) int {
 		if h.old > 0 {
 			ops = append(ops, store.Op{Key: key, Start: epoch / 1e6, Delta: h.old, TTL: 2 * time.Duration(h.lease)})
 			h.n += h.old
-			h.carried, h.carriedFrom = h.old, h.oldEpoch
+			h.carried = h.old
 			h.old = 0
 		}
 	}

@@ -43,6 +43,15 @@ func (s *countingStore) Do(ctx context.Context, ops []store.Op) {
 	s.Store.Do(ctx, ops)
 }
 
+// acquirer returns a function that takes one fail-open slot of key from
+// an edge's Slots at clock's now.
+func acquirer(clock *simClock, lease time.Duration, key, limit uint64) func(*slots.Slots) bool {
+	return func(s *slots.Slots) bool {
+		ok, _ := s.Acquire(context.Background(), clock.Now(), lease, policy.FailOpen, key, limit)
+		return ok
+	}
+}
+
 func TestSlotsLimitInFlightAcrossEdges(t *testing.T) {
 	clock := newSimClock(t0.Add(9 * time.Second))
 	st := store.NewMemStore(clock)
@@ -50,10 +59,7 @@ func TestSlotsLimitInFlightAcrossEdges(t *testing.T) {
 	a, b := slots.New(slots.Config{}, st), slots.New(slots.Config{}, st)
 	key := uint64(0x9e3779b97f4a7c15)
 	ctx := context.Background()
-	acq := func(s *slots.Slots) bool {
-		ok, _ := s.Acquire(ctx, clock.Now(), lease, policy.FailOpen, key, limit)
-		return ok
-	}
+	acq := acquirer(clock, lease, key, limit)
 	if !acq(a) || !acq(b) || !acq(a) {
 		t.Fatal("the first 3 slots were refused")
 	}
@@ -115,10 +121,7 @@ func TestSlotsCarriedAndReleasedFreeTheGrace(t *testing.T) {
 	a, b := slots.New(slots.Config{}, st), slots.New(slots.Config{}, st)
 	key := uint64(0x9e3779b97f4a7c15)
 	ctx := context.Background()
-	acq := func(s *slots.Slots) bool {
-		ok, _ := s.Acquire(ctx, clock.Now(), lease, policy.FailOpen, key, limit)
-		return ok
-	}
+	acq := acquirer(clock, lease, key, limit)
 	if !acq(a) || !acq(a) {
 		t.Fatal("the first 2 slots were refused")
 	}

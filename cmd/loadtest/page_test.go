@@ -19,6 +19,7 @@ import (
 	"github.com/poplimit/poplimit/edge"
 	"github.com/poplimit/poplimit/edge/edgetest"
 	"github.com/poplimit/poplimit/internal/plotpage/pagetest"
+	"github.com/poplimit/poplimit/judge"
 	"github.com/poplimit/poplimit/loadtest"
 )
 
@@ -163,21 +164,7 @@ func checkPage(t *testing.T, path string, rep *loadtest.ReplayReport, shot strin
 		}
 	}
 	// The judged decisions are the aggregator's, per rule and in all.
-	var agg struct {
-		Enforced struct {
-			Decisions      int64 `json:"decisions"`
-			WronglyAllowed int64 `json:"wrongly_allowed"`
-			WronglyLimited int64 `json:"wrongly_limited"`
-		} `json:"enforced"`
-		ByRule []struct {
-			Name     string `json:"name"`
-			Enforced struct {
-				Decisions      int64 `json:"decisions"`
-				WronglyAllowed int64 `json:"wrongly_allowed"`
-				WronglyLimited int64 `json:"wrongly_limited"`
-			} `json:"enforced"`
-		} `json:"by_rule"`
-	}
+	var agg judge.Report // the aggregator's /report, read as the aggregator writes it
 	if err := json.Unmarshal(rep.Aggregator, &agg); err != nil {
 		t.Fatalf("the aggregator's report: %v (%s)", err, rep.AggregatorError)
 	}
