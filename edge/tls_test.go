@@ -72,8 +72,8 @@ func TestTLSListener(t *testing.T) {
 	if resp.TLS.PeerCertificates[0].Subject.CommonName != "second" {
 		t.Errorf("after a bad reload the certificate is %q, want the running one", resp.TLS.PeerCertificates[0].Subject.CommonName)
 	}
-	if err := e.srv.ReloadTLS(); err == nil {
-		t.Error("ReloadTLS of a bad key: want an error")
+	if err := e.srv.TLSPair().Reload(); err == nil {
+		t.Error("Reload of a bad key: want an error")
 	}
 }
 

@@ -133,15 +133,6 @@ func (s *Server) Core() *decision.Core { return s.core }
 // Rules returns the rules in force.
 func (s *Server) Rules() *rules.Rules { return s.core.Rules() }
 
-// TLSStamp identifies the versions of the certificate and key files; ""
-// without TLS.
-func (s *Server) TLSStamp() string {
-	if s.certs == nil {
-		return ""
-	}
-	return s.certs.Stamp()
-}
-
 // TLSPair is the traffic listener's certificate and key, which the edge
 // watches; nil without TLS.
 func (s *Server) TLSPair() *certfile.Pair { return s.certs }
@@ -165,15 +156,6 @@ func (s *Server) Serve(ln net.Listener) error {
 		defer stop()
 	}
 	return s.srv.Serve(ln)
-}
-
-// ReloadTLS loads the certificate and key files again; a pair that does
-// not load keeps the running one, and is logged and counted.
-func (s *Server) ReloadTLS() error {
-	if s.certs == nil {
-		return nil
-	}
-	return s.certs.Reload()
 }
 
 // Shutdown stops accepting and waits for requests in flight within ctx.
