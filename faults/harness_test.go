@@ -114,6 +114,11 @@ type front struct {
 	addr string
 	cur  atomic.Pointer[inEdge]
 	srv  *fasthttp.Server
+	// gate is held for reading by each request for as long as it is in
+	// an edge's handler, and for writing by swap: the previous edge stops
+	// only once the requests it was serving have returned, as an edge's
+	// own listener drains before it closes the store and the block cache.
+	gate sync.RWMutex
 
 	mu      sync.Mutex
 	handled []handled
@@ -138,7 +143,9 @@ func serve(t testing.TB, e *inEdge) *front {
 	f.srv = &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			start := time.Now()
+			f.gate.RLock()
 			f.cur.Load().srv.Handler()(ctx)
+			f.gate.RUnlock()
 			h := handled{path: string(ctx.Path()), start: start, took: time.Since(start)}
 			f.mu.Lock()
 			f.handled = append(f.handled, h)
@@ -168,7 +175,10 @@ func (f *front) served() []handled {
 // swap makes next the current edge and stops the previous one (its last
 // flush included), as an edge restarted with a new configuration.
 func (f *front) swap(next *inEdge) {
-	f.cur.Swap(next).stop()
+	f.gate.Lock()
+	prev := f.cur.Swap(next)
+	f.gate.Unlock()
+	prev.stop()
 }
 
 var discardLogger = newDiscardLogger()
