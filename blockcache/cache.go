@@ -113,6 +113,12 @@ type Cache struct {
 
 	// mu serializes Clear and Close.
 	mu sync.Mutex
+	// life is held for reading by every call that reaches ristretto (all
+	// but the front's answers) and for writing by Close, which closes
+	// ristretto's channels: a call that outlives its caller's drain (a
+	// request still in flight when the edge shuts down) finds the cache
+	// closed instead of sending on a closed channel.
+	life sync.RWMutex
 }
 
 // New returns a Cache configured by cfg, its metrics registered with reg (nil
@@ -272,6 +278,11 @@ func (c *Cache) Block(key uint64, releaseAt, now int64) bool {
 	if releaseAt <= now || c.closed.Load() {
 		return false
 	}
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.closed.Load() {
+		return false
+	}
 	if cur, ok := c.rc.Get(key); ok && cur >= releaseAt {
 		return true
 	}
@@ -295,11 +306,12 @@ func (c *Cache) Block(key uint64, releaseAt, now int64) bool {
 // release time after now. An entry whose release time is at or before now is
 // a miss even if it has not been evicted yet.
 //
-// Blocked is the request path's lookup: it takes no lock and allocates
-// nothing of its own. A key whose front slot has passed is a miss at the
-// cost of one atomic load, and the slot's own key (the last one blocked
-// there) a hit at the cost of four; any other key takes ristretto's Get,
-// which takes a read lock on one of its 256 shards.
+// Blocked is the request path's lookup: it allocates nothing of its own.
+// A key whose front slot has passed is a miss at the cost of one atomic
+// load, and the slot's own key (the last one blocked there) a hit at the
+// cost of four, with no lock; any other key takes the cache's read lock
+// (which only Close excludes) and ristretto's Get, which takes a read lock
+// on one of its 256 shards.
 func (c *Cache) Blocked(key uint64, now int64) (releaseAt int64, ok bool) {
 	f := &c.front[slot(key)]
 	if f.max.Load() <= now {
@@ -310,7 +322,7 @@ func (c *Cache) Blocked(key uint64, now int64) (releaseAt int64, ok bool) {
 		c.hits.inc(key)
 		return v, true
 	}
-	if v, found := c.rc.Get(key); found && v > now {
+	if v, found := c.get(key); found && v > now {
 		c.hits.inc(key)
 		return v, true
 	}
@@ -318,10 +330,22 @@ func (c *Cache) Blocked(key uint64, now int64) (releaseAt int64, ok bool) {
 	return 0, false
 }
 
+// get is ristretto's Get under the read lock: a miss once c is closed.
+func (c *Cache) get(key uint64) (int64, bool) {
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.closed.Load() {
+		return 0, false
+	}
+	return c.rc.Get(key)
+}
+
 // Unblock removes key's block, if any, at once. A Block of key still in
 // ristretto's set buffer is removed too (ristretto orders the delete after
 // it).
 func (c *Cache) Unblock(key uint64) {
+	c.life.RLock()
+	defer c.life.RUnlock()
 	if c.closed.Load() {
 		return
 	}
@@ -352,6 +376,8 @@ func (c *Cache) Clear() {
 // Wait blocks until every Set accepted before the call has been applied, so
 // that a following Blocked sees it. It is meant for tests.
 func (c *Cache) Wait() {
+	c.life.RLock()
+	defer c.life.RUnlock()
 	if c.closed.Load() {
 		return
 	}
@@ -361,6 +387,8 @@ func (c *Cache) Wait() {
 // Len returns the number of entries held, expired ones not yet removed
 // included. Sets not yet applied are not counted (see Wait).
 func (c *Cache) Len() int64 {
+	c.life.RLock()
+	defer c.life.RUnlock()
 	if c.closed.Load() {
 		return 0
 	}
@@ -383,13 +411,14 @@ func (c *Cache) Stats() Stats {
 }
 
 // Close stops ristretto's goroutines, drops every entry and unregisters the
-// metrics. It must be called once every other call on c has returned (it is
-// not safe to call concurrently with them: ristretto closes its channels).
-// After Close, Blocked misses and Block returns false. Calling Close again
-// does nothing.
+// metrics. Calls in flight finish first (those that reach ristretto hold a
+// read lock that Close waits for); after Close, Blocked misses, Block
+// returns false and the rest do nothing. Calling Close again does nothing.
 func (c *Cache) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.life.Lock()
+	defer c.life.Unlock()
 	if c.closed.Load() {
 		return
 	}

@@ -548,3 +548,56 @@ func ExampleConfig_Validate() {
 	fmt.Println(err)
 	// Output: blockcache: Config.MaxEntries -5: must be ≥ 0 (0 means 100000)
 }
+
+// TestCloseUnderUse closes caches while goroutines block, look up, unblock
+// and wait on them, as an edge's shutdown may when a request outlives the
+// server's drain: no call panics (ristretto closes its channels on Close),
+// and every call after Close answers as a closed cache does.
+func TestCloseUnderUse(t *testing.T) {
+	for round := range 20 {
+		c, err := blockcache.New(blockcache.Config{MaxEntries: 256}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now().UnixNano()
+		for k := range uint64(64) { // blocked slots, so lookups reach ristretto
+			c.Block(k, now+int64(time.Minute), now)
+		}
+		c.Wait()
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(round), uint64(g)))
+				<-start
+				for range 3_000 {
+					key := rng.Uint64N(4096)
+					now := time.Now().UnixNano()
+					switch rng.IntN(8) {
+					case 0:
+						c.Block(key, now+int64(time.Minute), now)
+					case 1:
+						c.Unblock(key)
+					case 2:
+						c.Wait()
+						c.Len()
+					default:
+						c.Blocked(key, now)
+					}
+				}
+			}()
+		}
+		close(start)
+		time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+		c.Close()
+		wg.Wait()
+		if c.Block(1, now+int64(time.Minute), now) {
+			t.Fatal("Block after Close = true, want false")
+		}
+		if _, hit := c.Blocked(1, now); hit {
+			t.Fatal("Blocked after Close = hit, want a miss")
+		}
+	}
+}
