@@ -33,7 +33,7 @@ import (
 // New returns a decision core deciding by the rules file rulesYAML over
 // store, its limiter started: decision.New of the parsed rules. An invalid
 // file is reported with every bad field named (rules.ParseRules). Close
-// the core when done, once no request is in flight (decision.Core.Close).
+// the core when done, after the server that calls it (decision.Core.Close).
 func New(rulesYAML []byte, store store.Store, o decision.Options) (*decision.Core, error) {
 	rs, err := rules.ParseRules(rulesYAML)
 	if err != nil {

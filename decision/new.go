@@ -101,10 +101,10 @@ func New(rs *rules.Rules, store store.Store, o Options) (*Core, error) {
 // Close stops what New started: the slots' renewer, the limiter, whose
 // last flush sends the counts it holds within ctx, and the block cache it
 // built. It does nothing for a core built by NewCore, whose parts their
-// builder stops. Call it once no decision is in flight, after the server
-// that calls the core has shut down (http.Server.Shutdown returns once its
-// handlers have): the block cache's goroutines and channels end with it,
-// and a decision that reaches them after that may panic.
+// builder stops. Call it after the server that calls the core has shut
+// down (http.Server.Shutdown returns once its handlers have): a decision
+// made during or after Close is still answered, but its count may miss the
+// last flush and never reach the store.
 func (c *Core) Close(ctx context.Context) error {
 	if c.owned == nil {
 		return nil

@@ -139,6 +139,10 @@ type Options struct {
 	// topic may be stamped, or its counts' window start, before it is
 	// dropped (and counted).
 	GlobalMaxSkew time.Duration // default global.DefaultMaxSkew (1s)
+	// GlobalMaxKeys bounds the other PoPs' keys the edge holds (about
+	// 200 bytes each); a key the full table cannot hold is decided as if
+	// cut off, held to GlobalShare of its limit, and counted.
+	GlobalMaxKeys int // default global.DefaultMaxKeys (262,144)
 
 	Pprof bool // serve /debug/pprof/ on the admin listener
 	// PprofToken, when set, is the bearer token /debug/pprof/ requires
@@ -238,6 +242,7 @@ func (o Options) withDefaults() Options {
 	o.GlobalStale = cmp.Or(o.GlobalStale, global.DefaultStale)
 	o.GlobalShare = cmp.Or(o.GlobalShare, decision.DefaultGlobalShare)
 	o.GlobalMaxSkew = cmp.Or(o.GlobalMaxSkew, global.DefaultMaxSkew)
+	o.GlobalMaxKeys = cmp.Or(o.GlobalMaxKeys, global.DefaultMaxKeys)
 	o.Sample = cmp.Or(o.Sample, 1)
 	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, 10*time.Second)
 	o.Logger = cmp.Or(o.Logger, slog.Default())
@@ -424,6 +429,9 @@ func (e *Edge) startGlobal(o Options, reg prometheus.Registerer) (*global.Table,
 	if o.GlobalStale < 0 || o.GlobalShare < 0 || o.GlobalShare > 1 {
 		return nil, fmt.Errorf("edge: GlobalStale %v, GlobalShare %v: want a positive duration and a share between 0 and 1", o.GlobalStale, o.GlobalShare)
 	}
+	if o.GlobalMaxKeys < 0 {
+		return nil, fmt.Errorf("edge: GlobalMaxKeys %d (-global-max-keys): must not be negative", o.GlobalMaxKeys)
+	}
 	if o.GlobalMaxSkew < 0 {
 		return nil, fmt.Errorf("edge: GlobalMaxSkew %v (-global-max-skew): must not be negative", o.GlobalMaxSkew)
 	}
@@ -435,7 +443,7 @@ func (e *Edge) startGlobal(o Options, reg prometheus.Registerer) (*global.Table,
 		}
 	}
 	skew := int64(o.ClockSkew)
-	t := global.NewTable(global.TableConfig{Pop: o.Pop, Stale: o.GlobalStale, MaxSkew: o.GlobalMaxSkew,
+	t := global.NewTable(global.TableConfig{Pop: o.Pop, Stale: o.GlobalStale, MaxSkew: o.GlobalMaxSkew, MaxKeys: o.GlobalMaxKeys,
 		Now: func() int64 { return time.Now().UnixNano() + skew }})
 	f, err := global.NewFeed(t, global.KafkaConfig{Brokers: o.Brokers, Topic: o.GlobalTopic, TLS: o.KafkaTLS, SASL: o.KafkaSASL, Dial: o.KafkaDial, Key: key}, o.Logger, reg)
 	if err != nil {

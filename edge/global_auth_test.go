@@ -204,21 +204,21 @@ func TestGlobalForgedHeartbeatsKeepNothingFresh(t *testing.T) {
 	}
 }
 
-// TestGlobalFullTableHoldsToShare: 300,000 keys fill the edges' tables
-// (262,144 entries); a key neither table holds is decided as if cut off,
-// held to -global-share of its limit in each PoP, and counted; before,
-// it got its limit in each PoP, 10 + 10 under a limit of 10.
+// TestGlobalFullTableHoldsToShare: 5,000 keys fill the edges' tables
+// (-global-max-keys 4,096); a key neither table holds is decided as if cut
+// off, held to -global-share of its limit in each PoP, and counted;
+// before, it got its limit in each PoP, 10 + 10 under a limit of 10.
 func TestGlobalFullTableHoldsToShare(t *testing.T) {
 	_, broker := testenv.Broker(t, 0, 1, global.DefaultTopic)
 	beatingGlobal(t, broker)
 	// A minute's -global-stale: the flood is read as fast as this loaded
 	// machine can, and its messages must not go stale meanwhile.
-	slow := func(o *edge.Options) { o.GlobalStale = time.Minute }
-	a := globalEdge(t, broker, "a", slow)
-	b := globalEdge(t, broker, "b", slow)
+	small := func(o *edge.Options) { o.GlobalStale, o.GlobalMaxKeys = time.Minute, 4096 }
+	a := globalEdge(t, broker, "a", small)
+	b := globalEdge(t, broker, "b", small)
 	waitGlobalFresh(t, a, true, 20*time.Second)
 	waitGlobalFresh(t, b, true, 20*time.Second)
-	const flood = 300_000
+	const flood = 5_000
 	// Keys of an hour's window: they stay in the tables however slowly
 	// this machine reads them.
 	hour := time.Now().Truncate(time.Hour).UnixMilli()

@@ -27,7 +27,8 @@ type TableConfig struct {
 	Forget time.Duration
 	// MaxKeys bounds the keys held (about 200 bytes each); past it, a new
 	// key's counts are not kept until an old one expires, and a key not
-	// held is decided as if cut off while the table is full. Default 1<<18.
+	// held is decided as if cut off while the table is full. Default
+	// DefaultMaxKeys.
 	MaxKeys int
 	// Now is the edge's clock, Unix ns. Default time.Now.
 	Now func() int64
@@ -39,6 +40,10 @@ const (
 	DefaultStale   = 2 * time.Second
 	DefaultMaxSkew = time.Second
 )
+
+// DefaultMaxKeys is TableConfig.MaxKeys's default: 262,144 keys, about
+// 50 MiB.
+const DefaultMaxKeys = 1 << 18
 
 // ForgetStales is TableConfig.Forget's default in Stales: 30 s at the
 // default Stale, more than a consumer group takes to hand a stopped
@@ -59,7 +64,7 @@ func (c TableConfig) withDefaults() TableConfig {
 		c.Forget = ForgetStales * c.Stale
 	}
 	if c.MaxKeys <= 0 {
-		c.MaxKeys = 1 << 18
+		c.MaxKeys = DefaultMaxKeys
 	}
 	if c.Now == nil {
 		c.Now = func() int64 { return time.Now().UnixNano() }

@@ -172,6 +172,7 @@ func parseFlagsEnv(args []string, stderr io.Writer, env []string) (edge.Options,
 	fs.Float64Var(&o.GlobalShare, "global-share", o.GlobalShare, "part of a global rule's limit this PoP admits while cut off from the other PoPs' counts (0-1]")
 	fs.StringVar(&o.GlobalKeyFile, "global-key-file", o.GlobalKeyFile, "file of the secret (at least 32 bytes) the aggregators sign the global topic with; messages not signed with it are dropped (default: unsigned taken, with a warning; production needs it)")
 	fs.DurationVar(&o.GlobalMaxSkew, "global-max-skew", o.GlobalMaxSkew, "global topic messages stamped, or counts dated, further ahead of this edge's clock are dropped")
+	fs.IntVar(&o.GlobalMaxKeys, "global-max-keys", o.GlobalMaxKeys, "most keys of the other PoPs' counts held (about 200 B each); a key the full table cannot hold is held to -global-share")
 	fs.StringVar(&ex.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.ClockSkew, "clock-skew", 0, "add this to the clock: a fault-test hook, at most ±1m")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate of the traffic listener (with -tls-key): TLS 1.2+, reloaded on change")
