@@ -331,13 +331,13 @@ func (c *Cache) Blocked(key uint64, now int64) (releaseAt int64, ok bool) {
 }
 
 // get is ristretto's Get under the read lock: a miss once c is closed.
-func (c *Cache) get(key uint64) (int64, bool) {
+func (c *Cache) get(key uint64) (v int64, ok bool) {
 	c.life.RLock()
-	defer c.life.RUnlock()
-	if c.closed.Load() {
-		return 0, false
+	if !c.closed.Load() {
+		v, ok = c.rc.Get(key)
 	}
-	return c.rc.Get(key)
+	c.life.RUnlock()
+	return v, ok
 }
 
 // Unblock removes key's block, if any, at once. A Block of key still in
