@@ -199,6 +199,7 @@ func (s *Store) run(ctx context.Context, c rueidis.Client, b *batch) {
 		b.cmds = append(b.cmds, b.build(c, r, false))
 	}
 	b.res = append(b.res[:0], c.DoMulti(ctx, b.cmds...)...)
+	b.disown(b.res)
 	b.planRedo()
 	if len(b.redo) > 0 {
 		b.cmds = b.cmds[:0]
@@ -209,7 +210,9 @@ func (s *Store) run(ctx context.Context, c rueidis.Client, b *batch) {
 			}
 			b.cmds = append(b.cmds, b.build(c, r, true))
 		}
-		for j, res := range c.DoMulti(ctx, b.cmds...) {
+		redone := c.DoMulti(ctx, b.cmds...)
+		b.disown(redone)
+		for j, res := range redone {
 			b.res[b.redo[j]] = res
 		}
 	}
@@ -218,6 +221,25 @@ func (s *Store) run(ctx context.Context, c rueidis.Client, b *batch) {
 		return
 	}
 	s.putBatch(b) // the caller gave up on it
+}
+
+// disown lets go of b.cmds when rueidis may still hold the slice given
+// to DoMulti, which res answered. A call that ends on its context (or on a
+// broken connection) returns while its commands may still wait in the
+// connection's queue, and rueidis's writer and reader read them from that
+// slice when they get to them. A pooled batch would write the next call's
+// commands over them: rueidis would then send one command twice (one
+// request counted twice), or, after putBatch clears the slice, dereference
+// a cleared command and crash the process. A call that every reply
+// answered (Redis errors included) has been written and read whole, and
+// keeps its slice.
+func (b *batch) disown(res []rueidis.RedisResult) {
+	for i := range res {
+		if res[i].NonRedisError() != nil {
+			b.cmds = nil
+			return
+		}
+	}
 }
 
 // planRedo sets b.redo to the commands of the second round: those answered
