@@ -4,75 +4,20 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/poplimit/poplimit/internal/testenv"
 )
-
-// freePorts returns n loopback ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var out []int
-	var lns []net.Listener
-	for len(out) < n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return out
-}
-
-// freePortPairs returns n ports p, each with p+1 free as well (an edge
-// listens on p and serves its admin endpoints on p+1), all distinct and
-// none of them in avoid.
-func freePortPairs(t *testing.T, n int, avoid []int) []int {
-	t.Helper()
-	var out []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for tries := 0; len(out) < n; tries++ {
-		if tries == 1000 {
-			t.Fatal("no two consecutive free ports found in 1000 tries")
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		if slices.Contains(avoid, port) || slices.Contains(avoid, port+1) {
-			lns = append(lns, ln) // held, so that it is not offered again
-			continue
-		}
-		next, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+1))
-		if err != nil {
-			ln.Close()
-			continue
-		}
-		lns = append(lns, ln, next)
-		out = append(out, port)
-	}
-	return out
-}
 
 // promQuery runs an instant query and returns how many series it gave.
 func promQuery(base, expr string) (int, error) {
@@ -110,15 +55,14 @@ func TestPoPDataReachesEveryRuleAndDashboard(t *testing.T) {
 	}
 	lookTool(t, "prometheus", "prometheus")
 	lookTool(t, "memcached", "memcached")
-	p := freePorts(t, 10)
+	port := func() string { return strconv.Itoa(testenv.FreePort(t)) }
 	// Edges take their port and the next for admin: both must be free.
-	pairs := freePortPairs(t, 2, p)
-	edgePorts := strconv.Itoa(pairs[0]) + "," + strconv.Itoa(pairs[1])
-	prom := "127.0.0.1:" + strconv.Itoa(p[9])
+	edgePorts := strconv.Itoa(testenv.FreePortPair(t)) + "," + strconv.Itoa(testenv.FreePortPair(t))
+	prom := "127.0.0.1:" + port()
 	cmd := exec.Command("go", "run", "./deploy/pop",
-		"-memcache-ports", strconv.Itoa(p[4])+","+strconv.Itoa(p[5])+","+strconv.Itoa(p[6]),
-		"-edge-ports", edgePorts, "-origin", "127.0.0.1:"+strconv.Itoa(p[7]),
-		"-aggregator", "127.0.0.1:"+strconv.Itoa(p[8]), "-broker", "127.0.0.1:"+strconv.Itoa(p[0]),
+		"-memcache-ports", port()+","+port()+","+port(),
+		"-edge-ports", edgePorts, "-origin", "127.0.0.1:"+port(),
+		"-aggregator", "127.0.0.1:"+port(), "-broker", "127.0.0.1:"+port(),
 		"-prometheus", prom, "-rate", "400", "-duration", "75s", "-dir", t.TempDir())
 	cmd.Dir = ".."
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"regexp"
 	"strconv"
@@ -15,48 +14,6 @@ import (
 	"github.com/poplimit/poplimit/internal/testenv"
 )
 
-// freePorts holds loopback ports open until release, so that the ports it
-// hands out are distinct: pair returns p with p+1 (an edge and its admin
-// listener), one a single port.
-type freePorts struct {
-	t   *testing.T
-	lns []net.Listener
-}
-
-func (p *freePorts) listen(port int) (int, bool) {
-	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-	if err != nil {
-		return 0, false
-	}
-	p.lns = append(p.lns, ln)
-	return ln.Addr().(*net.TCPAddr).Port, true
-}
-
-func (p *freePorts) one() int {
-	port, ok := p.listen(0)
-	if !ok {
-		p.t.Fatal("no free port")
-	}
-	return port
-}
-
-func (p *freePorts) pair() int {
-	for range 50 {
-		port := p.one()
-		if _, ok := p.listen(port + 1); ok {
-			return port
-		}
-	}
-	p.t.Fatal("no two free ports in a row")
-	return 0
-}
-
-func (p *freePorts) release() {
-	for _, ln := range p.lns {
-		ln.Close()
-	}
-}
-
 // The demo writes the replay's page and prints its path beside the URLs;
 // the page opens in Chromium with the totals of the text report printed
 // above it. A short run of the whole PoP on free loopback ports.
@@ -67,12 +24,10 @@ func TestDemoPage(t *testing.T) {
 		t.Skip("-short: the demo builds and starts a whole PoP")
 	}
 	testenv.LookBinary(t, "memcached", "memcached")
-	ps := &freePorts{t: t}
-	free := func() string { return "127.0.0.1:" + strconv.Itoa(ps.one()) }
-	shards := []string{strconv.Itoa(ps.one()), strconv.Itoa(ps.one())}
-	edges := []string{strconv.Itoa(ps.pair()), strconv.Itoa(ps.pair())}
+	free := func() string { return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)) }
+	shards := []string{strconv.Itoa(testenv.FreePort(t)), strconv.Itoa(testenv.FreePort(t))}
+	edges := []string{strconv.Itoa(testenv.FreePortPair(t)), strconv.Itoa(testenv.FreePortPair(t))}
 	origin, agg, broker, prom := free(), free(), free(), free()
-	ps.release()
 	dir := t.TempDir()
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

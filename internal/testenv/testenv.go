@@ -31,17 +31,6 @@ func LookBinary(t testing.TB, name, pkg string) string {
 	return ""
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // WaitAccept waits until addr accepts a connection, or until exited is
 // closed, or 5 seconds. A process that exits just after addr accepted did
 // not bind it: another one (of another test binary that took the free port
