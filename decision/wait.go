@@ -123,8 +123,9 @@ const (
 )
 
 func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte, cost uint64) error {
-	failures := 0
-	for asked := false; ; asked = true {
+	failures := 0 // store failures running
+	woke := false // the last sleep ended when the units would conform
+	for {
 		if err := ctx.Err(); err != nil {
 			c.wm.result[waitCanceled].Inc()
 			return err
@@ -147,12 +148,13 @@ func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte,
 			if done || err != nil {
 				return err
 			}
-			if asked {
+			if woke {
 				c.wm.retries.Inc()
 			}
 			if err := c.sleepUntil(ctx, clk, rule, t, at); err != nil {
 				return err
 			}
+			woke = true
 			continue
 		}
 		admitted, failed, rel := c.decideNow(g, r, now, key, cost)
@@ -163,6 +165,7 @@ func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte,
 				c.wm.result[waitCanceled].Inc()
 				return err
 			}
+			woke = false
 			continue
 		case failed:
 			c.wm.result[waitStoreFailed].Inc()
@@ -171,12 +174,14 @@ func (c *Core) wait(ctx context.Context, clk waitClock, rule string, key []byte,
 			c.wm.result[waitAdmitted].Inc()
 			return nil
 		}
-		if asked {
+		failures = 0
+		if woke {
 			c.wm.retries.Inc() // woke when it would have conformed: the room was taken
 		}
 		if err := c.sleepUntil(ctx, clk, rule, t, rel); err != nil {
 			return err
 		}
+		woke = true
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -497,17 +498,27 @@ func TestWaitStopsWhenTheStoreFails(t *testing.T) {
 	}
 }
 
-// flakyStore fails the first fails calls it is given, as failingStore
-// does, as a store that cannot decide for a moment (a compare-and-swap
-// lost every round, a reply late in a stall), then answers as its Store.
+// flakyStore fails the calls fail says to, as failingStore does, as a
+// store that cannot decide for a moment (a compare-and-swap lost every
+// round, a reply late in a stall), and answers the others as its Store.
 type flakyStore struct {
 	store.Store
-	fails int
+	fail func() bool
+}
+
+// failFirst fails the first n calls.
+func failFirst(n int) func() bool {
+	return func() bool {
+		if n == 0 {
+			return false
+		}
+		n--
+		return true
+	}
 }
 
 func (s *flakyStore) Do(ctx context.Context, ops []store.Op) {
-	if s.fails > 0 {
-		s.fails--
+	if s.fail() {
 		failingStore{}.Do(ctx, ops)
 		return
 	}
@@ -515,8 +526,7 @@ func (s *flakyStore) Do(ctx context.Context, ops []store.Op) {
 }
 
 func (s *flakyStore) DoState(ctx context.Context, ops []store.StateOp) {
-	if s.fails > 0 {
-		s.fails--
+	if s.fail() {
 		failingStore{}.DoState(ctx, ops)
 		return
 	}
@@ -527,14 +537,10 @@ func (s *flakyStore) DoState(ctx context.Context, ops []store.StateOp) {
 // 10 ms and then 20 ms later, and only a third failure running returns
 // ErrStoreFailed.
 func TestWaitAsksAgainAfterAStoreFailure(t *testing.T) {
-	for _, rule := range []string{
-		"{name: r, limit: 10, window: 1s, mode: sync}",
-		"{name: r, limit: 10, window: 1s, algorithm: token_bucket, mode: sync}",
-		"{name: r, limit: 10, window: 1s, algorithm: sliding_log}",
-	} {
+	for _, rule := range waitFailRules {
 		for _, fails := range []int{1, 2, 3} {
 			clk := newSteppedClock()
-			backend := &flakyStore{Store: store.NewMemStore(clk), fails: fails}
+			backend := &flakyStore{Store: store.NewMemStore(clk), fail: failFirst(fails)}
 			c := waitCore(t, "rules: ["+rule+"]", backend, clk)
 			err := c.wait(context.Background(), clk, "r", []byte("k"), 1)
 			want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond}[:min(fails, 2)]
@@ -544,9 +550,42 @@ func TestWaitAsksAgainAfterAStoreFailure(t *testing.T) {
 			case fails > 2 && !errors.Is(err, ErrStoreFailed):
 				t.Errorf("%s, %d failures: %v, want ErrStoreFailed", rule, fails, err)
 			}
-			if len(clk.slept) != len(want) || (len(want) > 0 && (clk.slept[0] != want[0] || clk.slept[len(want)-1] != want[len(want)-1])) {
+			if !slices.Equal(clk.slept, want) {
 				t.Errorf("%s, %d failures: slept %v, want %v", rule, fails, clk.slept, want)
 			}
+		}
+	}
+}
+
+// waitFailRules are a rule of each kind of shared state, at 1 a second.
+var waitFailRules = []string{
+	"{name: r, limit: 1, window: 1s, mode: sync}",
+	"{name: r, limit: 1, window: 1s, algorithm: token_bucket, mode: sync}",
+	"{name: r, limit: 1, window: 1s, algorithm: sliding_log}",
+}
+
+// Failures count while they run: two failures, a refusal, a wait, and two
+// more failures still end admitted.
+func TestWaitCountsStoreFailuresRunning(t *testing.T) {
+	for _, rule := range waitFailRules {
+		clk := newSteppedClock()
+		t0 := clk.Now()
+		// Down for the first 25 ms of each half second from t0, when the
+		// waiter first asks and when the unit spent at t0 − 500 ms frees.
+		down := func() bool { return clk.Now().Sub(t0)%(500*time.Millisecond) < 25*time.Millisecond }
+		backend := &flakyStore{Store: store.NewMemStore(clk), fail: func() bool { return false }}
+		c := waitCore(t, "rules: ["+rule+"]", backend, clk)
+		clk.t = t0.Add(-500 * time.Millisecond) // the key's one unit, spent before
+		if err := c.wait(context.Background(), clk, "r", []byte("k"), 1); err != nil {
+			t.Fatalf("%s: the first unit: %v", rule, err)
+		}
+		clk.t, clk.slept, backend.fail = t0, nil, down
+		if err := c.wait(context.Background(), clk, "r", []byte("k"), 1); err != nil {
+			t.Errorf("%s: %v (slept %v), want admitted after two failures, a wait and two failures", rule, err, clk.slept)
+		}
+		ms := time.Millisecond
+		if want := []time.Duration{10 * ms, 20 * ms, 470 * ms, 10 * ms, 20 * ms}; !slices.Equal(clk.slept, want) {
+			t.Errorf("%s: slept %v, want %v: asked again 10 and 20 ms after failures, before and after the wait", rule, clk.slept, want)
 		}
 	}
 }
