@@ -2,19 +2,7 @@ package redisstore
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,28 +47,9 @@ func TestAuth(t *testing.T) {
 // TestTLS runs the Store against a server that speaks only TLS, with a
 // certificate for 127.0.0.1 from a CA the test makes.
 func TestTLS(t *testing.T) {
-	dir := t.TempDir()
-	caPEM, certPEM, keyPEM := testCerts(t)
-	files := map[string][]byte{"ca.pem": caPEM, "cert.pem": certPEM, "key.pem": keyPEM}
-	for name, b := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := testenv.LookBinary(t, "redis-server", "redis-server")
-	port := testenv.FreePort(t)
-	args := append(redisArgs(0, dir), "--tls-port", strconv.Itoa(port),
-		"--tls-cert-file", filepath.Join(dir, "cert.pem"), "--tls-key-file", filepath.Join(dir, "key.pem"),
-		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "no")
-	p := &testenv.Proc{Name: bin, Args: args, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
-	if err := p.Start(); err != nil {
-		t.Skipf("redis-server with TLS: %v", err)
-	}
-	t.Cleanup(p.Kill)
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-
-	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
+	x := testenv.NewTLSFiles(t)
+	p := testenv.RedisTLS(t, x)
+	s, _ := newStore(t, Config{Addrs: []string{p.Addr}, TLS: x.Config()})
 	ops := []store.Op{{Key: 1, Start: 1, Delta: 2, TTL: time.Minute}, {Key: 1, Start: 1}}
 	s.Do(context.Background(), ops)
 	if ops[0].Err != nil || ops[1].Value != 2 {
@@ -91,48 +60,4 @@ func TestTLS(t *testing.T) {
 	if !errors.Is(ops[0].Err, ErrUnavailable) {
 		t.Errorf("Do without TLS against a TLS port: got %v, want ErrUnavailable", ops[0].Err)
 	}
-}
-
-// testCerts returns a CA certificate and a server certificate and key for
-// 127.0.0.1 signed by it, PEM-encoded.
-func testCerts(t *testing.T) (caPEM, certPEM, keyPEM []byte) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "poplimit test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }
