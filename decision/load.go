@@ -4,10 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 
-	"github.com/cespare/xxhash/v2"
-
+	"github.com/poplimit/poplimit/internal/filestamp"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/rules/envoyconf"
 )
@@ -77,7 +75,7 @@ func ReadSources(rulesFile, overridesFile string, maxBytes int64) (*Sources, err
 			if envoyconf.IsEnvoy(s.data) {
 				s.envoy = map[string][]byte{filepath.Base(rulesFile): s.data}
 			}
-			stamp = appendStamp(stamp, rulesFile, s.data)
+			stamp = filestamp.Append(stamp, rulesFile, s.data)
 		}
 	}
 	if overridesFile != "" {
@@ -85,19 +83,10 @@ func ReadSources(rulesFile, overridesFile string, maxBytes int64) (*Sources, err
 		if s.overrides, err = rules.ReadFile(overridesFile, maxBytes); err != nil {
 			return nil, fmt.Errorf("decision: overrides: %w", err)
 		}
-		stamp = appendStamp(stamp, overridesFile, s.overrides)
+		stamp = filestamp.Append(stamp, overridesFile, s.overrides)
 	}
 	s.Stamp = string(stamp)
 	return s, nil
-}
-
-func appendStamp(b []byte, name string, data []byte) []byte {
-	b = append(b, name...)
-	b = append(b, ':')
-	b = strconv.AppendUint(b, xxhash.Sum64(data), 16)
-	b = append(b, ':')
-	b = strconv.AppendInt(b, int64(len(data)), 10)
-	return append(b, ';')
 }
 
 // Rules parses the sources into rules.

@@ -27,8 +27,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/poplimit/poplimit/internal/filestamp"
 )
 
 // Options say how a Pair reports its reloads.
@@ -71,7 +72,7 @@ func Load(certFile, keyFile string, o Options) (*Pair, error) {
 // loadLocked stamps the files, then reads them: a change made while they
 // are read is seen by the next check. On error the running pair stays.
 func (p *Pair) loadLocked() error {
-	p.seen = p.Stamp()
+	p.seen = p.stamp()
 	pair, err := tls.LoadX509KeyPair(p.certFile, p.keyFile)
 	if err != nil {
 		return fmt.Errorf("TLS certificate %s, key %s: %w", p.certFile, p.keyFile, err)
@@ -111,19 +112,19 @@ func (p *Pair) count(result string) {
 func (p *Pair) ReloadIfChanged() (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.Stamp() == p.seen {
+	if p.stamp() == p.seen {
 		return false, nil
 	}
 	return true, p.reloadLocked()
 }
 
-// Stamp identifies the files' current contents: path and a hash of each
-// file's bytes, symlinks followed (a file that cannot be read is left out).
-func (p *Pair) Stamp() string {
+// stamp identifies the files' current contents (filestamp), symlinks
+// followed; a file that cannot be read is left out.
+func (p *Pair) stamp() string {
 	var b []byte
 	for _, f := range []string{p.certFile, p.keyFile} {
 		if data, err := os.ReadFile(f); err == nil {
-			b = fmt.Appendf(b, "%s:%d:%x;", f, len(data), xxhash.Sum64(data))
+			b = filestamp.Append(b, f, data)
 		}
 	}
 	return string(b)

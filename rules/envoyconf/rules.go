@@ -14,6 +14,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/poplimit/poplimit/algo"
+	"github.com/poplimit/poplimit/internal/filestamp"
 	"github.com/poplimit/poplimit/policy"
 	"github.com/poplimit/poplimit/rules"
 	"github.com/poplimit/poplimit/window"
@@ -148,12 +149,7 @@ func StampOf(files map[string][]byte) string {
 	sort.Strings(names)
 	var b []byte
 	for _, n := range names {
-		b = append(b, n...)
-		b = append(b, ':')
-		b = strconv.AppendUint(b, xxhash.Sum64(files[n]), 16)
-		b = append(b, ':')
-		b = strconv.AppendInt(b, int64(len(files[n])), 10)
-		b = append(b, ';')
+		b = filestamp.Append(b, n, files[n])
 	}
 	return string(b)
 }
