@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"strconv"
 	"testing"
 	"time"
 
@@ -15,41 +14,6 @@ import (
 
 	"github.com/poplimit/poplimit/internal/testenv"
 )
-
-// testCA issues certificates into a directory (testenv.CA).
-type testCA struct {
-	*testenv.CA
-	cert *x509.Certificate
-	file string // ca.pem
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	ca := testenv.NewCA(t, "envoyenv test CA")
-	return &testCA{CA: ca, cert: ca.Cert, file: ca.File}
-}
-
-// issue writes name.pem and name-key.pem, a certificate for dns and ips
-// with the usage given.
-func (ca *testCA) issue(t *testing.T, name string, usage x509.ExtKeyUsage, dns []string, ips ...string) (certFile, keyFile string) {
-	t.Helper()
-	return ca.Issue(t, name, []x509.ExtKeyUsage{usage}, dns, ips...)
-}
-
-// tlsRedis starts redis-server speaking only TLS with the certificate
-// given, requiring client certificates of ca.
-func tlsRedis(t *testing.T, ca *testCA, cert, key string) *testenv.Proc {
-	t.Helper()
-	port := testenv.FreePort(t)
-	p := &testenv.Proc{Name: testenv.LookBinary(t, "redis-server", "redis-server"), Addr: "127.0.0.1:" + strconv.Itoa(port),
-		Args: []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", t.TempDir(), "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca.file, "--tls-auth-clients", "yes"}}
-	if err := p.Start(); err != nil {
-		t.Fatalf("redis-server with TLS: %v", err)
-	}
-	t.Cleanup(p.Kill)
-	return p
-}
 
 // countsInRedis says whether the edge counts in Redis: a limit of one a
 // minute refuses the second call (with Redis unreachable, the failure
@@ -76,15 +40,16 @@ func countsInRedis(t *testing.T, e *envoyEdge, c rlspb.RateLimitServiceClient) b
 // SAN serves the rate limit service to clients that present a certificate
 // naming the SAN, and to no other.
 func TestEnvoyEnvTLS(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testenv.NewCA(t, "cmd/edge test CA")
+	clientAuth := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	root := runtimeDir(t, map[string]string{"config.yaml": istioConfig})
-	clientCert, clientKey := ca.issue(t, "ratelimit", x509.ExtKeyUsageClientAuth, []string{"ratelimit.internal"})
+	clientCert, clientKey := ca.Issue(t, "ratelimit", clientAuth, []string{"ratelimit.internal"})
 
 	t.Run("redis", func(t *testing.T) {
-		cert, key := ca.issue(t, "redis", x509.ExtKeyUsageServerAuth, nil, "127.0.0.1")
-		rd := tlsRedis(t, ca, cert, key)
+		cert, key := ca.Issue(t, "redis", nil, nil, "127.0.0.1")
+		rd := testenv.RedisTLS(t, &testenv.TLSFiles{CA: ca, Cert: cert, Key: key, ClientAuth: true})
 		env := append(istioEnv(rd.Addr, root), loopbackPorts(t)...)
-		env = append(env, "DEBUG_HOST=127.0.0.1", "REDIS_TLS=true", "REDIS_TLS_CACERT="+ca.file,
+		env = append(env, "DEBUG_HOST=127.0.0.1", "REDIS_TLS=true", "REDIS_TLS_CACERT="+ca.File,
 			"REDIS_TLS_CLIENT_CERT="+clientCert, "REDIS_TLS_CLIENT_KEY="+clientKey)
 		e := startEnvoyEnv(t, env)
 		if !countsInRedis(t, e, e.client) {
@@ -92,10 +57,10 @@ func TestEnvoyEnvTLS(t *testing.T) {
 		}
 	})
 	t.Run("redis, another host name", func(t *testing.T) {
-		cert, key := ca.issue(t, "redis-elsewhere", x509.ExtKeyUsageServerAuth, []string{"redis.elsewhere"})
-		rd := tlsRedis(t, ca, cert, key)
+		cert, key := ca.Issue(t, "redis-elsewhere", nil, []string{"redis.elsewhere"})
+		rd := testenv.RedisTLS(t, &testenv.TLSFiles{CA: ca, Cert: cert, Key: key, ClientAuth: true})
 		env := append(istioEnv(rd.Addr, root), loopbackPorts(t)...)
-		env = append(env, "DEBUG_HOST=127.0.0.1", "REDIS_TLS=true", "REDIS_TLS_CACERT="+ca.file,
+		env = append(env, "DEBUG_HOST=127.0.0.1", "REDIS_TLS=true", "REDIS_TLS_CACERT="+ca.File,
 			"REDIS_TLS_CLIENT_CERT="+clientCert, "REDIS_TLS_CLIENT_KEY="+clientKey)
 		strict := startEnvoyEnv(t, env)
 		if countsInRedis(t, strict, strict.client) {
@@ -112,15 +77,14 @@ func TestEnvoyEnvTLS(t *testing.T) {
 	})
 	t.Run("grpc", func(t *testing.T) {
 		rd := testenv.Redis(t)
-		cert, key := ca.issue(t, "rls", x509.ExtKeyUsageServerAuth, nil, "127.0.0.1")
-		envoyCert, envoyKey := ca.issue(t, "envoy", x509.ExtKeyUsageClientAuth, []string{"envoy.internal"})
-		otherCert, otherKey := ca.issue(t, "other", x509.ExtKeyUsageClientAuth, []string{"other.internal"})
+		cert, key := ca.Issue(t, "rls", nil, nil, "127.0.0.1")
+		envoyCert, envoyKey := ca.Issue(t, "envoy", clientAuth, []string{"envoy.internal"})
+		otherCert, otherKey := ca.Issue(t, "other", clientAuth, []string{"other.internal"})
 		env := append(istioEnv(rd.Addr, root), loopbackPorts(t)...)
 		env = append(env, "GRPC_HOST=127.0.0.1", "DEBUG_HOST=127.0.0.1", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT="+cert,
-			"GRPC_SERVER_TLS_KEY="+key, "GRPC_CLIENT_TLS_CACERT="+ca.file, "GRPC_CLIENT_TLS_SAN=envoy.internal")
+			"GRPC_SERVER_TLS_KEY="+key, "GRPC_CLIENT_TLS_CACERT="+ca.File, "GRPC_CLIENT_TLS_SAN=envoy.internal")
 		e := startEnvoyEnv(t, env)
-		pool := x509.NewCertPool()
-		pool.AddCert(ca.cert)
+		pool := ca.Pool()
 		dial := func(opt grpc.DialOption) rlspb.RateLimitServiceClient {
 			conn, err := grpc.NewClient(e.grpcAddr, opt)
 			if err != nil {

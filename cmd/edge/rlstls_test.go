@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"io"
 	"net/http"
 	"os"
@@ -89,10 +88,10 @@ func adminMetric(t *testing.T, admin, sample string) float64 {
 // working, and a pair that does not load keeps the running one and is
 // counted.
 func TestRLSTLSReload(t *testing.T) {
-	ca := newTestCA(t)
-	certA, keyA := ca.issue(t, "rls-a", x509.ExtKeyUsageServerAuth, nil, "127.0.0.1")
-	certB, keyB := ca.issue(t, "rls-b", x509.ExtKeyUsageServerAuth, nil, "127.0.0.1")
-	certC, _ := ca.issue(t, "rls-c", x509.ExtKeyUsageServerAuth, nil, "127.0.0.1")
+	ca := testenv.NewCA(t, "cmd/edge test CA")
+	certA, keyA := ca.Issue(t, "rls-a", nil, nil, "127.0.0.1")
+	certB, keyB := ca.Issue(t, "rls-b", nil, nil, "127.0.0.1")
+	certC, _ := ca.Issue(t, "rls-c", nil, nil, "127.0.0.1")
 	secret := &k8sSecretDir{dir: t.TempDir()}
 	secret.swap(t, certA, keyA)
 	rules := filepath.Join(t.TempDir(), "rls.yaml")
@@ -104,8 +103,7 @@ func TestRLSTLSReload(t *testing.T) {
 	e := startRun(t, "", "-rules", rules, "-rls-listen", rlsAddr, "-admin", admin,
 		"-rls-tls-cert", filepath.Join(secret.dir, "tls.crt"), "-rls-tls-key", filepath.Join(secret.dir, "tls.key"))
 
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool := ca.Pool()
 	creds := grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
 	dial := func() *grpc.ClientConn {
 		conn, err := grpc.NewClient(rlsAddr, creds)
